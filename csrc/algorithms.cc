@@ -1,0 +1,169 @@
+#include "algorithms.h"
+
+#include <algorithm>
+
+namespace rcoll {
+
+size_t Segmenter::segmentElems(size_t block_elems) const {
+  size_t target = (block_elems + kTargetSegmentsPerBlock - 1) / kTargetSegmentsPerBlock;
+  return std::max<size_t>(1, std::min(max_elems, std::max(min_elems, target)));
+}
+
+namespace {
+
+int mod(int a, int n) { return ((a % n) + n) % n; }
+
+// Block b of a buffer of `count` elements cut into P nearly equal blocks: the
+// first count % P blocks hold one element more. Blocks may be empty.
+struct Blocks {
+  size_t base;
+  size_t rem;
+  size_t start(int b) const { return static_cast<size_t>(b) * base + std::min<size_t>(static_cast<size_t>(b), rem); }
+  size_t length(int b) const { return base + (static_cast<size_t>(b) < rem ? 1 : 0); }
+};
+
+// Segment k of a block: [seg * k, min(seg * (k + 1), len)).
+size_t numSegments(size_t len, size_t seg) { return (len + seg - 1) / seg; }
+
+// Appends the reduce-scatter phase of the ring. `block_start(b)`, `block_len(b)`
+// locate blocks in element offsets; `acc(b)` is where block b's partial result
+// is written on this rank. Returns, for the last step, the index of the first
+// receive (block `rank`), so that the allgather phase can depend on it.
+template <typename StartFn, typename LenFn, typename AccFn>
+int appendReduceScatterPhase(Schedule& s, const RingContext& ctx, const char* send, StartFn block_start,
+                             LenFn block_len, AccFn acc) {
+  const int P = ctx.size, r = ctx.rank;
+  const int next = mod(r + 1, P), prev = mod(r - 1, P);
+  const size_t es = s.elem_size;
+  const bool avg = s.op.reduce_op == ReduceOp::kAvg;
+  int prev_step_first_recv = -1;  // index of the first receive of the previous step
+  int last_step_first_recv = -1;
+  for (int step = 0; step < P - 1; ++step) {
+    // Rank r sends block r-1-step and receives block r-2-step, so that after
+    // P-1 steps it has received and reduced its own block r last.
+    int send_block = mod(r - 1 - step, P);
+    int recv_block = mod(r - 2 - step, P);
+    size_t len = block_len(send_block);
+    size_t seg = ctx.segmenter.segmentElems(len);
+    for (size_t k = 0; k < numSegments(len, seg); ++k) {
+      size_t off = block_start(send_block) + k * seg;
+      size_t n = std::min(seg, len - k * seg);
+      // Step 0 sends this rank's own input; later steps forward the partial
+      // result received (and reduced) in the previous step: same block, same segment.
+      const char* data = step == 0 ? send + off * es : acc(send_block) + k * seg * es;
+      int dep = step == 0 ? -1 : prev_step_first_recv + static_cast<int>(k);
+      s.sends.push_back({next, data, off, n, dep});
+    }
+    int first = static_cast<int>(s.recvs.size());
+    len = block_len(recv_block);
+    seg = ctx.segmenter.segmentElems(len);
+    for (size_t k = 0; k < numSegments(len, seg); ++k) {
+      size_t off = block_start(recv_block) + k * seg;
+      size_t n = std::min(seg, len - k * seg);
+      bool last = step == P - 2;
+      s.recvs.push_back({prev, off, n, nullptr, acc(recv_block) + k * seg * es, send + off * es, avg && last});
+    }
+    prev_step_first_recv = first;
+    last_step_first_recv = first;
+  }
+  return last_step_first_recv;
+}
+
+}  // namespace
+
+void buildRingAllreduce(Schedule& s, const RingContext& ctx, const char* send, char* recv, size_t count) {
+  const int P = ctx.size, r = ctx.rank;
+  const size_t es = s.elem_size;
+  Blocks blocks{count / static_cast<size_t>(P), count % static_cast<size_t>(P)};
+  auto start = [&](int b) { return blocks.start(b); };
+  auto len = [&](int b) { return blocks.length(b); };
+  auto acc = [&](int b) { return recv + blocks.start(b) * es; };
+  int own_block_recvs = appendReduceScatterPhase(s, ctx, send, start, len, acc);
+
+  // Allgather phase: pass the completed blocks around the ring, straight into
+  // `recv`. Step 0 sends block r (completed by the last reduce-scatter step);
+  // step j forwards the block received in step j-1.
+  const int next = mod(r + 1, P), prev = mod(r - 1, P);
+  int prev_first = own_block_recvs;
+  for (int step = 0; step < P - 1; ++step) {
+    int send_block = mod(r - step, P);
+    int recv_block = mod(r - step - 1, P);
+    size_t slen = blocks.length(send_block);
+    size_t seg = ctx.segmenter.segmentElems(slen);
+    for (size_t k = 0; k < numSegments(slen, seg); ++k) {
+      size_t off = blocks.start(send_block) + k * seg;
+      s.sends.push_back({next, recv + off * es, off, std::min(seg, slen - k * seg), prev_first + static_cast<int>(k)});
+    }
+    int first = static_cast<int>(s.recvs.size());
+    size_t rlen = blocks.length(recv_block);
+    seg = ctx.segmenter.segmentElems(rlen);
+    for (size_t k = 0; k < numSegments(rlen, seg); ++k) {
+      size_t off = blocks.start(recv_block) + k * seg;
+      s.recvs.push_back({prev, off, std::min(seg, rlen - k * seg), recv + off * es, nullptr, nullptr, false});
+    }
+    prev_first = first;
+  }
+}
+
+void buildRingReduceScatter(Schedule& s, const RingContext& ctx, const char* send, char* recv, char* scratch,
+                            size_t count) {
+  const size_t es = s.elem_size;
+  auto start = [&](int b) { return static_cast<size_t>(b) * count; };
+  auto len = [&](int) { return count; };
+  auto acc = [&](int b) { return b == ctx.rank ? recv : scratch + static_cast<size_t>(b) * count * es; };
+  appendReduceScatterPhase(s, ctx, send, start, len, acc);
+}
+
+void buildRingAllgather(Schedule& s, const RingContext& ctx, char* recv, size_t count) {
+  const int P = ctx.size, r = ctx.rank;
+  const int next = mod(r + 1, P), prev = mod(r - 1, P);
+  const size_t es = s.elem_size;
+  const size_t seg = ctx.segmenter.segmentElems(count);
+  const size_t nseg = numSegments(count, seg);
+  for (int step = 0; step < P - 1; ++step) {
+    int send_block = mod(r - step, P);
+    int recv_block = mod(r - step - 1, P);
+    int prev_first = static_cast<int>(s.recvs.size()) - static_cast<int>(nseg);  // previous step's receives
+    for (size_t k = 0; k < nseg; ++k) {
+      size_t off = static_cast<size_t>(send_block) * count + k * seg;
+      int dep = step == 0 ? -1 : prev_first + static_cast<int>(k);
+      s.sends.push_back({next, recv + off * es, off, std::min(seg, count - k * seg), dep});
+    }
+    for (size_t k = 0; k < nseg; ++k) {
+      size_t off = static_cast<size_t>(recv_block) * count + k * seg;
+      s.recvs.push_back({prev, off, std::min(seg, count - k * seg), recv + off * es, nullptr, nullptr, false});
+    }
+  }
+}
+
+void buildChainBroadcast(Schedule& s, const RingContext& ctx, char* buf, size_t count, int root) {
+  const int P = ctx.size, r = ctx.rank;
+  const int distance = mod(r - root, P);  // position along the chain; the root is 0
+  const int next = mod(r + 1, P), prev = mod(r - 1, P);
+  const size_t es = s.elem_size;
+  const size_t seg = ctx.segmenter.segmentElems(count);
+  for (size_t k = 0; k < numSegments(count, seg); ++k) {
+    size_t off = k * seg;
+    size_t n = std::min(seg, count - off);
+    int dep = -1;
+    if (distance > 0) {
+      dep = static_cast<int>(s.recvs.size());
+      s.recvs.push_back({prev, off, n, buf + off * es, nullptr, nullptr, false});
+    }
+    if (distance < P - 1) s.sends.push_back({next, buf + off * es, off, n, dep});
+  }
+}
+
+void buildDisseminationBarrier(Schedule& s, const RingContext& ctx) {
+  const int P = ctx.size, r = ctx.rank;
+  int round = 0;
+  for (int dist = 1; dist < P; dist *= 2, ++round) {
+    // Round k's message may only leave once round k-1's has arrived: that is
+    // what makes every rank transitively hear from every other.
+    int dep = round == 0 ? -1 : static_cast<int>(s.recvs.size()) - 1;
+    s.sends.push_back({mod(r + dist, P), nullptr, static_cast<uint64_t>(round), 0, dep});
+    s.recvs.push_back({mod(r - dist, P), static_cast<uint64_t>(round), 0, nullptr, nullptr, nullptr, false});
+  }
+}
+
+}  // namespace rcoll

@@ -1,0 +1,38 @@
+// Tunables, read from RCOLL_* environment variables once per communicator.
+//
+// Every variable is listed in kConfigVars (name, default, meaning) so that the
+// README table and `python -m rcoll info` come from one place.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace rcoll {
+
+struct ConfigVar {
+  const char* name;
+  const char* default_value;
+  const char* meaning;
+};
+const std::vector<ConfigVar>& configVars();
+
+struct Config {
+  size_t chunk_bytes = 1 << 20;          // RCOLL_CHUNK_BYTES: largest pipeline segment
+  size_t min_chunk_bytes = 64 << 10;     // RCOLL_MIN_CHUNK_BYTES: smallest segment worth pipelining
+  int pipeline_slots = 8;                // RCOLL_PIPELINE_SLOTS: staging segments in flight
+  size_t socket_buffer_bytes = 0;        // RCOLL_SOCKET_BUFFER_BYTES: 0 = kernel autotuning
+  std::string socket_ifname;             // RCOLL_SOCKET_IFNAME: interface for data sockets
+  std::string transport = "auto";        // RCOLL_TRANSPORT: auto|tcp (ib: later)
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(300)};  // RCOLL_CONNECT_TIMEOUT (s)
+
+  // Reads the environment; throws RcollError(kConfig) naming the variable on a bad value.
+  static Config fromEnvironment();
+  std::string describe() const;  // one line for the INFO log
+};
+
+// "4M", "65536", "64k" -> bytes. Throws RcollError(kConfig) naming `name`.
+size_t parseByteSize(const std::string& name, const std::string& value);
+
+}  // namespace rcoll

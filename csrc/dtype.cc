@@ -1,0 +1,70 @@
+#include "dtype.h"
+
+namespace rcoll {
+
+size_t elementSize(DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat16: return 2;
+    case DataType::kBFloat16: return 2;
+    case DataType::kFloat32: return 4;
+    case DataType::kFloat64: return 8;
+    case DataType::kInt8: return 1;
+    case DataType::kUInt8: return 1;
+    case DataType::kInt32: return 4;
+    case DataType::kInt64: return 8;
+    case DataType::kBool: return 1;
+  }
+  return 0;
+}
+
+const char* dataTypeName(DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat16: return "float16";
+    case DataType::kBFloat16: return "bfloat16";
+    case DataType::kFloat32: return "float32";
+    case DataType::kFloat64: return "float64";
+    case DataType::kInt8: return "int8";
+    case DataType::kUInt8: return "uint8";
+    case DataType::kInt32: return "int32";
+    case DataType::kInt64: return "int64";
+    case DataType::kBool: return "bool";
+  }
+  return "?";
+}
+
+const char* reduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kProd: return "prod";
+    case ReduceOp::kMin: return "min";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kBand: return "band";
+    case ReduceOp::kBor: return "bor";
+    case ReduceOp::kBxor: return "bxor";
+  }
+  return "?";
+}
+
+bool isValidDataType(int value) { return value >= 0 && value < kNumDataTypes; }
+bool isValidReduceOp(int value) { return value >= 0 && value < kNumReduceOps; }
+
+bool isFloatingPoint(DataType dtype) {
+  return dtype == DataType::kFloat16 || dtype == DataType::kBFloat16 ||
+         dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
+}
+
+std::string reduceUnsupportedReason(DataType dtype, ReduceOp op) {
+  bool bitwise = op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor;
+  if (bitwise && isFloatingPoint(dtype)) {
+    return std::string("reduce op '") + reduceOpName(op) + "' needs an integer or bool dtype, got " +
+           dataTypeName(dtype);
+  }
+  if (op == ReduceOp::kAvg && !isFloatingPoint(dtype)) {
+    return std::string("reduce op 'avg' needs a floating-point dtype, got ") + dataTypeName(dtype) +
+           " (use 'sum' and divide with the rounding you want)";
+  }
+  return "";
+}
+
+}  // namespace rcoll

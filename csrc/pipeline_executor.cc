@@ -1,0 +1,159 @@
+#include "pipeline_executor.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <set>
+
+#include "error.h"
+#include "log.h"
+#include "reduce_kernels.h"
+
+namespace rcoll {
+
+namespace {
+// Sends queued ahead of the wire. TCP queues them in order anyway; the bound
+// only keeps the request pool small for very long schedules.
+constexpr size_t kMaxSendsInFlight = 64;
+constexpr size_t kMaxDirectRecvsInFlight = 64;
+}  // namespace
+
+PipelineExecutor::PipelineExecutor(Transport& transport, int rank, int size, uint64_t comm_id,
+                                   size_t slot_bytes, int num_slots)
+    : transport_(transport), rank_(rank), size_(size), comm_id_(comm_id), slot_bytes_(slot_bytes) {
+  // One aligned block, allocated once: reductions read it with vector loads.
+  size_t stride = (slot_bytes + 63) / 64 * 64;
+  slot_memory_ = static_cast<char*>(std::aligned_alloc(64, stride * static_cast<size_t>(num_slots)));
+  if (slot_memory_ == nullptr) throwError(ErrorKind::kGeneric, "out of memory for staging segments");
+  for (int i = 0; i < num_slots; ++i) free_slots_.push_back(slot_memory_ + stride * static_cast<size_t>(i));
+}
+
+PipelineExecutor::~PipelineExecutor() { std::free(slot_memory_); }
+
+void PipelineExecutor::cancelAll() {
+  // Requests still in flight belong to a failed op; the transport has failed
+  // their connection (or will drop them when the communicator closes), so only
+  // their bookkeeping is returned here.
+  for (auto& f : sends_in_flight_) transport_.release(f.request);
+  for (auto& f : recvs_in_flight_) {
+    transport_.release(f.request);
+    if (f.slot != nullptr) free_slots_.push_back(f.slot);
+  }
+  sends_in_flight_.clear();
+  recvs_in_flight_.clear();
+}
+
+void PipelineExecutor::fail(const Schedule& schedule, const TransportFailure& failure) {
+  cancelAll();
+  throwError(failure.kind, strFormat("rank %d: %s (op #%llu) failed: %s", rank_,
+                                     describeOp(schedule.op).c_str(),
+                                     static_cast<unsigned long long>(schedule.op.seq),
+                                     failure.message.c_str()));
+}
+
+void PipelineExecutor::timeout(const Schedule& schedule, std::chrono::milliseconds limit) {
+  std::set<int> waiting_recv, waiting_send;
+  for (auto& f : recvs_in_flight_) waiting_recv.insert(schedule.recvs[static_cast<size_t>(f.index)].peer);
+  for (auto& f : sends_in_flight_) waiting_send.insert(schedule.sends[static_cast<size_t>(f.index)].peer);
+  auto list = [](const std::set<int>& ranks) {
+    std::string out;
+    for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+    return out;
+  };
+  std::string detail;
+  if (!waiting_recv.empty()) detail += "no data arrived from rank(s) " + list(waiting_recv);
+  if (!waiting_send.empty()) {
+    detail += (detail.empty() ? "" : "; ") + std::string("rank(s) ") + list(waiting_send) +
+              " did not take the data sent to them";
+  }
+  if (detail.empty()) detail = "waiting for a dependency between segments";
+  cancelAll();
+  throwError(ErrorKind::kTimeout,
+             strFormat("rank %d: %s (op #%llu) timed out after %.1f s: %s (did a rank die, hang, or "
+                       "skip this collective?)",
+                       rank_, describeOp(schedule.op).c_str(), static_cast<unsigned long long>(schedule.op.seq),
+                       static_cast<double>(limit.count()) / 1000.0, detail.c_str()));
+}
+
+void PipelineExecutor::run(const Schedule& schedule, Deadline deadline, std::chrono::milliseconds limit,
+                           const std::atomic<bool>& abort_flag) {
+  const size_t es = schedule.elem_size;
+  const size_t n_sends = schedule.sends.size();
+  const size_t n_recvs = schedule.recvs.size();
+  recv_done_.assign(n_recvs, 0);
+  size_t next_send = 0, next_recv = 0, sends_done = 0, recvs_done = 0;
+
+  while (sends_done < n_sends || recvs_done < n_recvs) {
+    // Post receives in order, as far ahead as slots and the window allow.
+    while (next_recv < n_recvs) {
+      const RecvStep& step = schedule.recvs[next_recv];
+      size_t bytes = step.count * es;
+      char* slot = nullptr;
+      if (step.reduce_out != nullptr) {
+        if (free_slots_.empty()) break;
+        slot = free_slots_.back();
+        free_slots_.pop_back();
+      } else if (recvs_in_flight_.size() >= kMaxDirectRecvsInFlight) {
+        break;
+      }
+      WireHeader expected = makeHeader(schedule.op, comm_id_, static_cast<uint32_t>(step.peer), step.offset, bytes);
+      Request* request = transport_.irecv(step.peer, expected, slot != nullptr ? slot : step.direct, bytes);
+      recvs_in_flight_.push_back({static_cast<int>(next_recv), request, slot});
+      ++next_recv;
+    }
+    // Post sends in order once what they forward has arrived.
+    while (next_send < n_sends && sends_in_flight_.size() < kMaxSendsInFlight) {
+      const SendStep& step = schedule.sends[next_send];
+      if (step.after_recv >= 0 && !recv_done_[static_cast<size_t>(step.after_recv)]) break;
+      WireHeader header = makeHeader(schedule.op, comm_id_, static_cast<uint32_t>(rank_), step.offset, step.count * es);
+      Request* request = transport_.isend(step.peer, header, step.data, step.count * es);
+      sends_in_flight_.push_back({static_cast<int>(next_send), request, nullptr});
+      ++next_send;
+    }
+
+    if (abort_flag.load(std::memory_order_relaxed)) {
+      cancelAll();
+      throwError(ErrorKind::kAborted, strFormat("rank %d: %s (op #%llu) was aborted", rank_,
+                                                describeOp(schedule.op).c_str(),
+                                                static_cast<unsigned long long>(schedule.op.seq)));
+    }
+    auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) timeout(schedule, limit);
+    transport_.progress(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now) +
+                        std::chrono::milliseconds(1));
+
+    // Completed receives: reduce staged segments, free their slots.
+    for (size_t i = 0; i < recvs_in_flight_.size();) {
+      InFlight& f = recvs_in_flight_[i];
+      if (f.request->state == Request::State::kPending) {
+        ++i;
+        continue;
+      }
+      if (f.request->state == Request::State::kFailed) fail(schedule, transport_.failure(f.request));
+      const RecvStep& step = schedule.recvs[static_cast<size_t>(f.index)];
+      if (f.slot != nullptr) {
+        reduceInto(step.reduce_out, step.reduce_in, f.slot, step.count, schedule.op.dtype, schedule.op.reduce_op);
+        if (step.divide_after) scaleDivide(step.reduce_out, step.count, schedule.op.dtype, static_cast<size_t>(size_));
+        free_slots_.push_back(f.slot);
+      }
+      recv_done_[static_cast<size_t>(f.index)] = 1;
+      ++recvs_done;
+      transport_.release(f.request);
+      f = recvs_in_flight_.back();
+      recvs_in_flight_.pop_back();
+    }
+    for (size_t i = 0; i < sends_in_flight_.size();) {
+      InFlight& f = sends_in_flight_[i];
+      if (f.request->state == Request::State::kPending) {
+        ++i;
+        continue;
+      }
+      if (f.request->state == Request::State::kFailed) fail(schedule, transport_.failure(f.request));
+      ++sends_done;
+      transport_.release(f.request);
+      f = sends_in_flight_.back();
+      sends_in_flight_.pop_back();
+    }
+  }
+}
+
+}  // namespace rcoll

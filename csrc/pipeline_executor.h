@@ -1,0 +1,60 @@
+// Runs a Schedule over a Transport, keeping the pipeline full.
+//
+// Sends are posted in schedule order as soon as the receive they depend on has
+// been reduced; receives are posted in schedule order as far ahead as the
+// staging slots allow. While the transport moves segment k+1, this thread
+// reduces segment k: the network and the arithmetic overlap. A staging slot is
+// freed the moment its segment is reduced (the result lives in the destination
+// buffer), so slots never wait on sends and the ring cannot deadlock on them.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "schedule.h"
+#include "socket_util.h"
+#include "transport.h"
+
+namespace rcoll {
+
+class PipelineExecutor {
+ public:
+  PipelineExecutor(Transport& transport, int rank, int size, uint64_t comm_id, size_t slot_bytes,
+                   int num_slots);
+  ~PipelineExecutor();
+
+  // Throws RcollError naming this rank, the op and the peer on failure, on
+  // timeout (naming the peers still owed data), or when `abort_flag` is set.
+  void run(const Schedule& schedule, Deadline deadline, std::chrono::milliseconds timeout,
+           const std::atomic<bool>& abort_flag);
+
+  size_t slotBytes() const { return slot_bytes_; }
+
+ private:
+  [[noreturn]] void fail(const Schedule& schedule, const TransportFailure& failure);
+  [[noreturn]] void timeout(const Schedule& schedule, std::chrono::milliseconds timeout);
+  void cancelAll();
+
+  Transport& transport_;
+  int rank_;
+  int size_;
+  uint64_t comm_id_;
+  size_t slot_bytes_;
+  char* slot_memory_ = nullptr;
+  std::vector<char*> free_slots_;
+
+  // Per-run state, kept as members so that their capacity is reused.
+  struct InFlight {
+    int index;
+    Request* request;
+    char* slot;
+  };
+  std::vector<InFlight> sends_in_flight_;
+  std::vector<InFlight> recvs_in_flight_;
+  std::vector<uint8_t> recv_done_;
+};
+
+}  // namespace rcoll

@@ -1,0 +1,202 @@
+// The Python module rcoll._core: a thin layer over the C++ core.
+//
+// Buffers cross as integer addresses plus element counts; the Python layer
+// (python/rcoll) checks arrays and keeps them alive until their op completes.
+// The GIL is released whenever this module blocks or data moves.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <optional>
+
+#include "communicator.h"
+#include "config.h"
+#include "dtype.h"
+#include "error.h"
+#include "rdma/ibverbs_loader.h"
+#include "tcp_store.h"
+#include "work.h"
+
+namespace py = pybind11;
+using namespace rcoll;
+
+namespace {
+
+// Python exception classes, created at import, indexed by ErrorKind.
+PyObject* g_errors[7] = {};
+
+PyObject* makeError(py::module_& m, const char* name, PyObject* base, PyObject* builtin, const char* doc) {
+  py::tuple bases = builtin != nullptr ? py::tuple(py::make_tuple(py::handle(base), py::handle(builtin)))
+                                       : py::tuple(py::make_tuple(py::handle(base)));
+  std::string qualified = std::string("rcoll.") + name;
+  PyObject* type = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases.ptr(), nullptr);
+  if (type == nullptr) throw py::error_already_set();
+  m.attr(name) = py::handle(type);
+  return type;
+}
+
+std::chrono::milliseconds toMillis(double seconds) {
+  if (!(seconds > 0) || std::isinf(seconds)) return std::chrono::milliseconds(0);
+  return std::chrono::milliseconds(static_cast<long long>(std::ceil(seconds * 1000.0)));
+}
+
+DataType toDataType(int value) {
+  if (!isValidDataType(value)) throwError(ErrorKind::kInvalidArgument, "unknown dtype code " + std::to_string(value));
+  return static_cast<DataType>(value);
+}
+
+ReduceOp toReduceOp(int value) {
+  if (!isValidReduceOp(value)) {
+    throwError(ErrorKind::kInvalidArgument, "unknown reduce op code " + std::to_string(value));
+  }
+  return static_cast<ReduceOp>(value);
+}
+
+const void* ptr(uintptr_t address) { return reinterpret_cast<const void*>(address); }
+void* mptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "rcoll C++ core (internal: use the rcoll package)";
+
+  PyObject* base = makeError(m, "RcollError", PyExc_RuntimeError,
+                             nullptr, "Base class of every error raised by rcoll.");
+  g_errors[static_cast<int>(ErrorKind::kGeneric)] = base;
+  g_errors[static_cast<int>(ErrorKind::kTimeout)] =
+      makeError(m, "TimeoutError", base, PyExc_TimeoutError, "A peer did not answer within the timeout.");
+  g_errors[static_cast<int>(ErrorKind::kPeer)] =
+      makeError(m, "PeerError", base, nullptr, "A peer died, closed its connection or failed.");
+  g_errors[static_cast<int>(ErrorKind::kMismatch)] =
+      makeError(m, "MismatchError", base, nullptr, "Ranks called different collectives (op, count, dtype, root).");
+  g_errors[static_cast<int>(ErrorKind::kConfig)] =
+      makeError(m, "ConfigError", base, nullptr, "Bad RCOLL_* variable or rendezvous set-up.");
+  g_errors[static_cast<int>(ErrorKind::kInvalidArgument)] =
+      makeError(m, "InvalidArgumentError", base, PyExc_ValueError, "Bad buffer, dtype, reduce op or size.");
+  g_errors[static_cast<int>(ErrorKind::kAborted)] =
+      makeError(m, "AbortedError", base, nullptr, "The communicator was aborted or shut down.");
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const RcollError& e) {
+      PyErr_SetString(g_errors[static_cast<int>(e.kind())], e.what());
+    }
+  });
+
+  // Codes shared with the Python layer's dtype/op tables.
+  py::dict dtypes, ops;
+  for (int i = 0; i < kNumDataTypes; ++i) dtypes[dataTypeName(static_cast<DataType>(i))] = i;
+  for (int i = 0; i < kNumReduceOps; ++i) ops[reduceOpName(static_cast<ReduceOp>(i))] = i;
+  m.attr("DTYPES") = dtypes;
+  m.attr("REDUCE_OPS") = ops;
+  m.def("reduce_unsupported_reason", [](int dtype, int op) {
+    return reduceUnsupportedReason(toDataType(dtype), toReduceOp(op));
+  });
+
+  m.def("config_vars", [] {
+    std::vector<std::tuple<std::string, std::string, std::string>> out;
+    for (const ConfigVar& v : configVars()) out.emplace_back(v.name, v.default_value, v.meaning);
+    return out;
+  }, "Every RCOLL_* variable: (name, default, meaning).");
+
+  m.def("probe_ibverbs", [] {
+    IbverbsProbe probe = probeIbverbs();
+    py::dict d;
+    d["loaded"] = probe.loaded;
+    d["library"] = probe.library;
+    d["error"] = probe.error;
+    d["devices"] = probe.devices;
+    return d;
+  }, "Tries to dlopen libibverbs and lists the RDMA devices it reports.");
+
+  m.attr("COMPILER") = py::str(
+#if defined(__clang__)
+      "clang " __clang_version__
+#elif defined(__GNUC__)
+      "gcc " __VERSION__
+#else
+      "unknown"
+#endif
+  );
+
+  py::class_<Store, std::shared_ptr<Store>>(m, "Store");
+
+  py::class_<TcpStoreServer>(m, "TcpStoreServer")
+      .def(py::init<const std::string&, int>(), py::arg("host"), py::arg("port"),
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("port", &TcpStoreServer::port);
+
+  py::class_<TcpStoreClient, Store, std::shared_ptr<TcpStoreClient>>(m, "TcpStore")
+      .def(py::init([](const std::string& host, int port, double timeout) {
+             return std::make_shared<TcpStoreClient>(host, port, toMillis(timeout));
+           }),
+           py::arg("host"), py::arg("port"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>())
+      .def("set", [](TcpStoreClient& s, const std::string& key, const py::bytes& value) {
+             std::string v = value;
+             py::gil_scoped_release release;
+             s.set(key, std::vector<uint8_t>(v.begin(), v.end()));
+           })
+      .def("get", [](TcpStoreClient& s, const std::string& key, double timeout) {
+             std::vector<uint8_t> v;
+             {
+               py::gil_scoped_release release;
+               v = s.get(key, toMillis(timeout));
+             }
+             return py::bytes(reinterpret_cast<const char*>(v.data()), v.size());
+           })
+      .def("add", &TcpStoreClient::add, py::call_guard<py::gil_scoped_release>())
+      .def("check", &TcpStoreClient::check, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("local_address", &TcpStoreClient::localAddress);
+
+  py::class_<Work, std::shared_ptr<Work>>(m, "Work")
+      .def("wait", [](Work& w, std::optional<double> timeout) {
+             auto limit = timeout ? std::chrono::milliseconds(static_cast<long long>(std::max(0.0, *timeout) * 1000))
+                                  : std::chrono::milliseconds(-1);
+             py::gil_scoped_release release;
+             return w.wait(limit);
+           }, py::arg("timeout") = py::none())
+      .def("is_completed", &Work::isCompleted)
+      .def("failed", &Work::failed)
+      .def("error_message", &Work::errorMessage)
+      .def_property_readonly("seq", &Work::seq);
+
+  py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator")
+      .def(py::init([](std::shared_ptr<Store> store, int rank, int size, const std::string& name, double timeout,
+                       const std::string& bind_hint) {
+             CommunicatorOptions options;
+             options.name = name;
+             options.timeout = toMillis(timeout);
+             options.bind_hint = bind_hint;
+             return std::make_shared<Communicator>(std::move(store), rank, size, options);
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("name") = "default",
+           py::arg("timeout") = 0.0, py::arg("bind_hint") = "", py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("rank", &Communicator::rank)
+      .def_property_readonly("size", &Communicator::size)
+      .def_property_readonly("transport", &Communicator::transportName)
+      .def_property_readonly("timeout", [](const Communicator& c) { return c.defaultTimeout().count() / 1000.0; })
+      .def_property_readonly("chunk_bytes", [](const Communicator& c) { return c.config().chunk_bytes; })
+      .def("allreduce", [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op,
+                           double timeout) {
+             return c.allreduce(ptr(send), mptr(recv), count, toDataType(dtype), toReduceOp(op), toMillis(timeout));
+           })
+      .def("allgather", [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, double timeout) {
+             return c.allgather(ptr(send), mptr(recv), count, toDataType(dtype), toMillis(timeout));
+           })
+      .def("reduce_scatter", [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op,
+                                double timeout) {
+             return c.reduceScatter(ptr(send), mptr(recv), count, toDataType(dtype), toReduceOp(op),
+                                    toMillis(timeout));
+           })
+      .def("broadcast", [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int root,
+                           double timeout) {
+             return c.broadcast(ptr(send), mptr(recv), count, toDataType(dtype), root, toMillis(timeout));
+           })
+      .def("barrier", [](Communicator& c, double timeout) { return c.barrier(toMillis(timeout)); })
+      .def("abort", &Communicator::abort, py::arg("reason") = "", py::call_guard<py::gil_scoped_release>())
+      .def("shutdown", &Communicator::shutdown, py::call_guard<py::gil_scoped_release>())
+      .def("poison_message", &Communicator::poisonMessage);
+}

@@ -1,0 +1,52 @@
+// A collective, as the algorithms describe it to the executor: two ordered
+// lists of segment transfers and the dependencies between them.
+//
+// Algorithms (algorithms.h) build schedules from buffers, counts and ranks;
+// the executor (pipeline_executor.h) runs them over a transport. Neither side
+// knows the other's business: algorithms never see a socket, the executor never
+// decides which block goes where.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "wire.h"
+
+namespace rcoll {
+
+struct SendStep {
+  int peer;
+  const char* data;
+  uint64_t offset;     // element offset within the op's buffer (goes into the header)
+  uint64_t count;      // elements
+  int after_recv;      // index into Schedule::recvs that must complete first, or -1
+};
+
+struct RecvStep {
+  int peer;
+  uint64_t offset;
+  uint64_t count;
+  // Either the bytes land in `direct`, or they are staged and then reduced:
+  // reduce_out[i] = reduce_in[i] (op) staged[i]. Neither set: a zero-byte message.
+  char* direct;
+  char* reduce_out;
+  const char* reduce_in;
+  bool divide_after;   // avg: divide reduce_out by the world size once reduced
+};
+
+struct Schedule {
+  OpDesc op;
+  size_t elem_size = 1;
+  std::vector<SendStep> sends;
+  std::vector<RecvStep> recvs;
+
+  void reset(const OpDesc& desc, size_t element_size) {
+    op = desc;
+    elem_size = element_size;
+    sends.clear();  // keeps capacity: no allocation on the hot path after warm-up
+    recvs.clear();
+  }
+};
+
+}  // namespace rcoll

@@ -1,0 +1,204 @@
+#include "socket_util.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
+#include "error.h"
+
+namespace rcoll {
+
+int millisecondsUntil(Deadline deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                  deadline - std::chrono::steady_clock::now())
+                  .count();
+  if (left <= 0) return 0;
+  return left > INT_MAX ? INT_MAX : static_cast<int>(left);
+}
+
+std::string errnoText(int err) { return strFormat("%s (errno %d)", std::strerror(err), err); }
+
+bool splitHostPort(const std::string& address, std::string* host, int* port) {
+  size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon + 1 >= address.size()) return false;
+  std::string h = address.substr(0, colon);
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  char* end = nullptr;
+  long p = std::strtol(address.c_str() + colon + 1, &end, 10);
+  if (*end != '\0' || p <= 0 || p > 65535) return false;
+  *host = h;
+  *port = static_cast<int>(p);
+  return true;
+}
+
+std::string joinHostPort(const std::string& host, int port) {
+  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
+  return host + ":" + std::to_string(port);
+}
+
+bool resolveHost(const std::string& host, int port, sockaddr_storage* out, unsigned* out_len) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* result = nullptr;
+  std::string service = std::to_string(port);
+  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &result) != 0 ||
+      result == nullptr) {
+    return false;
+  }
+  // Prefer IPv4: it is what MASTER_ADDR usually names and what loopback tests use.
+  addrinfo* pick = result;
+  for (addrinfo* it = result; it != nullptr; it = it->ai_next) {
+    if (it->ai_family == AF_INET) {
+      pick = it;
+      break;
+    }
+  }
+  std::memcpy(out, pick->ai_addr, pick->ai_addrlen);
+  *out_len = static_cast<unsigned>(pick->ai_addrlen);
+  freeaddrinfo(result);
+  return true;
+}
+
+std::string interfaceAddress(const std::string& ifname) {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
+    if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != AF_INET) continue;
+    if (ifname != it->ifa_name) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    auto* sin = reinterpret_cast<sockaddr_in*>(it->ifa_addr);
+    if (inet_ntop(AF_INET, &sin->sin_addr, text, sizeof(text)) != nullptr) found = text;
+    break;
+  }
+  freeifaddrs(list);
+  return found;
+}
+
+std::string sourceAddressFor(const std::string& host) {
+  sockaddr_storage target{};
+  unsigned len = 0;
+  if (!resolveHost(host, 9, &target, &len) || target.ss_family != AF_INET) return "";
+  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "";
+  std::string found;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&target), len) == 0) {
+    sockaddr_in local{};
+    socklen_t local_len = sizeof(local);
+    char text[INET_ADDRSTRLEN] = {};
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) == 0 &&
+        inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text)) != nullptr) {
+      found = text;
+    }
+  }
+  ::close(fd);
+  return found;
+}
+
+std::string peerName(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "?";
+  char text[INET6_ADDRSTRLEN] = {};
+  if (addr.ss_family == AF_INET) {
+    auto* sin = reinterpret_cast<sockaddr_in*>(&addr);
+    inet_ntop(AF_INET, &sin->sin_addr, text, sizeof(text));
+    return joinHostPort(text, ntohs(sin->sin_port));
+  }
+  auto* sin6 = reinterpret_cast<sockaddr_in6*>(&addr);
+  inet_ntop(AF_INET6, &sin6->sin6_addr, text, sizeof(text));
+  return joinHostPort(text, ntohs(sin6->sin6_port));
+}
+
+void setNonBlocking(int fd, bool on) {
+  int flags = fcntl(fd, F_GETFL, 0);
+  if (flags < 0) return;
+  fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK));
+}
+
+void setNoDelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+void setBufferSizes(int fd, size_t bytes) {
+  if (bytes == 0) return;
+  int value = bytes > static_cast<size_t>(INT_MAX) ? INT_MAX : static_cast<int>(bytes);
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &value, sizeof(value));
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &value, sizeof(value));
+}
+
+static bool waitFor(int fd, short events, Deadline deadline, std::string* why) {
+  for (;;) {
+    pollfd pfd{fd, events, 0};
+    int timeout = millisecondsUntil(deadline);
+    int rc = ::poll(&pfd, 1, timeout);
+    if (rc > 0) return true;
+    if (rc == 0) {
+      *why = "timed out";
+      return false;
+    }
+    if (errno != EINTR) {
+      *why = errnoText(errno);
+      return false;
+    }
+  }
+}
+
+bool sendAll(int fd, const void* data, size_t bytes, Deadline deadline, std::string* why) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    ssize_t n = ::send(fd, p, bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      p += n;
+      bytes -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (!waitFor(fd, POLLOUT, deadline, why)) return false;
+      continue;
+    }
+    *why = errnoText(errno);
+    return false;
+  }
+  return true;
+}
+
+bool recvAll(int fd, void* data, size_t bytes, Deadline deadline, std::string* why) {
+  char* p = static_cast<char*>(data);
+  while (bytes > 0) {
+    ssize_t n = ::recv(fd, p, bytes, MSG_DONTWAIT);
+    if (n > 0) {
+      p += n;
+      bytes -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) {
+      *why = "the peer closed the connection";
+      return false;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (!waitFor(fd, POLLIN, deadline, why)) return false;
+      continue;
+    }
+    *why = errnoText(errno);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace rcoll

@@ -1,0 +1,71 @@
+// TCP implementation of the transport interface.
+//
+// One full-duplex socket per peer. Sends go straight from the caller's buffer
+// (sendmsg of header + payload), receives land straight in the destination
+// (header first, checked, then the payload), so no copy is made beyond the
+// kernel's. All sockets are non-blocking and driven by progress(), which the
+// communicator's progress thread calls: no extra thread, no hand-off.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config.h"
+#include "socket_util.h"
+#include "transport.h"
+
+namespace rcoll {
+
+class TcpTransport : public Transport {
+ public:
+  // Listens on `bind_host` (an IP address) at an ephemeral port.
+  TcpTransport(const ConnectInfo& info, const Config& config, const std::string& bind_host);
+  ~TcpTransport() override;
+
+  const char* name() const override { return "tcp"; }
+  std::string listenAddress() const override { return listen_address_; }
+  void connect(int peer, const std::string& address, Deadline deadline) override;
+  int accept(Deadline deadline) override;
+  void closeListener() override;
+  bool connected(int peer) const override;
+
+  MemoryHandle registerMemory(void*, size_t) override { return nullptr; }
+  void deregisterMemory(MemoryHandle) override {}
+
+  Request* isend(int peer, const WireHeader& header, const void* data, size_t bytes) override;
+  Request* irecv(int peer, const WireHeader& expected, void* data, size_t bytes) override;
+  void progress(std::chrono::milliseconds timeout) override;
+  TransportFailure failure(Request* request) const override;
+  void release(Request* request) override;
+  void interrupt() override;
+  void abortPeers(ErrorKind kind, const std::string& message) override;
+
+ private:
+  struct TcpRequest;
+  struct Connection;
+  struct PendingHandshake;
+
+  TcpRequest* newRequest();
+  void adopt(int peer, int fd);
+  bool driveAll();                 // true if any request completed or failed
+  bool driveSends(Connection& c);
+  bool driveRecvs(Connection& c);
+  bool wantsRead(const Connection& c) const;
+  void failConnection(Connection& c, ErrorKind kind, const std::string& message);
+  void serviceHandshake(PendingHandshake& pending, int* accepted_peer);
+
+  ConnectInfo info_;
+  Config config_;
+  int listen_fd_ = -1;
+  int wake_fd_ = -1;
+  std::string listen_address_;
+  std::vector<std::unique_ptr<Connection>> connections_;  // indexed by peer rank
+  std::vector<std::unique_ptr<PendingHandshake>> pending_;
+  std::vector<std::unique_ptr<TcpRequest>> requests_;     // owns every request ever made
+  std::vector<TcpRequest*> free_requests_;
+  bool aborted_ = false;
+};
+
+}  // namespace rcoll

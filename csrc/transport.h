@@ -1,0 +1,90 @@
+// The transport interface: how bytes move between two ranks.
+//
+// Modelled on NCCL's net plugin: a small, non-blocking, versioned surface
+// (listen / connect / accept, isend / irecv / test, progress, register memory,
+// close) that TCP implements today and verbs and shared memory implement later.
+// A transport knows nothing of reductions or algorithms; it only moves
+// header-framed messages in order per connection and checks each incoming
+// header against the one the receiver expects (wire.h), so that a mismatch is
+// caught before a single payload byte lands in a user buffer.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "error.h"
+#include "wire.h"
+
+namespace rcoll {
+
+constexpr int kTransportInterfaceVersion = 1;
+
+// Identity every connection must prove before it is accepted.
+struct ConnectInfo {
+  uint64_t comm_id = 0;
+  uint8_t token[16] = {};  // per-communicator secret from the store
+  int rank = 0;
+  int size = 0;
+};
+
+// One message in flight. Owned by the transport; the caller tests it until it
+// is no longer pending and then releases it.
+struct Request {
+  enum class State { kPending, kDone, kFailed };
+  State state = State::kPending;
+};
+
+// Why a connection failed: what the executor turns into a PeerError or a
+// MismatchError naming the rank and the op.
+struct TransportFailure {
+  ErrorKind kind = ErrorKind::kPeer;
+  std::string message;
+};
+
+// Memory registration handle (verbs needs one per buffer; TCP needs none).
+using MemoryHandle = void*;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const char* name() const = 0;
+
+  // Set-up. listenAddress() is published in the store; connect() reaches a
+  // peer's published address and proves `info`; accept() waits for a peer that
+  // proves `info` and drops (with a WARN) anything else: stray scanners, wrong
+  // tokens, garbage, half-sent handshakes. Both throw RcollError past `deadline`.
+  virtual std::string listenAddress() const = 0;
+  virtual void connect(int peer, const std::string& address,
+                       std::chrono::steady_clock::time_point deadline) = 0;
+  virtual int accept(std::chrono::steady_clock::time_point deadline) = 0;  // returns the peer's rank
+  virtual void closeListener() = 0;  // no more peers will come: stop accepting
+  virtual bool connected(int peer) const = 0;
+
+  // Memory registration (a no-op returning nullptr for transports that need none).
+  virtual MemoryHandle registerMemory(void* data, size_t bytes) = 0;
+  virtual void deregisterMemory(MemoryHandle handle) = 0;
+
+  // Data path: non-blocking. Messages to one peer arrive in the order they were
+  // sent; receives from one peer are matched in the order they were posted.
+  virtual Request* isend(int peer, const WireHeader& header, const void* data, size_t bytes) = 0;
+  virtual Request* irecv(int peer, const WireHeader& expected, void* data, size_t bytes) = 0;
+  // Moves bytes on every connection; blocks at most `timeout` when nothing moved.
+  virtual void progress(std::chrono::milliseconds timeout) = 0;
+  // The failure of a request in state kFailed.
+  virtual TransportFailure failure(Request* request) const = 0;
+  virtual void release(Request* request) = 0;
+
+  // Thread-safe: makes a blocked progress() return at once (abort, shutdown).
+  virtual void interrupt() = 0;
+
+  // Best effort, never blocks: tells every connected peer that this rank failed
+  // and why, so that they fail with the original cause instead of a bare
+  // "connection closed", then stops all traffic.
+  virtual void abortPeers(ErrorKind kind, const std::string& message) = 0;
+};
+
+}  // namespace rcoll

@@ -1,0 +1,73 @@
+// The header in front of every message between ranks.
+//
+// It lets the receiver check that the bytes it is about to accept belong to the
+// collective it is running: a rank that called a different op, count, dtype,
+// reduce op or root, or is one op ahead, is reported on both sides by name
+// instead of hanging or corrupting a buffer. 64 bytes per segment.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "dtype.h"
+
+namespace rcoll {
+
+constexpr uint32_t kWireMagic = 0x4c4f4352;  // "RCOL" in little-endian byte order
+constexpr uint16_t kWireVersion = 1;
+
+enum class OpKind : uint8_t {
+  kAllreduce = 1,
+  kAllgather = 2,
+  kBroadcast = 3,
+  kReduceScatter = 4,
+  kBarrier = 5,
+  kAbort = 100,  // control: "I failed; here is why" (payload = UTF-8 message)
+};
+const char* opKindName(OpKind kind);
+
+#pragma pack(push, 1)
+struct WireHeader {
+  uint32_t magic;
+  uint16_t version;
+  uint8_t kind;       // OpKind
+  uint8_t dtype;      // DataType
+  uint8_t reduce_op;  // ReduceOp (0 where the op does not reduce)
+  uint8_t error_kind; // kAbort only: the sender's ErrorKind
+  uint16_t reserved;
+  uint32_t src_rank;  // sender's rank in the communicator
+  uint32_t root;      // broadcast root (0 otherwise)
+  uint64_t comm_id;   // random per communicator, agreed at rendezvous
+  uint64_t seq;       // op sequence number within the communicator, from 1
+  uint64_t count;     // the op's element count as the caller passed it
+  uint64_t offset;    // element offset of this segment within the op's buffer
+  uint64_t bytes;     // payload bytes that follow the header
+  uint32_t padding;   // keeps the header at 64 bytes; sent as 0
+};
+#pragma pack(pop)
+static_assert(sizeof(WireHeader) == 64, "the wire header is 64 bytes");
+
+// The collective a rank is running, as the wire header describes it.
+struct OpDesc {
+  OpKind kind = OpKind::kBarrier;
+  DataType dtype = DataType::kUInt8;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  uint32_t root = 0;
+  uint64_t count = 0;
+  uint64_t seq = 0;
+};
+
+// "allreduce(float32, count=1048576, op=sum)" / "broadcast(int8, count=7, root=3)"
+std::string describeOp(const OpDesc& op);
+OpDesc opFromHeader(const WireHeader& header);
+
+WireHeader makeHeader(const OpDesc& op, uint64_t comm_id, uint32_t src_rank,
+                      uint64_t offset, uint64_t bytes);
+
+// "" when `got` (from rank got.src_rank) is the segment the receiver (`my_rank`)
+// expects, else a message naming both ranks and both ops, for example
+// "rank 2 called allreduce(float32, count=1048576, op=sum) as op #17 while rank 0
+// called allreduce(float32, count=1048575, op=sum) as op #17".
+std::string checkHeader(const WireHeader& expected, const WireHeader& got, int my_rank);
+
+}  // namespace rcoll

@@ -1,0 +1,59 @@
+"""Turning numpy arrays and buffer-protocol objects into (address, count, dtype code).
+
+The C++ core sees raw memory only; everything a user can get wrong about a
+buffer is caught here, before anything is enqueued, with a message that names
+the rank and the operation.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _core
+
+# numpy dtype name -> core dtype code. bfloat16 arrives through ml_dtypes (or any
+# numpy extension dtype that calls itself "bfloat16").
+_CODES = dict(_core.DTYPES)
+REDUCE_OPS = dict(_core.REDUCE_OPS)
+
+
+def as_array(obj, rank: int, opname: str, what: str, writable: bool) -> np.ndarray:
+    """A numpy view of `obj` (no copy), checked for layout and writability."""
+    if isinstance(obj, np.ndarray):
+        arr = obj
+    else:
+        try:
+            arr = np.asarray(memoryview(obj))
+        except TypeError:
+            raise _core.InvalidArgumentError(
+                f"rank {rank}: {opname}: {what} must be a numpy array or a buffer-protocol object, "
+                f"got {type(obj).__name__}") from None
+    if not arr.flags.c_contiguous:
+        raise _core.InvalidArgumentError(
+            f"rank {rank}: {opname}: {what} is not C-contiguous (shape {arr.shape}, strides {arr.strides}); "
+            f"pass np.ascontiguousarray(...) and copy the result back")
+    if writable and not arr.flags.writeable:
+        raise _core.InvalidArgumentError(
+            f"rank {rank}: {opname}: {what} is read-only but receives the result; pass a writable array "
+            f"or an out= array")
+    return arr
+
+
+def dtype_code(arr: np.ndarray, rank: int, opname: str) -> int:
+    code = _CODES.get(arr.dtype.name)
+    if code is None:
+        supported = ", ".join(sorted(_CODES))
+        raise _core.InvalidArgumentError(
+            f"rank {rank}: {opname}: dtype {arr.dtype} is not supported (supported: {supported})")
+    return code
+
+
+def reduce_op_code(op, rank: int, opname: str) -> int:
+    name = getattr(op, "name", op)
+    if isinstance(name, str) and name.lower() in REDUCE_OPS:
+        return REDUCE_OPS[name.lower()]
+    raise _core.InvalidArgumentError(
+        f"rank {rank}: {opname}: unknown reduce op {op!r} (use one of {', '.join(REDUCE_OPS)})")
+
+
+def address(arr: np.ndarray) -> int:
+    return arr.__array_interface__["data"][0]

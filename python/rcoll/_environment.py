@@ -1,0 +1,46 @@
+"""Where rank, world size and the rendezvous address come from.
+
+rcoll rides on the launchers users already have: torchrun / torch elastic
+(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), Slurm (SLURM_PROCID, SLURM_NTASKS)
+and mpirun (OMPI_COMM_WORLD_RANK/SIZE, PMI_RANK/PMI_SIZE). Explicit arguments win.
+"""
+from __future__ import annotations
+
+import os
+
+from . import _core
+
+_RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+_SIZE_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+DEFAULT_PORT = 29500
+
+
+def _first_int(names):
+    for name in names:
+        value = os.environ.get(name)
+        if value not in (None, ""):
+            try:
+                return int(value), name
+            except ValueError:
+                raise _core.ConfigError(f"{name}={value!r} is not an integer") from None
+    return None, None
+
+
+def resolve(rank=None, world_size=None, master_addr=None, master_port=None):
+    """(rank, world_size, master_addr, master_port) from arguments, then the environment."""
+    if rank is None:
+        rank, _ = _first_int(_RANK_VARS)
+    if world_size is None:
+        world_size, _ = _first_int(_SIZE_VARS)
+    if rank is None or world_size is None:
+        raise _core.ConfigError(
+            "rank and world size are unknown: pass rank= and world_size=, or start the processes with "
+            "torchrun, srun or mpirun (or set RANK and WORLD_SIZE)")
+    if not 0 <= rank < world_size:
+        raise _core.ConfigError(f"rank {rank} is not in a world of size {world_size}")
+    if master_addr is None:
+        master_addr = os.environ.get("MASTER_ADDR") or "127.0.0.1"
+    if master_port is None:
+        port, _ = _first_int(("MASTER_PORT",))
+        master_port = port if port is not None else DEFAULT_PORT
+    return int(rank), int(world_size), str(master_addr), int(master_port)

@@ -1,0 +1,86 @@
+"""Run a function on N local ranks, each in its own process (demo, tests, benchmarks).
+
+Not a launcher for real jobs (use torchrun, srun or mpirun): it starts processes
+on this host only, with RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT set as
+torchrun would, and returns every rank's return value. It is bounded in time: if
+any rank fails or the deadline passes, all ranks are killed and an error says
+which rank did what.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+import traceback
+
+
+def free_port() -> int:
+    """An ephemeral port that was free a moment ago on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RankFailed(RuntimeError):
+    """One or more ranks raised, died or did not finish in time."""
+
+
+def _child(fn, rank, world_size, port, env, args, results):
+    os.environ.update({k: str(v) for k, v in env.items()})
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        value = fn(rank, world_size, *args)
+        results.put((rank, True, value))
+    except BaseException as exc:  # reported to the parent, which raises
+        results.put((rank, False, f"{type(exc).__module__}.{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def run(fn, world_size: int, *args, timeout: float = 120.0, env=None, allow_failures: bool = False):
+    """Calls fn(rank, world_size, *args) in `world_size` processes and returns the list of results.
+
+    `fn` must be importable (a module-level function). With allow_failures=True a
+    rank's exception is returned as an ("error", text) tuple instead of raising.
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_child, args=(fn, r, world_size, port, env or {}, args, results), daemon=True)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    outcome = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(outcome) < world_size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(set(range(world_size)) - set(outcome))
+                raise RankFailed(f"ranks {missing} did not finish within {timeout} s")
+            try:
+                rank, ok, value = results.get(timeout=min(left, 0.5))
+                outcome[rank] = (ok, value)
+                continue
+            except queue.Empty:
+                pass
+            for r, p in enumerate(procs):
+                # A rank that died without reporting (killed, crashed) cannot be waited for.
+                if r not in outcome and not p.is_alive() and p.exitcode not in (0, None):
+                    try:  # it may have reported just before exiting
+                        rank, ok, value = results.get(timeout=0.2)
+                        outcome[rank] = (ok, value)
+                    except queue.Empty:
+                        outcome[r] = (False, f"rank {r} died with exit code {p.exitcode}")
+    finally:
+        for p in procs:
+            p.join(timeout=0.2 if len(outcome) == world_size else 0)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+    failures = {r: v for r, (ok, v) in outcome.items() if not ok}
+    if failures and not allow_failures:
+        text = "\n".join(f"--- rank {r}:\n{v}" for r, v in sorted(failures.items()))
+        raise RankFailed(f"{len(failures)} of {world_size} ranks failed:\n{text}")
+    return [outcome[r][1] if outcome[r][0] else ("error", outcome[r][1]) for r in range(world_size)]
