@@ -61,28 +61,31 @@ inline float halfToFloat(uint16_t half) {
   return bitsToFloat(sign | magnitude);
 }
 
+// Every candidate result is built in the top 16 bits of a uint32_t and the
+// answer is shifted down once at the end. Building them in the low bits lets
+// GCC shrink the selects to 16-bit lanes, and at SSE2 it then spends many
+// shuffles narrowing each 32-bit compare mask: about twice as slow.
 inline uint16_t floatToHalf(float value) {
   const uint32_t bits = floatToBits(value);
-  const uint32_t sign = (bits >> 16) & 0x8000u;
   const uint32_t abs = bits & 0x7fffffffu;
   // Normal result: rebias 127 -> 15, then drop 13 mantissa bits rounding to
   // nearest-even: adding 0xfff plus the lowest kept bit carries into the kept
   // bits exactly when the dropped part is above half, or equal to half with an
   // odd kept part. A carry out of the mantissa bumps the exponent, which also
-  // produces inf (0x7c00) for values in [65520, 65536). Wraps harmlessly for
-  // inputs that take another path.
+  // produces inf for values in [65520, 65536). (x >> 13) << 16 is x << 3 with
+  // junk in the low 16 bits. Wraps harmlessly for inputs that take another path.
   const uint32_t odd = (abs >> 13) & 1u;
-  const uint32_t normal = (abs - (112u << 23) + 0xfffu + odd) >> 13;
+  const uint32_t normal = (abs - (112u << 23) + 0xfffu + odd) << 3;
   // Subnormal result (|value| < 2^-14): adding 0.5 makes the float unit in the
   // last place 2^-24, the float16 subnormal step, so the FPU does the
   // nearest-even rounding; the low bits are then the float16 encoding (1024,
   // the smallest normal, comes out right too).
-  const uint32_t subnormal = floatToBits(bitsToFloat(abs) + 0.5f) - floatToBits(0.5f);
-  const uint32_t nan = 0x7e00u | ((abs >> 13) & 0x03ffu);
+  const uint32_t subnormal = (floatToBits(bitsToFloat(abs) + 0.5f) - floatToBits(0.5f)) << 16;
+  const uint32_t nan = 0x7e000000u | ((abs << 3) & 0x03ff0000u);  // quiet, top payload bits
   const uint32_t finite = selectBits(abs < (113u << 23), subnormal, normal);
-  const uint32_t infOrFinite = selectBits(abs >= (143u << 23), 0x7c00u, finite);  // >= 65536
+  const uint32_t infOrFinite = selectBits(abs >= (143u << 23), 0x7c000000u, finite);  // >= 65536
   const uint32_t magnitude = selectBits(abs > 0x7f800000u, nan, infOrFinite);
-  return static_cast<uint16_t>(sign | magnitude);
+  return static_cast<uint16_t>(((bits & 0x80000000u) | magnitude) >> 16);
 }
 
 // ---- bfloat16: the top half of a float32 ----
@@ -90,19 +93,20 @@ inline uint16_t floatToHalf(float value) {
 inline float bfloat16ToFloat(uint16_t value) {
   const uint32_t bits = static_cast<uint32_t>(value) << 16;
   const bool isNan = (bits & 0x7fffffffu) > 0x7f800000u;
-  return bitsToFloat(isNan ? bits | 0x00400000u : bits);
+  return bitsToFloat(bits | (isNan ? 0x00400000u : 0u));
 }
 
 inline uint16_t floatToBfloat16(float value) {
   const uint32_t bits = floatToBits(value);
   // Round to nearest-even on the 16 dropped bits (same carry trick as above);
-  // subnormals and overflow to inf fall out of the carry naturally.
-  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  // subnormals and overflow to inf fall out of the carry naturally. As in
+  // floatToHalf, the select works on the full 32 bits and shifts down once.
+  const uint32_t rounded = bits + 0x7fffu + ((bits >> 16) & 1u);
   // A NaN must not carry into the exponent (it could become inf): truncate it
   // instead and force the quiet bit so a payload in the dropped bits survives.
-  const uint32_t nan = (bits >> 16) | 0x0040u;
+  const uint32_t nan = bits | 0x00400000u;
   const bool isNan = (bits & 0x7fffffffu) > 0x7f800000u;
-  return static_cast<uint16_t>(isNan ? nan : rounded);
+  return static_cast<uint16_t>(selectBits(isNan, nan, rounded) >> 16);
 }
 
 }  // namespace rcoll

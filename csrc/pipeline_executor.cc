@@ -74,6 +74,45 @@ void PipelineExecutor::timeout(const Schedule& schedule, std::chrono::millisecon
                        static_cast<double>(limit.count()) / 1000.0, detail.c_str()));
 }
 
+bool PipelineExecutor::harvest(const Schedule& schedule, size_t* sends_done, size_t* recvs_done) {
+  bool any = false;
+  // Completed receives: reduce staged segments, free their slots.
+  for (size_t i = 0; i < recvs_in_flight_.size();) {
+    InFlight& f = recvs_in_flight_[i];
+    if (f.request->state == Request::State::kPending) {
+      ++i;
+      continue;
+    }
+    if (f.request->state == Request::State::kFailed) fail(schedule, transport_.failure(f.request));
+    const RecvStep& step = schedule.recvs[static_cast<size_t>(f.index)];
+    if (f.slot != nullptr) {
+      reduceInto(step.reduce_out, step.reduce_in, f.slot, step.count, schedule.op.dtype, schedule.op.reduce_op);
+      if (step.divide_after) scaleDivide(step.reduce_out, step.count, schedule.op.dtype, static_cast<size_t>(size_));
+      free_slots_.push_back(f.slot);
+    }
+    recv_done_[static_cast<size_t>(f.index)] = 1;
+    ++*recvs_done;
+    transport_.release(f.request);
+    f = recvs_in_flight_.back();
+    recvs_in_flight_.pop_back();
+    any = true;
+  }
+  for (size_t i = 0; i < sends_in_flight_.size();) {
+    InFlight& f = sends_in_flight_[i];
+    if (f.request->state == Request::State::kPending) {
+      ++i;
+      continue;
+    }
+    if (f.request->state == Request::State::kFailed) fail(schedule, transport_.failure(f.request));
+    ++*sends_done;
+    transport_.release(f.request);
+    f = sends_in_flight_.back();
+    sends_in_flight_.pop_back();
+    any = true;
+  }
+  return any;
+}
+
 void PipelineExecutor::run(const Schedule& schedule, Deadline deadline, std::chrono::milliseconds limit,
                            const std::atomic<bool>& abort_flag) {
   const size_t es = schedule.elem_size;
@@ -116,43 +155,14 @@ void PipelineExecutor::run(const Schedule& schedule, Deadline deadline, std::chr
                                                 describeOp(schedule.op).c_str(),
                                                 static_cast<unsigned long long>(schedule.op.seq)));
     }
+    // Requests can finish at post time (a connection that already failed), so
+    // look before blocking; block only when nothing is ready.
+    if (harvest(schedule, &sends_done, &recvs_done)) continue;
     auto now = std::chrono::steady_clock::now();
     if (now >= deadline) timeout(schedule, limit);
     transport_.progress(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now) +
                         std::chrono::milliseconds(1));
-
-    // Completed receives: reduce staged segments, free their slots.
-    for (size_t i = 0; i < recvs_in_flight_.size();) {
-      InFlight& f = recvs_in_flight_[i];
-      if (f.request->state == Request::State::kPending) {
-        ++i;
-        continue;
-      }
-      if (f.request->state == Request::State::kFailed) fail(schedule, transport_.failure(f.request));
-      const RecvStep& step = schedule.recvs[static_cast<size_t>(f.index)];
-      if (f.slot != nullptr) {
-        reduceInto(step.reduce_out, step.reduce_in, f.slot, step.count, schedule.op.dtype, schedule.op.reduce_op);
-        if (step.divide_after) scaleDivide(step.reduce_out, step.count, schedule.op.dtype, static_cast<size_t>(size_));
-        free_slots_.push_back(f.slot);
-      }
-      recv_done_[static_cast<size_t>(f.index)] = 1;
-      ++recvs_done;
-      transport_.release(f.request);
-      f = recvs_in_flight_.back();
-      recvs_in_flight_.pop_back();
-    }
-    for (size_t i = 0; i < sends_in_flight_.size();) {
-      InFlight& f = sends_in_flight_[i];
-      if (f.request->state == Request::State::kPending) {
-        ++i;
-        continue;
-      }
-      if (f.request->state == Request::State::kFailed) fail(schedule, transport_.failure(f.request));
-      ++sends_done;
-      transport_.release(f.request);
-      f = sends_in_flight_.back();
-      sends_in_flight_.pop_back();
-    }
+    harvest(schedule, &sends_done, &recvs_done);
   }
 }
 

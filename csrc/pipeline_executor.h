@@ -34,6 +34,8 @@ class PipelineExecutor {
   size_t slotBytes() const { return slot_bytes_; }
 
  private:
+  // Processes finished requests (reductions included); true if there were any.
+  bool harvest(const Schedule& schedule, size_t* sends_done, size_t* recvs_done);
   [[noreturn]] void fail(const Schedule& schedule, const TransportFailure& failure);
   [[noreturn]] void timeout(const Schedule& schedule, std::chrono::milliseconds timeout);
   void cancelAll();

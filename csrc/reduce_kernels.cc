@@ -46,7 +46,9 @@ struct Mul {
   }
 };
 
-// numpy.minimum/maximum: the first operand wins ties and any NaN wins.
+// numpy.minimum/maximum: a NaN in either operand gives NaN. On ties (+0 vs -0)
+// the first operand wins, as in numpy's float16 loop (its SIMD float32/64
+// loops keep the second, so signed-zero ties are not a numpy contract).
 struct Min {
   template <typename T>
   T operator()(T x, T y) const {

@@ -20,6 +20,7 @@ namespace {
 constexpr uint32_t kHandshakeMagic = 0x53484352;  // "RCHS"
 constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
 constexpr size_t kMaxAbortMessage = 4096;
+constexpr auto kAbortLinger = std::chrono::seconds(2);
 
 #pragma pack(push, 1)
 struct Handshake {
@@ -87,6 +88,7 @@ struct TcpTransport::TcpRequest : Request {
   char* data = nullptr;
   size_t bytes = 0;
   size_t done = 0;      // send: header + payload bytes written; recv: payload bytes read
+  bool released = false;  // the caller let go while it was still queued: recycle when it leaves the queue
   TransportFailure why;
 };
 
@@ -99,7 +101,8 @@ struct TcpTransport::Connection {
   size_t in_header_got = 0;   // bytes of the incoming header read so far
   bool in_header_checked = false;
   std::string abort_text;     // payload of an incoming abort message
-  bool failed = false;
+  bool failed = false;         // no more requests on this connection
+  bool socket_broken = false;  // EOF or I/O error: nothing more can be sent either
   TransportFailure failure;
 };
 
@@ -313,7 +316,20 @@ TcpTransport::TcpRequest* TcpTransport::newRequest() {
 }
 
 void TcpTransport::release(Request* request) {
-  free_requests_.push_back(static_cast<TcpRequest*>(request));
+  auto* r = static_cast<TcpRequest*>(request);
+  // A request still queued on a connection (its op failed or was abandoned)
+  // must not be handed out again until it leaves that queue.
+  if (r->state == Request::State::kPending) {
+    r->released = true;
+  } else {
+    free_requests_.push_back(r);
+  }
+}
+
+void TcpTransport::finish(TcpRequest* r, Request::State state, const TransportFailure* why) {
+  r->state = state;
+  if (why != nullptr) r->why = *why;
+  if (r->released) free_requests_.push_back(r);
 }
 
 TransportFailure TcpTransport::failure(Request* request) const {
@@ -358,17 +374,14 @@ Request* TcpTransport::irecv(int peer, const WireHeader& expected, void* data, s
 }
 
 void TcpTransport::failConnection(Connection& c, ErrorKind kind, const std::string& message) {
+  // Only a mismatch (or a local abort) leaves the socket usable: it can still
+  // carry our abort message to the peer. Everything else means it is gone.
+  if (kind != ErrorKind::kMismatch && kind != ErrorKind::kAborted) c.socket_broken = true;
   if (c.failed) return;
   c.failed = true;
   c.failure = {kind, message};
-  for (TcpRequest* r : c.sends) {
-    r->state = Request::State::kFailed;
-    r->why = c.failure;
-  }
-  for (TcpRequest* r : c.recvs) {
-    r->state = Request::State::kFailed;
-    r->why = c.failure;
-  }
+  for (TcpRequest* r : c.sends) finish(r, Request::State::kFailed, &c.failure);
+  for (TcpRequest* r : c.recvs) finish(r, Request::State::kFailed, &c.failure);
   c.sends.clear();
   c.recvs.clear();
   RCOLL_INFO("connection to rank %d failed: %s", c.peer, message.c_str());
@@ -402,8 +415,8 @@ bool TcpTransport::driveSends(Connection& c) {
     }
     r->done += static_cast<size_t>(n);
     if (r->done == kHeader + r->bytes) {
-      r->state = Request::State::kDone;
       c.sends.pop_front();
+      finish(r, Request::State::kDone, nullptr);
       completed = true;
     }
   }
@@ -449,6 +462,7 @@ bool TcpTransport::driveRecvs(Connection& c) {
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return completed;
         break;  // closed mid-message: report what we have
       }
+      c.socket_broken = true;  // the peer has stopped: no point in answering it
       failConnection(c, errorKindFromWire(c.in_header.error_kind),
                      strFormat("rank %d failed: %s", c.peer, c.abort_text.c_str()));
       return true;
@@ -482,9 +496,9 @@ bool TcpTransport::driveRecvs(Connection& c) {
                             : strFormat("lost the connection to rank %d: %s", c.peer, errnoText(errno).c_str()));
       return true;
     }
-    r->state = Request::State::kDone;
     c.recvs.pop_front();
     c.in_header_got = 0;
+    finish(r, Request::State::kDone, nullptr);
     completed = true;
   }
 }
@@ -539,16 +553,35 @@ void TcpTransport::interrupt() {
   (void)ignored;
 }
 
+bool TcpTransport::finishPartialSend(Connection& c, Deadline deadline) {
+  if (c.sends.empty() || c.sends.front()->done == 0) return true;
+  TcpRequest* r = c.sends.front();
+  constexpr size_t kHeader = sizeof(WireHeader);
+  std::string why;
+  if (r->done < kHeader &&
+      !sendAll(c.fd, reinterpret_cast<char*>(&r->header) + r->done, kHeader - r->done, deadline, &why)) {
+    return false;
+  }
+  size_t sent = r->done > kHeader ? r->done - kHeader : 0;
+  if (!sendAll(c.fd, r->data + sent, r->bytes - sent, deadline, &why)) return false;
+  r->done = kHeader + r->bytes;
+  c.sends.pop_front();
+  finish(r, Request::State::kDone, nullptr);
+  return true;
+}
+
 void TcpTransport::abortPeers(ErrorKind kind, const std::string& message) {
   if (aborted_) return;
   aborted_ = true;
   std::string text = message.substr(0, kMaxAbortMessage);
+  // Bounded: a peer that stopped reading must not hold this rank's failure up.
+  Deadline deadline = std::chrono::steady_clock::now() + kAbortLinger;
   for (auto& c : connections_) {
     if (!c) continue;
-    // Only at a message boundary: half a message followed by an abort header
-    // would read as garbage on the other side.
-    bool at_boundary = c->sends.empty() || c->sends.front()->done == 0;
-    if (!c->failed && at_boundary) {
+    // The abort must start at a message boundary, or the peer would read it as
+    // payload. A segment already half on the wire is finished first: its buffer
+    // is still alive here, because the op has not been failed yet.
+    if (!c->socket_broken && finishPartialSend(*c, deadline)) {
       WireHeader h{};
       h.magic = kWireMagic;
       h.version = kWireVersion;
@@ -557,16 +590,13 @@ void TcpTransport::abortPeers(ErrorKind kind, const std::string& message) {
       h.src_rank = static_cast<uint32_t>(info_.rank);
       h.comm_id = info_.comm_id;
       h.bytes = text.size();
-      iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(text.data()), text.size()}};
-      msghdr msg{};
-      msg.msg_iov = iov;
-      msg.msg_iovlen = 2;
-      ssize_t ignored = ::sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-      (void)ignored;
+      std::string why;
+      if (sendAll(c->fd, &h, sizeof(h), deadline, &why)) sendAll(c->fd, text.data(), text.size(), deadline, &why);
     }
     // FIN after the abort text; the socket stays open (and unread data with it)
     // until the communicator is destroyed, so the peer reads the reason first.
     ::shutdown(c->fd, SHUT_WR);
+    c->socket_broken = true;
     failConnection(*c, ErrorKind::kAborted, "the communicator was aborted: " + message);
   }
 }

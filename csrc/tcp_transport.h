@@ -54,6 +54,8 @@ class TcpTransport : public Transport {
   bool driveRecvs(Connection& c);
   bool wantsRead(const Connection& c) const;
   void failConnection(Connection& c, ErrorKind kind, const std::string& message);
+  void finish(TcpRequest* r, Request::State state, const TransportFailure* why);
+  bool finishPartialSend(Connection& c, Deadline deadline);
   void serviceHandshake(PendingHandshake& pending, int* accepted_peer);
 
   ConnectInfo info_;

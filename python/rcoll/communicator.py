@@ -115,7 +115,7 @@ class Communicator:
     def reduce_scatter(self, array, op="sum", *, out=None, async_op=False, timeout=None):
         """Reduces `array` (size * n elements) across ranks; rank r keeps block r (n elements).
 
-        The result has shape array.shape[1:] when array.shape[0] == size, else (n,).
+        The result has shape array.shape[1:] when array is (size, ...) with ndim >= 2, else (n,).
         """
         name = "reduce_scatter"
         src = as_array(array, self.rank, name, "the input", writable=False)
@@ -125,7 +125,7 @@ class Communicator:
                 f"size {self.size}")
         n = src.size // self.size
         if out is None:
-            shape = src.shape[1:] if src.ndim >= 1 and src.shape[0] == self.size else (n,)
+            shape = src.shape[1:] if src.ndim >= 2 and src.shape[0] == self.size else (n,)
             out = np.empty(shape, dtype=src.dtype)
         dst = as_array(out, self.rank, name, "out", writable=True)
         self._same_layout(src, dst, name, n)

@@ -38,15 +38,17 @@ def _child(fn, rank, world_size, port, env, args, results):
         results.put((rank, False, f"{type(exc).__module__}.{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
 
 
-def run(fn, world_size: int, *args, timeout: float = 120.0, env=None, allow_failures: bool = False):
+def run(fn, world_size: int, *args, timeout: float = 120.0, env=None, allow_failures: bool = False,
+        port: int = 0):
     """Calls fn(rank, world_size, *args) in `world_size` processes and returns the list of results.
 
     `fn` must be importable (a module-level function). With allow_failures=True a
     rank's exception is returned as an ("error", text) tuple instead of raising.
+    `port` is the rendezvous port (default: a free one).
     """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = free_port()
+    port = port or free_port()
     procs = [ctx.Process(target=_child, args=(fn, r, world_size, port, env or {}, args, results), daemon=True)
              for r in range(world_size)]
     for p in procs:

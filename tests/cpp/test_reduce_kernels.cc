@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <random>
 #include <string>
@@ -529,7 +530,9 @@ void testNanPropagation() {
     for (uint16_t v : reduceVec(ah, bh, DataType::kFloat16, op)) check(halfIsNan(v), "f16 NaN " + name);
     for (uint16_t v : reduceVec(ab, bb, DataType::kBFloat16, op)) check(bf16IsNan(v), "bf16 NaN " + name);
   }
-  // Ties keep the first operand, like numpy (visible with signed zeros).
+  // Ties keep the first operand (visible only with signed zeros). This is our
+  // choice, not a numpy contract: numpy's float16 loops keep the first operand
+  // and its SIMD float32/float64 loops the second.
   const std::vector<float> z1(16, 0.0f), z2(16, -0.0f);
   check(!std::signbit(reduceVec(z1, z2, DataType::kFloat32, ReduceOp::kMin)[3]), "min(+0,-0)");
   check(std::signbit(reduceVec(z2, z1, DataType::kFloat32, ReduceOp::kMax)[3]), "max(-0,+0)");
@@ -634,11 +637,7 @@ void testScaleDivide() {
   check(throwsOn(DataType::kFloat32, 0), "scaleDivide refuses divisor 0");
 }
 
-}  // namespace
-
-int main() {
-  // The references rely on nearbyint rounding to nearest-even.
-  std::fesetround(FE_TONEAREST);
+void runAll() {
   testHalfExhaustive();
   testBf16Exhaustive();
   testFloatToHalfRounding();
@@ -648,6 +647,18 @@ int main() {
   testIntegerWrap();
   testBoolNormalisation();
   testScaleDivide();
+}
+
+}  // namespace
+
+int main() {
+  // The references rely on nearbyint rounding to nearest-even.
+  std::fesetround(FE_TONEAREST);
+  try {
+    runAll();
+  } catch (const std::exception& e) {
+    check(false, std::string("unexpected exception: ") + e.what());
+  }
   if (gFailures) {
     std::fprintf(stderr, "test_reduce_kernels: %d failure(s)\n", gFailures);
     return 1;

@@ -1,0 +1,80 @@
+"""Deterministic inputs and exact numpy references for the collective tests.
+
+Every rank regenerates every other rank's input from a seed, so each rank can
+check its own result without any extra communication. Values are chosen so
+that any summation order gives the same bits: small integers for sum and avg,
+factors of +-1 and 2 for prod, anything for min/max and the bitwise ops.
+"""
+import numpy as np
+
+try:
+    import ml_dtypes
+    BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # bfloat16 cases are skipped without ml_dtypes
+    BFLOAT16 = None
+
+DTYPES = [np.dtype(n) for n in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool")]
+if BFLOAT16 is not None:
+    DTYPES.insert(1, BFLOAT16)
+OPS = ["sum", "prod", "min", "max", "avg", "band", "bor", "bxor"]
+
+
+def is_float(dtype):
+    return dtype.kind == "f" or dtype == BFLOAT16
+
+
+def supported(dtype, op):
+    if op in ("band", "bor", "bxor"):
+        return not is_float(dtype)
+    if op == "avg":
+        return is_float(dtype)
+    return True
+
+
+def make_input(seed, rank, dtype, n, op="sum"):
+    rng = np.random.default_rng([seed, rank, n, DTYPES.index(dtype) if dtype in DTYPES else 0, OPS.index(op)])
+    if dtype == np.bool_:
+        return rng.integers(0, 2, n).astype(np.bool_)
+    signed = dtype.kind in "fi" or dtype == BFLOAT16
+    if op in ("sum", "avg"):
+        lo, hi = (-3, 4) if signed else (0, 4)
+        return rng.integers(lo, hi, n).astype(np.float64).astype(dtype)
+    if op == "prod":
+        choices = np.array([1, 2, -1] if signed else [1, 2, 3])
+        return choices[rng.integers(0, len(choices), n)].astype(np.float64).astype(dtype)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, n, endpoint=True, dtype=dtype)
+    return rng.standard_normal(n).astype(np.float32).astype(dtype) * 100
+
+
+def reduce_reference(stack, dtype, op, world):
+    """Reduces axis 0 of `stack` the way rcoll defines each op."""
+    if dtype == np.bool_:
+        if op in ("sum", "max", "bor"):
+            return np.logical_or.reduce(stack, axis=0)
+        if op in ("prod", "min", "band"):
+            return np.logical_and.reduce(stack, axis=0)
+        return np.logical_xor.reduce(stack, axis=0)
+    if op == "avg":
+        compute = np.float64 if dtype == np.float64 else np.float32
+        total = np.add.reduce(stack.astype(np.float64), axis=0).astype(compute)
+        return (total / compute(world)).astype(dtype)
+    ufunc = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum,
+             "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}[op]
+    if dtype == BFLOAT16 or dtype == np.float16:
+        # Exact in float32 for the chosen values, then one rounding.
+        return ufunc.reduce(stack.astype(np.float32), axis=0).astype(dtype)
+    return ufunc.reduce(stack, axis=0, dtype=dtype)
+
+
+def same(a, b):
+    """Bitwise equality that treats NaN == NaN."""
+    a = np.asarray(a)
+    b = np.asarray(b)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if is_float(a.dtype):
+        fa, fb = a.astype(np.float64), b.astype(np.float64)
+        return bool(np.all((fa == fb) | (np.isnan(fa) & np.isnan(fb))))
+    return bool(np.array_equal(a, b))

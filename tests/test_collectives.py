@@ -1,0 +1,50 @@
+"""Every collective x dtype x reduce op x size x world size, exact against numpy."""
+import pytest
+
+from rcoll import spawn
+
+import collective_workers as w
+from conftest import SMALL_CHUNKS
+
+WORLDS = [1, 2, 3, 4, 8]
+
+
+def _check(results):
+    total = 0
+    for rank, (cases, failures) in enumerate(results):
+        assert cases > 0
+        assert failures == [], f"rank {rank}: {len(failures)} failures, first: {failures[:5]}"
+        total += cases
+    return total
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("chunks", ["default", "small"])
+def test_allreduce_matrix(world, chunks):
+    env = SMALL_CHUNKS if chunks == "small" else {}
+    _check(spawn.run(w.allreduce_sweep, world, timeout=240, env=env))
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_reduce_scatter_matrix(world):
+    _check(spawn.run(w.reduce_scatter_sweep, world, timeout=240, env=SMALL_CHUNKS))
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_allgather_matrix(world):
+    _check(spawn.run(w.allgather_sweep, world, timeout=240, env=SMALL_CHUNKS))
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_broadcast_matrix(world):
+    _check(spawn.run(w.broadcast_sweep, world, timeout=240, env=SMALL_CHUNKS))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_large_buffers_default_chunks(world):
+    _check(spawn.run(w.large_sweep, world, timeout=240))
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_many_async_ops_in_flight(world):
+    _check(spawn.run(w.async_many, world, timeout=120))

@@ -1,0 +1,155 @@
+"""Bad input and bad days: clear errors naming rank and op, never a hang."""
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import rcoll
+from rcoll import _core, spawn
+
+import error_workers as w
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("kind", ["count", "dtype", "op_kind", "reduce_op", "root"])
+def test_mismatch_is_reported_on_every_rank(world, kind):
+    results = spawn.run(w.mismatch, world, kind, timeout=60)
+    for rank, (name, message, seconds) in enumerate(results):
+        assert name in ("MismatchError", "PeerError"), (rank, name, message)
+        assert seconds < 15, (rank, seconds, message)  # detected, not timed out (timeout is 20 s)
+    # The two ranks that exchanged the odd message name both sides. (With a
+    # root mismatch, rank 0 is a root that only sends: it learns from rank 1.)
+    for rank in (0, 1) if world == 2 else (1, 2):
+        name, message, _ = results[rank]
+        assert name == "MismatchError", (rank, message)
+        assert "rank 1 called" in message or "while rank 1 called" in message, message
+        assert "as op #1" in message, message
+        assert message.startswith(f"rank {rank}: "), message
+    if kind == "count":
+        assert "count=1001" in results[1][1] and "count=1000" in results[1][1]
+    if kind == "dtype":
+        assert "float64" in results[1][1] and "float32" in results[1][1]
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_dead_peer_fails_every_survivor_quickly(world):
+    results = spawn.run(w.dead_peer, world, timeout=60, allow_failures=True)
+    dead = world - 1
+    assert results[dead][0] == "error" and "exit code 3" in results[dead][1]
+    for rank in range(dead):
+        (name, message, seconds), (later_name, later_message, _) = results[rank]
+        assert name in ("PeerError", "MismatchError") and name == "PeerError", (rank, message)
+        assert f"rank {dead}" in message, message
+        assert "allreduce(float32, count=4194304, op=sum)" in message, message
+        assert seconds < 10, seconds  # the op timeout is 30 s: this is detection, not expiry
+        # The communicator is poisoned: later ops fail at once with the same cause.
+        assert later_name == "PeerError" and "failed earlier" in later_message, later_message
+
+
+def test_silent_peer_times_out_naming_it():
+    results = spawn.run(w.silent_peer, 2, timeout=60)
+    name, message, seconds = results[0]
+    assert name == "TimeoutError", message
+    assert "rank 0" in message and "rank(s) 1" in message and "op #1" in message, message
+    assert 1.4 < seconds < 5, seconds
+    # Rank 1 learns why rank 0 gave up instead of waiting for its own timeout.
+    name1, message1, seconds1 = results[1]
+    assert name1 == "PeerError" and "rank 0 failed" in message1 and "timed out" in message1, message1
+    assert seconds1 < 5
+
+
+def test_abort_from_another_thread():
+    results = spawn.run(w.abort_from_thread, 2, timeout=60)
+    (name, message, seconds), (later_name, later_message, _) = results[0]
+    assert name == "AbortedError" and "test abort" in message and seconds < 5, (name, message, seconds)
+    assert later_name == "AbortedError", later_message
+
+
+def _stray_clients(port, stop):
+    """Knocks on rank 0's data port with everything a scanner or a broken peer might send."""
+    store = _core.TcpStore("127.0.0.1", port, 30)
+    address = store.get("rcoll/default/0/addr/0", 30).decode()
+    host, p = address.rsplit(":", 1)
+    held = []
+
+    def connect():
+        s = socket.create_connection((host, int(p)), timeout=5)
+        held.append(s)
+        return s
+
+    connect()                                   # says nothing at all (slow loris)
+    connect().sendall(b"GET / HTTP/1.0\r\n\r\n" * 4)  # garbage
+    connect().sendall(struct.pack("<IHH", 0x53484352, 1, 0))  # half a handshake, then silence
+    wrong = struct.pack("<IHHIIQ", 0x53484352, 1, 0, 1, 0, 12345) + b"\x00" * 16
+    connect().sendall(wrong)                    # a full handshake with a wrong token
+    s = connect()
+    s.sendall(b"\xff" * 40)
+    s.close()                                   # random bytes, then gone
+    stop.wait(20)
+    for s in held:
+        s.close()
+
+
+def test_stray_connections_are_rejected_and_the_job_completes():
+    port = spawn.free_port()
+    stop = threading.Event()
+    t = threading.Thread(target=_stray_clients, args=(port, stop), daemon=True)
+    t.start()
+    try:
+        results = spawn.run(w.late_rank, 3, 2.0, timeout=60, port=port, env={"RCOLL_DEBUG": "WARN"})
+    finally:
+        stop.set()
+        t.join(10)
+    assert results == [True, True, True]
+
+
+def test_bad_arguments_raise_value_errors_and_nothing_is_lost():
+    for messages, result in spawn.run(w.bad_arguments, 2, timeout=60):
+        for m in messages:
+            assert m is not None, messages
+            is_rcoll_error, text = m
+            assert is_rcoll_error and text.startswith("rank "), text
+        assert result == [2.0] * 4
+
+
+def test_bad_environment_is_a_config_error(monkeypatch):
+    monkeypatch.setenv("RCOLL_CHUNK_BYTES", "lots")
+    with pytest.raises(rcoll.ConfigError, match="RCOLL_CHUNK_BYTES=lots"):
+        rcoll.init(rank=0, world_size=1, master_port=spawn.free_port())
+
+
+def test_rank_outside_world_is_a_config_error():
+    with pytest.raises(rcoll.ConfigError, match="rank 3 is not in a world of size 2"):
+        rcoll.init(rank=3, world_size=2)
+
+
+def test_missing_rendezvous_store_times_out(monkeypatch):
+    monkeypatch.setenv("RCOLL_CONNECT_TIMEOUT", "1")
+    t0 = time.monotonic()
+    with pytest.raises(rcoll.TimeoutError, match="rendezvous store"):
+        rcoll.init(rank=1, world_size=2, master_port=spawn.free_port())
+    assert time.monotonic() - t0 < 10
+
+
+def test_error_hierarchy():
+    assert issubclass(rcoll.TimeoutError, rcoll.RcollError) and issubclass(rcoll.TimeoutError, TimeoutError)
+    assert issubclass(rcoll.InvalidArgumentError, ValueError)
+    for cls in (rcoll.PeerError, rcoll.MismatchError, rcoll.ConfigError, rcoll.AbortedError):
+        assert issubclass(cls, rcoll.RcollError) and issubclass(cls, RuntimeError)
+
+
+def test_import_needs_no_torch():
+    code = "import sys, rcoll; assert 'torch' not in sys.modules, 'rcoll imported torch'; print(rcoll.__version__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def test_abort_reaching_an_idle_rank_fails_its_next_op_at_once():
+    name, message, seconds = spawn.run(w.peer_aborts_while_idle, 2, timeout=60)[0]
+    assert name == "PeerError" and "rank 1 gave up" in message, message
+    assert seconds < 3, seconds  # not the 30 s op timeout
