@@ -163,3 +163,38 @@ def async_many(rank, world, n_ops=64):
     if gathered.wait().ravel().tolist() != list(range(world)):
         failures.append("async allgather wrong")
     return n_ops, failures
+
+
+class DuckStore:
+    """A store written in Python (as torch's is, from rcoll's point of view):
+    set/get/add only, backed here by a TCP store that rank 0 hosts."""
+
+    def __init__(self, host, port, rank):
+        from rcoll import _core
+        self.server = _core.TcpStoreServer(host, port) if rank == 0 else None
+        self.client = _core.TcpStore(host, port, 30)
+        self.calls = 0
+
+    def set(self, key, value):
+        self.calls += 1
+        self.client.set(key, bytes(value))
+
+    def get(self, key):
+        self.calls += 1
+        return self.client.get(key, 30)
+
+    def add(self, key, delta):
+        self.calls += 1
+        return self.client.add(key, delta)
+
+
+def caller_store(rank, world):
+    import os
+    store = DuckStore("127.0.0.1", int(os.environ["MASTER_PORT"]), rank)
+    comm = rcoll.Communicator(rank, world, store=store, name="custom")
+    x = np.full(100, rank, np.int32)
+    comm.allreduce(x)
+    # Two communicators on one store, alive at once, kept apart by name.
+    other = rcoll.Communicator(rank, world, store=store, name="second")
+    y = other.allgather(np.array([rank * 10], np.int64))
+    return int(x[0]), y.ravel().tolist(), store.calls > 0

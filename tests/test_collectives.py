@@ -48,3 +48,11 @@ def test_large_buffers_default_chunks(world):
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_many_async_ops_in_flight(world):
     _check(spawn.run(w.async_many, world, timeout=120))
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_rendezvous_through_a_caller_supplied_store(world):
+    for total, gathered, used in spawn.run(w.caller_store, world, timeout=60):
+        assert total == sum(range(world))
+        assert gathered == [10 * r for r in range(world)]
+        assert used

@@ -153,3 +153,19 @@ def test_abort_reaching_an_idle_rank_fails_its_next_op_at_once():
     name, message, seconds = spawn.run(w.peer_aborts_while_idle, 2, timeout=60)[0]
     assert name == "PeerError" and "rank 1 gave up" in message, message
     assert seconds < 3, seconds  # not the 30 s op timeout
+
+
+class _StoreThatTimesOut:
+    def set(self, key, value):
+        pass
+
+    def add(self, key, delta):
+        return 1 if key.endswith("joined") else delta
+
+    def get(self, key):
+        raise TimeoutError(f"no key {key}")
+
+
+def test_a_caller_store_timeout_is_an_rcoll_timeout():
+    with pytest.raises(rcoll.TimeoutError, match="rendezvous store raised"):
+        rcoll.Communicator(1, 2, store=_StoreThatTimesOut())

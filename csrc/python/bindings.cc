@@ -16,6 +16,7 @@
 #include "dtype.h"
 #include "error.h"
 #include "rdma/ibverbs_loader.h"
+#include "socket_util.h"
 #include "tcp_store.h"
 #include "work.h"
 
@@ -53,6 +54,65 @@ ReduceOp toReduceOp(int value) {
   }
   return static_cast<ReduceOp>(value);
 }
+
+// A store implemented in Python: torch.distributed's Store, or any object with
+// set(key, bytes), get(key) -> bytes (blocking until the key exists) and
+// add(key, int) -> int. An optional wait([keys], timedelta) bounds the wait. The
+// communicator calls it from its constructor, with the GIL released, so each
+// call takes the GIL back.
+class PythonStore : public Store {
+ public:
+  explicit PythonStore(py::object store) : store_(std::move(store)) {}
+  ~PythonStore() override {
+    py::gil_scoped_acquire gil;
+    store_ = py::object();
+  }
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    py::gil_scoped_acquire gil;
+    call([&] { store_.attr("set")(key, py::bytes(reinterpret_cast<const char*>(value.data()), value.size())); });
+  }
+
+  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    py::gil_scoped_acquire gil;
+    std::string value;
+    call([&] {
+      if (py::hasattr(store_, "wait")) {
+        auto timedelta = py::module_::import("datetime").attr("timedelta");
+        py::list keys;
+        keys.append(key);
+        store_.attr("wait")(keys, timedelta(py::arg("milliseconds") = timeout.count()));
+      }
+      py::object got = store_.attr("get")(key);
+      value = py::isinstance<py::str>(got) ? got.cast<std::string>() : std::string(py::bytes(got));
+    }, key);
+    return std::vector<uint8_t>(value.begin(), value.end());
+  }
+
+  int64_t add(const std::string& key, int64_t delta) override {
+    py::gil_scoped_acquire gil;
+    int64_t result = 0;
+    call([&] { result = store_.attr("add")(key, delta).cast<int64_t>(); });
+    return result;
+  }
+
+ private:
+  // Python errors become RcollErrors (timeouts stay timeouts) so that the
+  // communicator's constructor reports them with its usual context.
+  template <typename Fn>
+  void call(Fn&& fn, const std::string& key = "") {
+    try {
+      fn();
+    } catch (py::error_already_set& e) {
+      bool timeout = e.matches(PyExc_TimeoutError) || std::string(e.what()).find("imeout") != std::string::npos;
+      std::string what = e.what();
+      throw RcollError(timeout ? ErrorKind::kTimeout : ErrorKind::kConfig,
+                       "the rendezvous store raised " + what + (key.empty() ? "" : " (key '" + key + "')"));
+    }
+  }
+
+  py::object store_;
+};
 
 const void* ptr(uintptr_t address) { return reinterpret_cast<const void*>(address); }
 void* mptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
@@ -102,6 +162,11 @@ PYBIND11_MODULE(_core, m) {
     return out;
   }, "Every RCOLL_* variable: (name, default, meaning).");
 
+  m.def("source_address_for", [](const std::string& host) {
+    std::string address = sourceAddressFor(host);
+    return address.empty() ? std::string("127.0.0.1") : address;
+  }, "The local IPv4 address that routes to `host` (127.0.0.1 if none does).");
+
   m.def("probe_ibverbs", [] {
     IbverbsProbe probe = probeIbverbs();
     py::dict d;
@@ -123,6 +188,9 @@ PYBIND11_MODULE(_core, m) {
   );
 
   py::class_<Store, std::shared_ptr<Store>>(m, "Store");
+  py::class_<PythonStore, Store, std::shared_ptr<PythonStore>>(m, "PythonStore")
+      .def(py::init<py::object>(), py::arg("store"),
+           "Adapts a Python store (torch.distributed.Store or set/get/add duck type) for rendezvous.");
 
   py::class_<TcpStoreServer>(m, "TcpStoreServer")
       .def(py::init<const std::string&, int>(), py::arg("host"), py::arg("port"),

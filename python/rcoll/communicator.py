@@ -52,6 +52,11 @@ class Communicator:
 
     def __init__(self, rank=None, world_size=None, *, master_addr=None, master_port=None,
                  store=None, name: str = "default", timeout: Optional[float] = None):
+        """`store`: rendezvous store. By default rank 0 hosts rcoll's own at
+        master_addr:master_port. Any object with set(key, bytes), get(key) -> bytes
+        (blocking) and add(key, int) -> int works too, torch.distributed.Store included.
+        `name` separates communicators that share a store; `timeout` (seconds) bounds
+        every op (default RCOLL_TIMEOUT, 30 min)."""
         rank, world_size, master_addr, master_port = resolve(rank, world_size, master_addr, master_port)
         connect_timeout = float(os.environ.get("RCOLL_CONNECT_TIMEOUT", "300"))
         self._server = None
@@ -61,6 +66,11 @@ class Communicator:
                 self._server = _core.TcpStoreServer(master_addr if local else "", master_port)
             store = _core.TcpStore(master_addr, master_port, connect_timeout)
         bind_hint = getattr(store, "local_address", "") or ""
+        if not isinstance(store, _core.Store):
+            # A caller's store (torch.distributed.Store, ...): bind data sockets to
+            # the address that routes to MASTER_ADDR.
+            store = _core.PythonStore(store)
+            bind_hint = _core.source_address_for(master_addr)
         self._store = store
         self._comm = _core.Communicator(store, rank, world_size, name, float(timeout or 0), bind_hint)
         self.rank = rank
