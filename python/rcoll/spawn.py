@@ -39,12 +39,14 @@ def _child(fn, rank, world_size, port, env, args, results):
 
 
 def run(fn, world_size: int, *args, timeout: float = 120.0, env=None, allow_failures: bool = False,
-        port: int = 0):
+        port: int = 0, grace: float = 10.0):
     """Calls fn(rank, world_size, *args) in `world_size` processes and returns the list of results.
 
     `fn` must be importable (a module-level function). With allow_failures=True a
     rank's exception is returned as an ("error", text) tuple instead of raising.
-    `port` is the rendezvous port (default: a free one).
+    `port` is the rendezvous port (default: a free one). Once a rank has failed,
+    the others get `grace` seconds to report (their errors usually follow from
+    it) before they are killed.
     """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -55,12 +57,21 @@ def run(fn, world_size: int, *args, timeout: float = 120.0, env=None, allow_fail
         p.start()
     outcome = {}
     deadline = time.monotonic() + timeout
+    first_failure = None
     try:
         while len(outcome) < world_size:
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            if first_failure is None and any(not ok for ok, _ in outcome.values()):
+                first_failure = now
+                deadline = min(deadline, now + grace)
+            left = deadline - now
             if left <= 0:
                 missing = sorted(set(range(world_size)) - set(outcome))
-                raise RankFailed(f"ranks {missing} did not finish within {timeout} s")
+                if first_failure is None:
+                    raise RankFailed(f"ranks {missing} did not finish within {timeout} s")
+                for r in missing:
+                    outcome[r] = (False, f"rank {r} was killed {grace} s after another rank failed")
+                break
             try:
                 rank, ok, value = results.get(timeout=min(left, 0.5))
                 outcome[rank] = (ok, value)
