@@ -166,4 +166,109 @@ void buildDisseminationBarrier(Schedule& s, const RingContext& ctx) {
   }
 }
 
+void buildChainReduce(Schedule& s, const RingContext& ctx, const char* send, char* recv, char* partial,
+                      size_t count, int root) {
+  const int P = ctx.size, r = ctx.rank;
+  const int distance = mod(r - root, P);  // the root is 0, the far end (root-1) is P-1
+  const int next = mod(r + 1, P), prev = mod(r - 1, P);  // data flows next -> this rank -> prev
+  const size_t es = s.elem_size;
+  const bool avg = s.op.reduce_op == ReduceOp::kAvg;
+  // The root's "go" to the far end (see algorithms.h); nothing waits for it.
+  if (distance == 0) s.sends.push_back({prev, nullptr, 0, 0, -1});
+  if (distance == P - 1) s.recvs.push_back({next, 0, 0, nullptr, nullptr, nullptr, false});
+  const size_t seg = ctx.segmenter.segmentElems(count);
+  for (size_t k = 0; k < numSegments(count, seg); ++k) {
+    size_t off = k * seg;
+    size_t n = std::min(seg, count - off);
+    if (distance == P - 1) {
+      s.sends.push_back({prev, send + off * es, off, n, -1});
+      continue;
+    }
+    int dep = static_cast<int>(s.recvs.size());
+    char* out = distance == 0 ? recv + off * es : partial + off * es;
+    s.recvs.push_back({next, off, n, nullptr, out, send + off * es, avg && distance == 0});
+    if (distance > 0) s.sends.push_back({prev, partial + off * es, off, n, dep});
+  }
+}
+
+void buildDirectGather(Schedule& s, const RingContext& ctx, const char* send, char* recv, size_t count, int root) {
+  const int P = ctx.size, r = ctx.rank;
+  const size_t es = s.elem_size;
+  const size_t seg = ctx.segmenter.segmentElems(count);
+  const size_t nseg = numSegments(count, seg);
+  if (r != root) {
+    s.recvs.push_back({root, 0, 0, nullptr, nullptr, nullptr, false});  // the root's "go"
+    for (size_t k = 0; k < nseg; ++k) {
+      size_t off = static_cast<size_t>(r) * count + k * seg;
+      s.sends.push_back({root, send + k * seg * es, off, std::min(seg, count - k * seg), -1});
+    }
+    return;
+  }
+  for (int j = 1; j < P; ++j) s.sends.push_back({mod(root + j, P), nullptr, 0, 0, -1});
+  // Segment k of every peer before segment k+1 of any: all peers stream at once.
+  for (size_t k = 0; k < nseg; ++k) {
+    for (int j = 1; j < P; ++j) {
+      int peer = mod(root + j, P);
+      size_t off = static_cast<size_t>(peer) * count + k * seg;
+      s.recvs.push_back({peer, off, std::min(seg, count - k * seg), recv + off * es, nullptr, nullptr, false});
+    }
+  }
+}
+
+void buildDirectScatter(Schedule& s, const RingContext& ctx, const char* send, char* recv, size_t count, int root) {
+  const int P = ctx.size, r = ctx.rank;
+  const size_t es = s.elem_size;
+  const size_t seg = ctx.segmenter.segmentElems(count);
+  const size_t nseg = numSegments(count, seg);
+  if (r != root) {
+    s.sends.push_back({root, nullptr, 0, 0, -1});  // "ready" to the root
+    for (size_t k = 0; k < nseg; ++k) {
+      size_t off = static_cast<size_t>(r) * count + k * seg;
+      s.recvs.push_back({root, off, std::min(seg, count - k * seg), recv + k * seg * es, nullptr, nullptr, false});
+    }
+    return;
+  }
+  for (int j = 1; j < P; ++j) s.recvs.push_back({mod(root + j, P), 0, 0, nullptr, nullptr, nullptr, false});
+  for (size_t k = 0; k < nseg; ++k) {
+    for (int j = 1; j < P; ++j) {
+      int peer = mod(root + j, P);
+      size_t off = static_cast<size_t>(peer) * count + k * seg;
+      s.sends.push_back({peer, send + off * es, off, std::min(seg, count - k * seg), -1});
+    }
+  }
+}
+
+void buildPairwiseAllToAll(Schedule& s, const RingContext& ctx, const char* send, char* recv,
+                           const uint64_t* send_counts, const uint64_t* send_displs,
+                           const uint64_t* recv_counts, const uint64_t* recv_displs) {
+  const int P = ctx.size, r = ctx.rank;
+  const size_t es = s.elem_size;
+  s.send_pair_count.assign(send_counts, send_counts + P);
+  s.recv_pair_count.assign(recv_counts, recv_counts + P);
+  for (int step = 1; step < P; ++step) {
+    const int dst = mod(r + step, P), src = mod(r - step, P);
+    // Offsets in headers are relative to the pair's block (wire.h).
+    size_t len = send_counts[dst];
+    if (len == 0) {
+      s.sends.push_back({dst, nullptr, 0, 0, -1});
+    } else {
+      size_t seg = ctx.segmenter.segmentElems(len);
+      const char* base = send + send_displs[dst] * es;
+      for (size_t k = 0; k < numSegments(len, seg); ++k) {
+        s.sends.push_back({dst, base + k * seg * es, k * seg, std::min(seg, len - k * seg), -1});
+      }
+    }
+    len = recv_counts[src];
+    if (len == 0) {
+      s.recvs.push_back({src, 0, 0, nullptr, nullptr, nullptr, false});
+    } else {
+      size_t seg = ctx.segmenter.segmentElems(len);
+      char* base = recv + recv_displs[src] * es;
+      for (size_t k = 0; k < numSegments(len, seg); ++k) {
+        s.recvs.push_back({src, k * seg, std::min(seg, len - k * seg), base + k * seg * es, nullptr, nullptr, false});
+      }
+    }
+  }
+}
+
 }  // namespace rcoll

@@ -53,4 +53,40 @@ void buildChainBroadcast(Schedule& s, const RingContext& ctx, char* buf, size_t 
 // Dissemination barrier: ceil(log2 P) rounds of zero-byte messages.
 void buildDisseminationBarrier(Schedule& s, const RingContext& ctx);
 
+// The rooted ops below also carry one zero-byte message per pair that would
+// otherwise only ever talk in one direction (the root's "go" to the chain's
+// start or to every rank for reduce and gather, every rank's "ready" to the
+// root for scatter). It costs no latency on the data path, and it makes ranks
+// that disagree on the root meet a header that names the other root instead of
+// waiting for each other until the timeout.
+
+// Pipelined chain reduce towards `root`: the chain broadcast run backwards.
+// Rank root-1 (the far end) sends its input; every other rank r receives the
+// partial result from r+1 segment by segment, reduces it with its own input and
+// forwards it to r-1 at once, so the segments pipeline along the chain. Partial
+// sums land in `partial` (count elements; used on ranks other than the root and
+// root-1), the final result in the root's `recv` (which may equal `send`). For
+// kAvg the root divides once.
+void buildChainReduce(Schedule& s, const RingContext& ctx, const char* send, char* recv, char* partial,
+                      size_t count, int root);
+
+// Direct gather: every rank sends its `count` elements, segmented, straight to
+// the root, which receives block r at recv + r*count (interleaving the peers'
+// segments). The root's own block is the communicator's business.
+void buildDirectGather(Schedule& s, const RingContext& ctx, const char* send, char* recv, size_t count, int root);
+
+// Direct scatter: the root sends block r of `send` (size*count elements) to
+// rank r, segmented; rank r receives it into `recv`. The root's own block is
+// the communicator's business.
+void buildDirectScatter(Schedule& s, const RingContext& ctx, const char* send, char* recv, size_t count, int root);
+
+// Pairwise alltoallv: in step j = 1..P-1 rank r sends its block for (r+j) % P
+// and receives the block of (r-j) % P, segmented; a pair with nothing to move
+// still exchanges one zero-byte message so that a disagreement on its count is
+// caught (wire.h). Counts and displacements are in elements, one per rank; the
+// block to self is the communicator's business. Fills the schedule's pair counts.
+void buildPairwiseAllToAll(Schedule& s, const RingContext& ctx, const char* send, char* recv,
+                           const uint64_t* send_counts, const uint64_t* send_displs,
+                           const uint64_t* recv_counts, const uint64_t* recv_displs);
+
 }  // namespace rcoll

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "algorithms.h"
 #include "error.h"
@@ -19,6 +20,7 @@ namespace rcoll {
 namespace {
 
 constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::minutes(30);
+constexpr uint64_t kPointToPointIdSalt = 0x7032707032703270ull;  // "p2p" mesh id = comm id ^ salt
 
 void fillRandom(void* out, size_t bytes) {
   auto* p = static_cast<uint8_t*>(out);
@@ -73,22 +75,23 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, con
   info_.size = size;
   rendezvous(*store, options.bind_hint);
   size_t max_elem = 8;
-  executor_ = std::make_unique<PipelineExecutor>(*transport_, rank_, size_, info_.comm_id,
-                                                 config_.chunk_bytes + max_elem, config_.pipeline_slots);
+  if (transport_) {  // none in a world of size 1, where every op is local
+    executor_ = std::make_unique<PipelineExecutor>(*transport_, rank_, size_, info_.comm_id,
+                                                   config_.chunk_bytes + max_elem, config_.pipeline_slots);
+  }
+  if (p2p_) p2p_->start();
   thread_ = std::thread([this] { progressLoop(); });
   RCOLL_INFO("communicator '%s' ready: rank %d of %d, transport %s, timeout %.0f s, %s", name_.c_str(), rank_,
              size_, transportName(), static_cast<double>(timeout_.count()) / 1000.0, config_.describe().c_str());
 }
 
 Communicator::~Communicator() {
+  bool queued;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!queue_.empty() && poison_message_.empty()) {
-      abort_reason_ = "the communicator was destroyed with operations still queued";
-      abort_flag_.store(true);
-    }
+    queued = !queue_.empty();
   }
-  if (transport_) transport_->interrupt();
+  if (queued) abort("the communicator was destroyed with operations still queued");
   stopThread();
 }
 
@@ -147,34 +150,77 @@ void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
     bind_host = bind_hint.empty() ? "127.0.0.1" : bind_hint;
   }
   transport_ = std::make_unique<TcpTransport>(info_, config_, bind_host);
+  // Point-to-point traffic gets its own sockets (p2p_engine.h). Its handshakes
+  // and headers carry a different id, so a stray cross-connection is refused.
+  ConnectInfo p2p_info = info_;
+  p2p_info.comm_id = info_.comm_id ^ kPointToPointIdSalt;
+  auto p2p_transport = std::make_unique<TcpTransport>(p2p_info, config_, bind_host);
   store.set(prefix + "addr/" + std::to_string(rank_), toBytes(transport_->listenAddress()));
+  store.set(prefix + "p2paddr/" + std::to_string(rank_), toBytes(p2p_transport->listenAddress()));
 
   // Connect to every lower rank, accept every higher one: lower ranks never wait
   // on higher ones, so the set-up cannot deadlock.
-  for (int peer = 0; peer < rank_; ++peer) {
-    int ms = millisecondsUntil(deadline);
-    std::string address = fromBytes(store.get(prefix + "addr/" + std::to_string(peer), std::chrono::milliseconds(ms)));
-    transport_->connect(peer, address, deadline);
-  }
-  for (int accepted = 0; accepted < size_ - 1 - rank_; ++accepted) transport_->accept(deadline);
-  transport_->closeListener();
+  auto connectMesh = [&](Transport& transport, const std::string& key) {
+    for (int peer = 0; peer < rank_; ++peer) {
+      int ms = millisecondsUntil(deadline);
+      std::string address = fromBytes(store.get(prefix + key + std::to_string(peer), std::chrono::milliseconds(ms)));
+      transport.connect(peer, address, deadline);
+    }
+    for (int accepted = 0; accepted < size_ - 1 - rank_; ++accepted) transport.accept(deadline);
+    transport.closeListener();
+  };
+  connectMesh(*transport_, "addr/");
+  connectMesh(*p2p_transport, "p2paddr/");
+  p2p_ = std::make_unique<P2PEngine>(std::move(p2p_transport), rank_, size_, p2p_info.comm_id,
+                                     [this](ErrorKind kind, const std::string& message) {
+                                       recordFailure(kind, message);
+                                     });
 }
 
-std::shared_ptr<Work> Communicator::enqueue(OpKind kind, DataType dtype, ReduceOp op, uint32_t root, size_t count,
-                                            const void* send, void* recv, std::chrono::milliseconds timeout) {
+std::shared_ptr<Work> Communicator::enqueue(OpKind kind, DataType dtype, ReduceOp op, int root, size_t count,
+                                            const void* send, void* recv, std::chrono::milliseconds timeout,
+                                            std::vector<uint64_t> counts) {
   OpDesc desc;
   desc.kind = kind;
   desc.dtype = dtype;
   desc.reduce_op = op;
-  desc.root = root;
+  desc.root = static_cast<uint32_t>(root);
   desc.count = count;
-  std::string bad;
-  if (kind == OpKind::kAllreduce || kind == OpKind::kReduceScatter) bad = reduceUnsupportedReason(dtype, op);
-  if (bad.empty() && count > 0 && kind != OpKind::kBarrier && (recv == nullptr || send == nullptr)) {
-    bad = "null buffer";
+  const bool is_root = rank_ == root;
+  const size_t es = elementSize(dtype);
+  // Blocks of size*count elements: allgather's and gather's output, reduce-scatter's and scatter's input.
+  const bool per_rank_blocks = kind == OpKind::kAllgather || kind == OpKind::kReduceScatter ||
+                               kind == OpKind::kGather || kind == OpKind::kScatter;
+  if (root < 0 || root >= size_) {  // named without describeOp(), which cannot show a negative root
+    throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: %s: root %d is not a rank of this communicator "
+                                                      "(size %d)", rank_, opKindName(kind), root, size_));
   }
-  if (bad.empty() && kind == OpKind::kBroadcast && static_cast<int>(root) >= size_) {
-    bad = strFormat("root %u is not a rank of this communicator (size %d)", root, size_);
+  std::string bad;
+  if ((kind == OpKind::kAllreduce || kind == OpKind::kReduceScatter || kind == OpKind::kReduce)) {
+    bad = reduceUnsupportedReason(dtype, op);
+  }
+  if (bad.empty() && count > std::numeric_limits<size_t>::max() / es / (per_rank_blocks ? static_cast<size_t>(size_) : 1)) {
+    bad = strFormat("count %zu is too large: the buffers would not fit in memory", count);
+  }
+  if (bad.empty() && count > 0) {
+    // Which buffers the op touches on this rank (alltoall checks its own in allToAll()).
+    bool need_send = true, need_recv = true;
+    switch (kind) {
+      case OpKind::kReduce:
+      case OpKind::kGather:
+        need_recv = is_root;
+        break;
+      case OpKind::kScatter:
+        need_send = is_root;
+        break;
+      case OpKind::kBarrier:
+      case OpKind::kAllToAll:
+        need_send = need_recv = false;
+        break;
+      default:
+        break;
+    }
+    if ((need_send && send == nullptr) || (need_recv && recv == nullptr)) bad = "null buffer";
   }
   if (!bad.empty()) {
     desc.seq = next_seq_;
@@ -187,7 +233,7 @@ std::shared_ptr<Work> Communicator::enqueue(OpKind kind, DataType dtype, ReduceO
   desc.seq = next_seq_++;
   auto work = std::make_shared<Work>(desc.seq);
   queue_.push_back({desc, static_cast<const char*>(send), static_cast<char*>(recv),
-                    timeout.count() > 0 ? timeout : timeout_, work});
+                    timeout.count() > 0 ? timeout : timeout_, work, std::move(counts)});
   queue_cv_.notify_one();
   return work;
 }
@@ -209,12 +255,90 @@ std::shared_ptr<Work> Communicator::reduceScatter(const void* send, void* recv, 
 
 std::shared_ptr<Work> Communicator::broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
                                               std::chrono::milliseconds timeout) {
-  if (root < 0) throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: broadcast root %d < 0", rank_, root));
-  return enqueue(OpKind::kBroadcast, dtype, ReduceOp::kSum, static_cast<uint32_t>(root), count, send, recv, timeout);
+  return enqueue(OpKind::kBroadcast, dtype, ReduceOp::kSum, root, count, send, recv, timeout);
 }
 
 std::shared_ptr<Work> Communicator::barrier(std::chrono::milliseconds timeout) {
   return enqueue(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, 0, nullptr, nullptr, timeout);
+}
+
+std::shared_ptr<Work> Communicator::reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                                           int root, std::chrono::milliseconds timeout) {
+  return enqueue(OpKind::kReduce, dtype, op, root, count, send, recv, timeout);
+}
+
+std::shared_ptr<Work> Communicator::gather(const void* send, void* recv, size_t count, DataType dtype, int root,
+                                           std::chrono::milliseconds timeout) {
+  return enqueue(OpKind::kGather, dtype, ReduceOp::kSum, root, count, send, recv, timeout);
+}
+
+std::shared_ptr<Work> Communicator::scatter(const void* send, void* recv, size_t count, DataType dtype, int root,
+                                            std::chrono::milliseconds timeout) {
+  return enqueue(OpKind::kScatter, dtype, ReduceOp::kSum, root, count, send, recv, timeout);
+}
+
+std::shared_ptr<Work> Communicator::allToAll(const void* send, void* recv, const std::vector<int64_t>& send_counts,
+                                             const std::vector<int64_t>& send_displs,
+                                             const std::vector<int64_t>& recv_counts,
+                                             const std::vector<int64_t>& recv_displs, DataType dtype,
+                                             std::chrono::milliseconds timeout) {
+  const size_t P = static_cast<size_t>(size_);
+  const uint64_t es = elementSize(dtype);
+  auto invalid = [&](const std::string& why) {
+    throwError(ErrorKind::kInvalidArgument,
+               strFormat("rank %d: alltoall(%s): %s", rank_, dataTypeName(dtype), why.c_str()));
+  };
+  const std::vector<int64_t>* vectors[4] = {&send_counts, &send_displs, &recv_counts, &recv_displs};
+  static const char* const kNames[4] = {"send_counts", "send_displs", "recv_counts", "recv_displs"};
+  for (int i = 0; i < 4; ++i) {
+    if (vectors[i]->size() != P) {
+      invalid(strFormat("%s has %zu entries, expected one per rank (%zu)", kNames[i], vectors[i]->size(), P));
+    }
+  }
+  // Every byte offset must fit in a signed 64-bit integer (and so in size_t and ptrdiff_t).
+  const uint64_t max_elems = static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / es;
+  std::vector<uint64_t> packed(4 * P);
+  uint64_t totals[2] = {0, 0};
+  uint64_t lo[2] = {max_elems, max_elems}, hi[2] = {0, 0};  // elements touched: [lo, hi)
+  for (int side = 0; side < 2; ++side) {
+    const std::vector<int64_t>& counts = *vectors[2 * side];
+    const std::vector<int64_t>& displs = *vectors[2 * side + 1];
+    const char* cname = kNames[2 * side];
+    const char* dname = kNames[2 * side + 1];
+    for (size_t p = 0; p < P; ++p) {
+      if (counts[p] < 0) invalid(strFormat("%s[%zu] = %lld is negative", cname, p, static_cast<long long>(counts[p])));
+      if (displs[p] < 0) invalid(strFormat("%s[%zu] = %lld is negative", dname, p, static_cast<long long>(displs[p])));
+      uint64_t c = static_cast<uint64_t>(counts[p]), d = static_cast<uint64_t>(displs[p]);
+      if (c > max_elems || d > max_elems - c) {
+        invalid(strFormat("%s[%zu] + %s[%zu] = %lld + %lld elements overflows the address space", dname, p, cname, p,
+                          static_cast<long long>(displs[p]), static_cast<long long>(counts[p])));
+      }
+      if (totals[side] > max_elems - c) invalid(strFormat("the %s add up to more than %llu elements", cname,
+                                                          static_cast<unsigned long long>(max_elems)));
+      totals[side] += c;
+      if (c > 0) {
+        lo[side] = std::min(lo[side], d);
+        hi[side] = std::max(hi[side], d + c);
+      }
+      packed[2 * side * P + p] = c;
+      packed[(2 * side + 1) * P + p] = d;
+    }
+  }
+  if (totals[0] > 0 && send == nullptr) invalid("null send buffer with elements to send");
+  if (totals[1] > 0 && recv == nullptr) invalid("null receive buffer with elements to receive");
+  const size_t me = static_cast<size_t>(rank_);
+  if (send_counts[me] != recv_counts[me]) {
+    invalid(strFormat("send_counts[%d] = %lld but recv_counts[%d] = %lld: the block a rank sends itself must have "
+                      "the same size on both sides",
+                      rank_, static_cast<long long>(send_counts[me]), rank_, static_cast<long long>(recv_counts[me])));
+  }
+  if (totals[0] > 0 && totals[1] > 0) {
+    uintptr_t s0 = reinterpret_cast<uintptr_t>(send) + lo[0] * es, s1 = reinterpret_cast<uintptr_t>(send) + hi[0] * es;
+    uintptr_t r0 = reinterpret_cast<uintptr_t>(recv) + lo[1] * es, r1 = reinterpret_cast<uintptr_t>(recv) + hi[1] * es;
+    if (s0 < r1 && r0 < s1) invalid("the send and receive buffers overlap: alltoall cannot run in place");
+  }
+  return enqueue(OpKind::kAllToAll, dtype, ReduceOp::kSum, 0, static_cast<size_t>(totals[0]), send, recv, timeout,
+                 std::move(packed));
 }
 
 void Communicator::runOp(const Op& op) {
@@ -262,52 +386,111 @@ void Communicator::runOp(const Op& op) {
       if (size_ == 1) return;
       buildDisseminationBarrier(schedule_, ctx);
       break;
+    case OpKind::kReduce: {
+      const int root = static_cast<int>(d.root);
+      if (size_ == 1) {
+        if (op.send != op.recv && bytes > 0) std::memmove(op.recv, op.send, bytes);
+        if (d.reduce_op == ReduceOp::kAvg) scaleDivide(op.recv, d.count, d.dtype, 1);
+        return;
+      }
+      // Partial sums on the ranks between the far end and the root (algorithms.h).
+      if (rank_ != root && scratch_.size() < bytes) scratch_.resize(bytes);
+      buildChainReduce(schedule_, ctx, op.send, op.recv, scratch_.data(), d.count, root);
+      break;
+    }
+    case OpKind::kGather: {
+      const size_t root = d.root;
+      if (rank_ == static_cast<int>(root) && bytes > 0) {
+        char* own = op.recv + root * bytes;
+        if (op.send != own) std::memmove(own, op.send, bytes);
+      }
+      if (size_ == 1) return;
+      buildDirectGather(schedule_, ctx, op.send, op.recv, d.count, static_cast<int>(root));
+      break;
+    }
+    case OpKind::kScatter: {
+      const size_t root = d.root;
+      if (rank_ == static_cast<int>(root) && bytes > 0) {
+        const char* own = op.send + root * bytes;
+        if (op.recv != own) std::memmove(op.recv, own, bytes);
+      }
+      if (size_ == 1) return;
+      buildDirectScatter(schedule_, ctx, op.send, op.recv, d.count, static_cast<int>(root));
+      break;
+    }
+    case OpKind::kAllToAll: {
+      const size_t P = static_cast<size_t>(size_), me = static_cast<size_t>(rank_);
+      const uint64_t* send_counts = op.counts.data();
+      const uint64_t* send_displs = send_counts + P;
+      const uint64_t* recv_counts = send_counts + 2 * P;
+      const uint64_t* recv_displs = send_counts + 3 * P;
+      if (send_counts[me] > 0) {
+        std::memmove(op.recv + recv_displs[me] * es, op.send + send_displs[me] * es, send_counts[me] * es);
+      }
+      if (size_ == 1) return;
+      buildPairwiseAllToAll(schedule_, ctx, op.send, op.recv, send_counts, send_displs, recv_counts, recv_displs);
+      break;
+    }
+    case OpKind::kPointToPoint:  // never queued here: the p2p engine runs them
     case OpKind::kAbort:
       return;
   }
   executor_->run(schedule_, deadline, op.timeout, abort_flag_);
 }
 
-void Communicator::poison(ErrorKind kind, const std::string& message) {
+void Communicator::recordFailure(ErrorKind kind, const std::string& message) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!poison_message_.empty()) return;
     poison_kind_ = kind;
     poison_message_ = message;
+    abort_flag_.store(true);  // stops a running collective
   }
   RCOLL_WARN("%s", message.c_str());
-  // Tell the peers why, so that they fail with this cause rather than a bare
-  // "connection closed" or a timeout.
+  queue_cv_.notify_all();
+  if (transport_) transport_->interrupt();
+  if (p2p_) p2p_->fail(kind, message);
+}
+
+void Communicator::tellPeers() {
+  if (peers_told_) return;
+  peers_told_ = true;
+  ErrorKind kind;
+  std::string message;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    kind = poison_kind_;
+    message = poison_message_;
+  }
+  // So that the peers fail with this cause rather than a bare "connection
+  // closed" or a timeout.
   if (transport_) transport_->abortPeers(kind, message);
 }
 
 void Communicator::progressLoop() {
   for (;;) {
     Op op;
+    bool have_op = false;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      queue_cv_.wait(lock, [&] { return !queue_.empty() || stopping_ || abort_flag_.load(); });
-      if (queue_.empty()) {
-        if (abort_flag_.load() && poison_message_.empty()) {
-          lock.unlock();
-          poison(ErrorKind::kAborted, strFormat("rank %d: communicator aborted: %s", rank_, abort_reason_.c_str()));
-          continue;
-        }
-        if (stopping_) return;
-        continue;
+      queue_cv_.wait(lock, [&] { return !queue_.empty() || stopping_ || (abort_flag_.load() && !peers_told_); });
+      if (!queue_.empty()) {
+        op = std::move(queue_.front());
+        queue_.pop_front();
+        have_op = true;
+      } else if (stopping_ && !abort_flag_.load()) {
+        return;
       }
-      op = std::move(queue_.front());
-      queue_.pop_front();
+    }
+    if (abort_flag_.load()) tellPeers();
+    if (!have_op) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_ && queue_.empty()) return;
+      continue;
     }
     std::string earlier;
     ErrorKind earlier_kind;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
-      earlier = poison_message_;
-      earlier_kind = poison_kind_;
-    }
-    if (earlier.empty() && abort_flag_.load()) {
-      poison(ErrorKind::kAborted, strFormat("rank %d: communicator aborted: %s", rank_, abort_reason_.c_str()));
       std::lock_guard<std::mutex> lock(mutex_);
       earlier = poison_message_;
       earlier_kind = poison_kind_;
@@ -322,30 +505,45 @@ void Communicator::progressLoop() {
     try {
       runOp(op);
       op.work->markDone();
-    } catch (const RcollError& e) {
-      ErrorKind kind = e.kind();
-      std::string message = e.what();
-      if (kind == ErrorKind::kAborted && !abort_reason_.empty()) message += ": " + abort_reason_;
-      poison(kind, message);
-      op.work->markFailed(kind, message);
     } catch (const std::exception& e) {
-      std::string message = strFormat("rank %d: %s (op #%llu) failed: %s", rank_, describeOp(op.desc).c_str(),
-                                      static_cast<unsigned long long>(op.desc.seq), e.what());
-      poison(ErrorKind::kGeneric, message);
-      op.work->markFailed(ErrorKind::kGeneric, message);
+      const auto* rcoll_error = dynamic_cast<const RcollError*>(&e);
+      ErrorKind kind = rcoll_error ? rcoll_error->kind() : ErrorKind::kGeneric;
+      std::string message = rcoll_error ? std::string(e.what())
+                                        : strFormat("rank %d: %s (op #%llu) failed: %s", rank_,
+                                                    describeOp(op.desc).c_str(),
+                                                    static_cast<unsigned long long>(op.desc.seq), e.what());
+      recordFailure(kind, message);
+      {
+        // Stopped by a failure recorded elsewhere (abort(), the p2p engine):
+        // report that cause, not a bare "aborted".
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (kind == ErrorKind::kAborted && poison_message_ != message) {
+          kind = poison_kind_;
+          message = strFormat("rank %d: %s (op #%llu) failed: %s", rank_, describeOp(op.desc).c_str(),
+                              static_cast<unsigned long long>(op.desc.seq), poison_message_.c_str());
+        }
+      }
+      tellPeers();
+      op.work->markFailed(kind, message);
     }
   }
 }
 
 void Communicator::abort(const std::string& reason) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (abort_flag_.load()) return;
-    abort_reason_ = reason.empty() ? "abort() was called" : reason;
-    abort_flag_.store(true);
-  }
-  queue_cv_.notify_all();
-  if (transport_) transport_->interrupt();
+  recordFailure(ErrorKind::kAborted, strFormat("rank %d: communicator aborted: %s", rank_,
+                                               reason.empty() ? "abort() was called" : reason.c_str()));
+}
+
+std::shared_ptr<Work> Communicator::send(const void* data, size_t count, DataType dtype, int peer, int tag,
+                                         std::chrono::milliseconds timeout) {
+  if (!p2p_) throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: send: no other rank in a world of size 1", rank_));
+  return p2p_->send(data, count, dtype, peer, tag, timeout.count() > 0 ? timeout : timeout_);
+}
+
+std::shared_ptr<Work> Communicator::recv(void* data, size_t count, DataType dtype, int peer, int tag,
+                                         std::chrono::milliseconds timeout) {
+  if (!p2p_) throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: recv: no other rank in a world of size 1", rank_));
+  return p2p_->recv(data, count, dtype, peer, tag, timeout.count() > 0 ? timeout : timeout_);
 }
 
 void Communicator::stopThread() {
@@ -355,6 +553,7 @@ void Communicator::stopThread() {
   }
   queue_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (p2p_) p2p_->stop();
   std::lock_guard<std::mutex> lock(mutex_);
   closed_ = true;
 }

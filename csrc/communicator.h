@@ -23,6 +23,7 @@
 
 #include "config.h"
 #include "dtype.h"
+#include "p2p_engine.h"
 #include "pipeline_executor.h"
 #include "schedule.h"
 #include "store.h"
@@ -67,6 +68,35 @@ class Communicator {
   std::shared_ptr<Work> broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
                                   std::chrono::milliseconds timeout = {});
   std::shared_ptr<Work> barrier(std::chrono::milliseconds timeout = {});
+  // The reduction of every rank's `send` (count elements) lands in the root's
+  // `recv` only (`recv` may equal `send`; it is not used, and may be null,
+  // elsewhere).
+  std::shared_ptr<Work> reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op, int root,
+                               std::chrono::milliseconds timeout = {});
+  // `send`: count elements; the root's `recv`: size*count elements, block r from
+  // rank r (in place when send == recv + root*count). `recv` may be null elsewhere.
+  std::shared_ptr<Work> gather(const void* send, void* recv, size_t count, DataType dtype, int root,
+                               std::chrono::milliseconds timeout = {});
+  // The root's `send`: size*count elements; rank r's `recv` gets block r (in
+  // place on the root when recv == send + root*count). `send` may be null elsewhere.
+  std::shared_ptr<Work> scatter(const void* send, void* recv, size_t count, DataType dtype, int root,
+                                std::chrono::milliseconds timeout = {});
+  // alltoallv: send_counts[p] elements from send + send_displs[p] go to rank p,
+  // which receives them at recv + recv_displs[rank] (its recv_counts[rank] must
+  // be the same number). Every vector has one entry per rank, in elements; the
+  // block to self is copied locally. `send` and `recv` must not overlap; a
+  // buffer may be null when its counts are all 0.
+  std::shared_ptr<Work> allToAll(const void* send, void* recv, const std::vector<int64_t>& send_counts,
+                                 const std::vector<int64_t>& send_displs, const std::vector<int64_t>& recv_counts,
+                                 const std::vector<int64_t>& recv_displs, DataType dtype,
+                                 std::chrono::milliseconds timeout = {});
+
+  // Point-to-point: outside the collective order (see p2p_engine.h); messages
+  // between two ranks match in issue order, and their tags must agree.
+  std::shared_ptr<Work> send(const void* data, size_t count, DataType dtype, int peer, int tag,
+                             std::chrono::milliseconds timeout = {});
+  std::shared_ptr<Work> recv(void* data, size_t count, DataType dtype, int peer, int tag,
+                             std::chrono::milliseconds timeout = {});
 
   // Fails the running and every queued op at once, tells the peers, and makes
   // the communicator unusable. Safe from any thread; returns without waiting.
@@ -84,14 +114,21 @@ class Communicator {
     char* recv;
     std::chrono::milliseconds timeout;
     std::shared_ptr<Work> work;
+    // alltoall: send_counts, send_displs, recv_counts, recv_displs (size each),
+    // copied: the caller's vectors are gone by the time the op runs.
+    std::vector<uint64_t> counts;
   };
 
   void rendezvous(Store& store, const std::string& bind_hint);
-  std::shared_ptr<Work> enqueue(OpKind kind, DataType dtype, ReduceOp op, uint32_t root, size_t count,
-                                const void* send, void* recv, std::chrono::milliseconds timeout);
+  std::shared_ptr<Work> enqueue(OpKind kind, DataType dtype, ReduceOp op, int root, size_t count,
+                                const void* send, void* recv, std::chrono::milliseconds timeout,
+                                std::vector<uint64_t> counts = {});
   void progressLoop();
   void runOp(const Op& op);
-  void poison(ErrorKind kind, const std::string& message);
+  // Thread-safe: records the first failure (sticky), fails the p2p engine with
+  // it and wakes the collective thread, which tells its peers (tellPeers).
+  void recordFailure(ErrorKind kind, const std::string& message);
+  void tellPeers();  // collective thread only: abortPeers with the recorded cause, once
   void stopThread();
 
   int rank_;
@@ -102,8 +139,10 @@ class Communicator {
   ConnectInfo info_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<PipelineExecutor> executor_;
+  std::unique_ptr<P2PEngine> p2p_;   // own sockets and thread; none in a world of size 1
+  bool peers_told_ = false;          // collective thread only
   Schedule schedule_;                // reused by every op on the progress thread
-  std::vector<char> scratch_;        // reduce-scatter partial sums, grown on demand
+  std::vector<char> scratch_;        // reduce-scatter and reduce partial sums, grown on demand
 
   mutable std::mutex mutex_;
   std::condition_variable queue_cv_;
@@ -114,7 +153,6 @@ class Communicator {
   ErrorKind poison_kind_ = ErrorKind::kGeneric;
   std::string poison_message_;      // sticky first error
   std::atomic<bool> abort_flag_{false};
-  std::string abort_reason_;
   std::thread thread_;
 };
 

@@ -135,6 +135,7 @@ void PipelineExecutor::run(const Schedule& schedule, Deadline deadline, std::chr
         break;
       }
       WireHeader expected = makeHeader(schedule.op, comm_id_, static_cast<uint32_t>(step.peer), step.offset, bytes);
+      if (!schedule.recv_pair_count.empty()) expected.count = schedule.recv_pair_count[static_cast<size_t>(step.peer)];
       Request* request = transport_.irecv(step.peer, expected, slot != nullptr ? slot : step.direct, bytes);
       recvs_in_flight_.push_back({static_cast<int>(next_recv), request, slot});
       ++next_recv;
@@ -144,6 +145,7 @@ void PipelineExecutor::run(const Schedule& schedule, Deadline deadline, std::chr
       const SendStep& step = schedule.sends[next_send];
       if (step.after_recv >= 0 && !recv_done_[static_cast<size_t>(step.after_recv)]) break;
       WireHeader header = makeHeader(schedule.op, comm_id_, static_cast<uint32_t>(rank_), step.offset, step.count * es);
+      if (!schedule.send_pair_count.empty()) header.count = schedule.send_pair_count[static_cast<size_t>(step.peer)];
       Request* request = transport_.isend(step.peer, header, step.data, step.count * es);
       sends_in_flight_.push_back({static_cast<int>(next_send), request, nullptr});
       ++next_send;

@@ -40,12 +40,19 @@ struct Schedule {
   size_t elem_size = 1;
   std::vector<SendStep> sends;
   std::vector<RecvStep> recvs;
+  // alltoall only (empty otherwise): the header `count` of every message to
+  // peer p is send_pair_count[p], of every message from p recv_pair_count[p]
+  // (wire.h). Empty: op.count.
+  std::vector<uint64_t> send_pair_count;
+  std::vector<uint64_t> recv_pair_count;
 
   void reset(const OpDesc& desc, size_t element_size) {
     op = desc;
     elem_size = element_size;
     sends.clear();  // keeps capacity: no allocation on the hot path after warm-up
     recvs.clear();
+    send_pair_count.clear();
+    recv_pair_count.clear();
   }
 };
 

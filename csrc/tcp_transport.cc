@@ -407,10 +407,14 @@ bool TcpTransport::driveSends(Connection& c) {
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      int err = errno;
+      // A peer that failed usually said why before closing: read that first, so
+      // the error names the original cause rather than a broken pipe.
+      driveRecvs(c);
       failConnection(c, ErrorKind::kPeer,
                      strFormat("lost the connection to rank %d while sending: %s (the peer process "
                                "probably exited or was killed)",
-                               c.peer, errnoText(errno).c_str()));
+                               c.peer, errnoText(err).c_str()));
       return true;
     }
     r->done += static_cast<size_t>(n);
@@ -450,7 +454,8 @@ bool TcpTransport::driveRecvs(Connection& c) {
     }
     // 2. An abort message: read its text and fail the connection with it.
     if (c.in_header.magic == kWireMagic && c.in_header.kind == static_cast<uint8_t>(OpKind::kAbort)) {
-      size_t want = std::min<uint64_t>(c.in_header.bytes, kMaxAbortMessage);
+      const uint64_t announced = c.in_header.bytes;  // a copy: the packed field may be misaligned
+      size_t want = static_cast<size_t>(std::min<uint64_t>(announced, kMaxAbortMessage));
       char buf[kMaxAbortMessage];
       while (c.abort_text.size() < want) {
         ssize_t n = ::recv(c.fd, buf, want - c.abort_text.size(), MSG_DONTWAIT);

@@ -11,13 +11,23 @@ const char* opKindName(OpKind kind) {
     case OpKind::kBroadcast: return "broadcast";
     case OpKind::kReduceScatter: return "reduce_scatter";
     case OpKind::kBarrier: return "barrier";
+    case OpKind::kReduce: return "reduce";
+    case OpKind::kGather: return "gather";
+    case OpKind::kScatter: return "scatter";
+    case OpKind::kAllToAll: return "alltoall";
+    case OpKind::kPointToPoint: return "send/recv";
     case OpKind::kAbort: return "abort";
   }
   return "unknown-op";
 }
 
 static bool opReduces(OpKind kind) {
-  return kind == OpKind::kAllreduce || kind == OpKind::kReduceScatter;
+  return kind == OpKind::kAllreduce || kind == OpKind::kReduceScatter || kind == OpKind::kReduce;
+}
+
+static bool opHasRoot(OpKind kind) {
+  return kind == OpKind::kBroadcast || kind == OpKind::kReduce || kind == OpKind::kGather ||
+         kind == OpKind::kScatter;
 }
 
 std::string describeOp(const OpDesc& op) {
@@ -25,7 +35,8 @@ std::string describeOp(const OpDesc& op) {
   std::string out = std::string(opKindName(op.kind)) + "(" + dataTypeName(op.dtype) +
                     ", count=" + std::to_string(op.count);
   if (opReduces(op.kind)) out += std::string(", op=") + reduceOpName(op.reduce_op);
-  if (op.kind == OpKind::kBroadcast) out += ", root=" + std::to_string(op.root);
+  if (opHasRoot(op.kind)) out += ", root=" + std::to_string(op.root);
+  if (op.kind == OpKind::kPointToPoint) out += ", tag=" + std::to_string(op.root);
   return out + ")";
 }
 
@@ -50,7 +61,7 @@ WireHeader makeHeader(const OpDesc& op, uint64_t comm_id, uint32_t src_rank, uin
   h.dtype = static_cast<uint8_t>(op.dtype);
   h.reduce_op = opReduces(op.kind) ? static_cast<uint8_t>(op.reduce_op) : 0;
   h.src_rank = src_rank;
-  h.root = op.kind == OpKind::kBroadcast ? op.root : 0;
+  h.root = opHasRoot(op.kind) || op.kind == OpKind::kPointToPoint ? op.root : 0;  // p2p: the tag
   h.comm_id = comm_id;
   h.seq = op.seq;
   h.count = op.count;
@@ -78,6 +89,18 @@ std::string checkHeader(const WireHeader& expected, const WireHeader& got, int m
   bool same_op = got.kind == expected.kind && got.dtype == expected.dtype &&
                  got.reduce_op == expected.reduce_op && got.root == expected.root &&
                  got.count == expected.count && got.seq == expected.seq;
+  if (!same_op && got.kind == expected.kind && got.kind == static_cast<uint8_t>(OpKind::kAllToAll) &&
+      got.dtype == expected.dtype && got.seq == expected.seq && got.count != expected.count) {
+    // alltoall: `count` is the pair's element count (wire.h).
+    OpDesc op = opFromHeader(got);
+    return strFormat("rank %u called alltoall(%s) as op #%llu sending %llu elements to rank %d while rank %d "
+                     "called alltoall(%s) as op #%llu expecting %llu elements from rank %u (send_counts and "
+                     "recv_counts disagree)",
+                     got.src_rank, dataTypeName(op.dtype), static_cast<unsigned long long>(got.seq),
+                     static_cast<unsigned long long>(got.count), my_rank, my_rank, dataTypeName(op.dtype),
+                     static_cast<unsigned long long>(expected.seq),
+                     static_cast<unsigned long long>(expected.count), got.src_rank);
+  }
   if (!same_op) {
     return strFormat("rank %u called %s as op #%llu while rank %d called %s as op #%llu",
                      got.src_rank, describeOp(opFromHeader(got)).c_str(),

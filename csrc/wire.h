@@ -22,6 +22,11 @@ enum class OpKind : uint8_t {
   kBroadcast = 3,
   kReduceScatter = 4,
   kBarrier = 5,
+  kReduce = 6,
+  kGather = 7,
+  kScatter = 8,
+  kAllToAll = 9,    // alltoallv; the equal split is the same op with equal counts
+  kPointToPoint = 10,  // send/recv: root = tag, seq = the message's number between the two ranks
   kAbort = 100,  // control: "I failed; here is why" (payload = UTF-8 message)
 };
 const char* opKindName(OpKind kind);
@@ -36,16 +41,27 @@ struct WireHeader {
   uint8_t error_kind; // kAbort only: the sender's ErrorKind
   uint16_t reserved;
   uint32_t src_rank;  // sender's rank in the communicator
-  uint32_t root;      // broadcast root (0 otherwise)
+  uint32_t root;      // root of broadcast, reduce, gather, scatter (0 otherwise)
   uint64_t comm_id;   // random per communicator, agreed at rendezvous
   uint64_t seq;       // op sequence number within the communicator, from 1
-  uint64_t count;     // the op's element count as the caller passed it
-  uint64_t offset;    // element offset of this segment within the op's buffer
+  uint64_t count;     // the op's element count as the caller passed it (alltoall: see below)
+  uint64_t offset;    // element offset of this segment within the op's buffer (alltoall: see below)
   uint64_t bytes;     // payload bytes that follow the header
   uint32_t padding;   // keeps the header at 64 bytes; sent as 0
 };
 #pragma pack(pop)
 static_assert(sizeof(WireHeader) == 64, "the wire header is 64 bytes");
+
+// alltoall (alltoallv): ranks legitimately pass different counts, so the op's
+// count cannot be compared across ranks. Instead every message from rank a to
+// rank b carries, in `count`, the number of elements a sends to b in this op
+// (a's send_counts[b]); b expects its recv_counts[a] there, so a pair whose two
+// ends disagree is a mismatch naming both ranks and both numbers. `offset` is
+// the element offset of the segment within that pair's block (displacements
+// are each rank's local layout and do not travel). Every pair exchanges at
+// least one message, a zero-byte one when its count is 0, so a disagreement
+// is caught even when one side expects nothing. OpDesc::count of an alltoall
+// is the total number of elements the rank sends (used in local messages only).
 
 // The collective a rank is running, as the wire header describes it.
 struct OpDesc {
@@ -57,7 +73,8 @@ struct OpDesc {
   uint64_t seq = 0;
 };
 
-// "allreduce(float32, count=1048576, op=sum)" / "broadcast(int8, count=7, root=3)"
+// "allreduce(float32, count=1048576, op=sum)" / "broadcast(int8, count=7, root=3)" /
+// "reduce(float32, count=10, op=sum, root=0)"
 std::string describeOp(const OpDesc& op);
 OpDesc opFromHeader(const WireHeader& header);
 

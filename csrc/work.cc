@@ -33,23 +33,57 @@ std::string Work::errorMessage() const {
   return message_;
 }
 
+void CompletionQueue::push(uint64_t token) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tokens_.push_back(token);
+  }
+  cv_.notify_one();
+}
+
+bool CompletionQueue::pop(uint64_t* token, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!cv_.wait_for(lock, timeout, [&] { return !tokens_.empty(); })) return false;
+  *token = tokens_.front();
+  tokens_.pop_front();
+  return true;
+}
+
+bool Work::notifyOnCompletion(std::shared_ptr<CompletionQueue> queue, uint64_t token) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (done_) return false;
+  queue_ = std::move(queue);
+  token_ = token;
+  return true;
+}
+
 void Work::markDone() {
+  std::shared_ptr<CompletionQueue> queue;
+  uint64_t token = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     done_ = true;
+    queue.swap(queue_);
+    token = token_;
   }
   done_cv_.notify_all();
+  if (queue) queue->push(token);
 }
 
 void Work::markFailed(ErrorKind kind, const std::string& message) {
+  std::shared_ptr<CompletionQueue> queue;
+  uint64_t token = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     done_ = true;
     failed_ = true;
     kind_ = kind;
     message_ = message;
+    queue.swap(queue_);
+    token = token_;
   }
   done_cv_.notify_all();
+  if (queue) queue->push(token);
 }
 
 }  // namespace rcoll

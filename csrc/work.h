@@ -4,13 +4,29 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <functional>
+#include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 
 #include "error.h"
 
 namespace rcoll {
+
+// Where finished works announce themselves, for a consumer thread that must not
+// be the progress thread (torch futures run user callbacks inline: completing
+// them on the progress thread would deadlock a callback that waits on another op).
+class CompletionQueue {
+ public:
+  void push(uint64_t token);
+  // Waits up to `timeout` for a token; false if none came.
+  bool pop(uint64_t* token, std::chrono::milliseconds timeout);
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<uint64_t> tokens_;
+};
 
 class Work {
  public:
@@ -25,6 +41,10 @@ class Work {
   std::string errorMessage() const;
   uint64_t seq() const { return seq_; }
 
+  // Pushes `token` to `queue` when the op finishes. Returns false (and pushes
+  // nothing) if it has finished already.
+  bool notifyOnCompletion(std::shared_ptr<CompletionQueue> queue, uint64_t token);
+
   // Called by the progress thread, exactly once.
   void markDone();
   void markFailed(ErrorKind kind, const std::string& message);
@@ -37,6 +57,8 @@ class Work {
   bool failed_ = false;
   ErrorKind kind_ = ErrorKind::kGeneric;
   std::string message_;
+  std::shared_ptr<CompletionQueue> queue_;
+  uint64_t token_ = 0;
 };
 
 }  // namespace rcoll

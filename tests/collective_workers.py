@@ -198,3 +198,242 @@ def caller_store(rank, world):
     other = rcoll.Communicator(rank, world, store=store, name="second")
     y = other.allgather(np.array([rank * 10], np.int64))
     return int(x[0]), y.ravel().tolist(), store.calls > 0
+
+
+def rooted_sizes_for(world):
+    # 0, 1, odd, smaller than the world, and many segments with SMALL_CHUNKS.
+    return sorted({0, 1, 7, max(world - 1, 0), 1000, 5000})
+
+
+def reduce_sweep(rank, world, seed=6):
+    comm = rcoll.init()
+    failures = []
+    case = 0
+    for dtype in DTYPES:
+        for op in OPS:
+            if not supported(dtype, op):
+                continue
+            for n in rooted_sizes_for(world):
+                for root in sorted({0, world - 1}):
+                    case += 1
+                    x = make_input(seed, rank, dtype, n, op)
+                    original = x.copy()
+                    mode = case % 3  # 0: in place, 1: out=, 2: in place, async
+                    what = f"reduce {dtype} {op} n={n} root={root} mode={mode}"
+                    if mode == 1:
+                        out = np.zeros_like(x)
+                        got = comm.reduce(x, op, root=root, out=out)
+                    else:
+                        got = comm.reduce(x, op, root, async_op=mode == 2)
+                        if mode == 2:
+                            got = got.wait(timeout=60)
+                    if rank != root:
+                        if got is not None:
+                            failures.append(f"{what}: a non-root rank got {type(got).__name__}, not None")
+                        if not same(x, original):
+                            failures.append(f"{what}: a non-root rank's input was modified")
+                        continue
+                    expected = reduce_reference(_stack(seed, world, dtype, n, op), dtype, op, world)
+                    if mode == 1 and not same(x, original):
+                        failures.append(f"{what}: out-of-place modified its input")
+                    if got is not (out if mode == 1 else x):
+                        failures.append(f"{what}: did not return the output array")
+                    elif not same(got, expected):
+                        bad = np.flatnonzero(got.astype(np.float64) != expected.astype(np.float64))[:5]
+                        failures.append(f"{what}: wrong at {bad.tolist()}: got {got[bad].tolist()} "
+                                        f"expected {expected[bad].tolist()}")
+    return case, failures
+
+
+def gather_sweep(rank, world, seed=7):
+    comm = rcoll.init()
+    failures = []
+    case = 0
+    for dtype in DTYPES:
+        for n in rooted_sizes_for(world):
+            for root in sorted({0, world - 1}):
+                for in_place in (False, True):
+                    case += 1
+                    what = f"gather {dtype} n={n} root={root} in_place={in_place}"
+                    x = make_input(seed, rank, dtype, n, "max")
+                    if in_place and rank == root:
+                        out = np.zeros((world, n), dtype)
+                        out[rank] = x
+                        got = comm.gather(out[rank], root=root, out=out)
+                        if got is not out:
+                            failures.append(f"{what}: did not return out")
+                    elif in_place:  # non-root: the async path instead
+                        got = comm.gather(x, root=root, async_op=True).wait(timeout=60)
+                    else:
+                        got = comm.gather(x, root=root)
+                    if rank != root:
+                        if got is not None:
+                            failures.append(f"{what}: a non-root rank got {type(got).__name__}, not None")
+                    elif not same(got, _stack(seed, world, dtype, n, "max")):
+                        failures.append(f"{what}: wrong result")
+    return case, failures
+
+
+def scatter_sweep(rank, world, seed=8):
+    comm = rcoll.init()
+    failures = []
+    case = 0
+    for dtype in DTYPES:
+        for n in rooted_sizes_for(world):
+            for root in sorted({0, world - 1}):
+                for in_place in (False, True):
+                    case += 1
+                    what = f"scatter {dtype} n={n} root={root} in_place={in_place}"
+                    full = make_input(seed, root, dtype, n * world, "max").reshape(world, n)
+                    expected = full[rank].copy()
+                    if rank == root:
+                        src = full.copy()
+                        if in_place:
+                            got = comm.scatter(src, root=root, out=src[root])
+                            if not same(src, full):
+                                failures.append(f"{what}: the root's input changed")
+                        else:
+                            got = comm.scatter(src, root=root)
+                            if got.shape != (n,):
+                                failures.append(f"{what}: result shape {got.shape}")
+                    else:
+                        out = np.zeros(n, dtype)
+                        got = comm.scatter(None, root=root, out=out, async_op=in_place)
+                        got = got.wait() if in_place else got
+                        if got is not out:
+                            failures.append(f"{what}: did not return out")
+                    if not same(got, expected):
+                        failures.append(f"{what}: wrong result")
+    return case, failures
+
+
+def _a2a_block(seed, src, dst, dtype, n):
+    """What rank `src` sends rank `dst`: every rank can regenerate it."""
+    return make_input(seed * 1000 + dst, src, dtype, n, "max")
+
+
+def alltoall_sweep(rank, world, seed=9):
+    comm = rcoll.init()
+    failures = []
+    case = 0
+    for dtype in DTYPES:
+        # Equal split, shape (world, n) in and out.
+        for n in rooted_sizes_for(world):
+            case += 1
+            x = np.stack([_a2a_block(seed, rank, j, dtype, n) for j in range(world)])
+            original = x.copy()
+            got = comm.alltoall(x, async_op=case % 2 == 0)
+            got = got.wait() if case % 2 == 0 else got
+            expected = np.stack([_a2a_block(seed, j, rank, dtype, n) for j in range(world)])
+            if not same(got, expected):
+                failures.append(f"alltoall {dtype} n={n}: wrong result")
+            if not same(x, original):
+                failures.append(f"alltoall {dtype} n={n}: the input changed")
+        # alltoallv: irregular counts with zeros, small and many-segment blocks.
+        for scale in (1, 151):
+            case += 1
+            counts = [[((s * 3 + d * 5) % 7) * scale for d in range(world)] for s in range(world)]
+            send_counts = counts[rank]
+            recv_counts = [counts[j][rank] for j in range(world)]
+            blocks = [_a2a_block(seed, rank, j, dtype, send_counts[j]) for j in range(world)]
+            x = np.concatenate(blocks)
+            out = np.full(sum(recv_counts), 1, dtype) if case % 2 == 0 else None
+            got = comm.alltoall(x, send_counts=send_counts, recv_counts=recv_counts, out=out)
+            expected = np.concatenate([_a2a_block(seed, j, rank, dtype, recv_counts[j]) for j in range(world)])
+            if out is not None and got is not out:
+                failures.append(f"alltoallv {dtype} scale={scale}: did not return out")
+            if not same(got, expected):
+                failures.append(f"alltoallv {dtype} scale={scale} counts={send_counts}/{recv_counts}: wrong result")
+    # Everything to one rank, nothing elsewhere; and nothing at all.
+    for target in sorted({0, world - 1}):
+        case += 1
+        send_counts = [50 if j == target else 0 for j in range(world)]
+        recv_counts = [50 if rank == target else 0 for _ in range(world)]
+        x = _a2a_block(seed, rank, target, np.dtype("float32"), 50)
+        got = comm.alltoall(x, send_counts=send_counts, recv_counts=recv_counts)
+        expected = np.concatenate([_a2a_block(seed, j, rank, np.dtype("float32"), recv_counts[j])
+                                   for j in range(world)])
+        if not same(got, expected):
+            failures.append(f"alltoallv to rank {target}: wrong result")
+    case += 1
+    got = comm.alltoall(np.empty(0, np.int32), send_counts=[0] * world, recv_counts=[0] * world)
+    if got.shape != (0,):
+        failures.append(f"empty alltoallv: shape {got.shape}")
+    comm.barrier()
+    return case, failures
+
+
+def large_rooted_sweep(rank, world, seed=10):
+    """reduce, gather, scatter and alltoall of a few MiB with the default chunk size."""
+    comm = rcoll.init()
+    failures = []
+    cases = 0
+    for dtype, op in [(np.dtype("float32"), "sum"), (np.dtype("float64"), "avg"), (np.dtype("int8"), "bxor")]:
+        n = (3 * (1 << 20) + 12) // dtype.itemsize
+        root = world - 1 if dtype.itemsize != 8 else 0
+        cases += 1
+        x = make_input(seed, rank, dtype, n, op)
+        got = comm.reduce(x.copy(), op, root=root)  # in place on the root
+        if rank == root and not same(got, reduce_reference(_stack(seed, world, dtype, n, op), dtype, op, world)):
+            failures.append(f"large reduce {dtype} {op}: wrong result")
+        per_rank = n // world
+        cases += 1
+        got = comm.gather(x[:per_rank], root=root)
+        if rank == root and not same(got, _stack(seed, world, dtype, n, op)[:, :per_rank]):
+            failures.append(f"large gather {dtype}: wrong result")
+        cases += 1
+        full = make_input(seed, root, dtype, n, op)[:per_rank * world]
+        got = comm.scatter(full if rank == root else None, root=root, out=np.empty(per_rank, dtype))
+        if not same(got, full[rank * per_rank:(rank + 1) * per_rank]):
+            failures.append(f"large scatter {dtype}: wrong result")
+        cases += 1
+        got = comm.alltoall(x[:per_rank * world].reshape(world, per_rank))
+        expected = _stack(seed, world, dtype, n, op)[:, rank * per_rank:(rank + 1) * per_rank]
+        if not same(got, expected):
+            failures.append(f"large alltoall {dtype}: wrong result")
+    return cases, failures
+
+
+def point_to_point(rank, world):
+    """Both directions at once with large messages (a single in-order queue would
+    deadlock), interleaved with collectives, and in-order matching of many messages."""
+    comm = rcoll.init(timeout=60)
+    failures = []
+    peer = rank ^ 1
+    if peer >= world:
+        return 1, failures
+    big = np.full(8 << 20, rank, np.float32)  # 32 MiB each way
+    got = np.empty_like(big)
+    hs = comm.send(big, peer, async_op=True)
+    hr = comm.recv(got, peer, async_op=True)
+    total = comm.allreduce(np.ones(4, np.int64))  # a collective while the big messages move
+    hs.wait()
+    hr.wait()
+    if not (got == peer).all():
+        failures.append("big message content")
+    if total.tolist() != [world] * 4:
+        failures.append("collective beside point-to-point")
+    # Many small messages, several tags, issued before any is received: they match in order.
+    sends = [comm.send(np.array([rank * 1000 + i], np.int64), peer, tag=i % 3, async_op=True) for i in range(50)]
+    for i in range(50):
+        x = np.empty(1, np.int64)
+        comm.recv(x, peer, tag=i % 3)
+        if x[0] != peer * 1000 + i:
+            failures.append(f"message {i}: {x[0]}")
+    for h in sends:
+        h.wait()
+    # Empty messages and every dtype.
+    from reference import DTYPES
+    for dtype in DTYPES:
+        for n in (0, 1, 1001):
+            x = make_input(7, rank, dtype, n, "max")
+            y = np.empty_like(x)
+            if rank < peer:
+                comm.send(x, peer)
+                comm.recv(y, peer)
+            else:
+                comm.recv(y, peer)
+                comm.send(x, peer)
+            if not same(y, make_input(7, peer, dtype, n, "max")):
+                failures.append(f"p2p {dtype} n={n}")
+    return 1, failures

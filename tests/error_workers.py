@@ -17,10 +17,16 @@ def _outcome(fn):
         return (type(e).__name__, str(e), time.monotonic() - t0)
 
 
-def mismatch(rank, world, kind):
+def mismatch(rank, world, kind, barrier_first=False):
     """Rank 1 calls something different from the others. Returns the first
-    outcome and, if that op succeeded, the outcome of the next one."""
+    outcome and, if that op succeeded, the outcome of the next one.
+
+    barrier_first: every rank is past rendezvous before the odd call, so that
+    ranks that detect it without waiting for everyone (rank 0 hosts the store)
+    cannot exit under a rank that is still connecting."""
     comm = rcoll.init(timeout=20)
+    if barrier_first:
+        comm.barrier()
     first = _mismatched_call(comm, rank, kind)
     if first[0] != "ok":
         return first
@@ -41,6 +47,22 @@ def _mismatched_call(comm, rank, kind):
         return _outcome(lambda: comm.allreduce(x, "max" if odd else "sum"))
     if kind == "root":
         return _outcome(lambda: comm.broadcast(x, root=1 if odd else 0))
+    if kind == "reduce_root":
+        return _outcome(lambda: comm.reduce(x, root=1 if odd else 0))
+    if kind == "gather_root":
+        return _outcome(lambda: comm.gather(x, root=1 if odd else 0))
+    if kind == "scatter_root":
+        root = 1 if odd else 0
+        full = np.ones(comm.size * n, dtype) if rank == root else None
+        return _outcome(lambda: comm.scatter(full, root=root, out=x))
+    if kind == "alltoallv_count":
+        # Every pair moves 3 elements, except that rank 1 expects 4 from rank
+        # (1 + 1) % size, which sends 3.
+        sender = 2 % comm.size
+        send_counts = [3] * comm.size
+        recv_counts = [4 if odd and j == sender else 3 for j in range(comm.size)]
+        return _outcome(lambda: comm.alltoall(np.ones(3 * comm.size, dtype), send_counts=send_counts,
+                                              recv_counts=recv_counts))
     return _outcome(lambda: comm.allreduce(x))
 
 
@@ -106,6 +128,35 @@ def bad_arguments(rank, world):
         lambda: comm.reduce_scatter(np.ones(world * 3 + 1, np.float32)),
         lambda: comm.broadcast(np.ones(4, np.float32), root=world),
         lambda: comm.allreduce("not a buffer"),
+        lambda: comm.reduce(np.ones(4, np.float32), root=world),
+        lambda: comm.reduce(np.ones(4, np.float32), "bxor", root=0),
+        lambda: comm.reduce(np.ones(4, np.float32), root=0, out=np.ones(5, np.float32)) if rank == 0
+        else comm.reduce(np.ones(4, np.float32), root=-1),
+        lambda: comm.gather(np.ones(4, np.float32), root=-1),
+        lambda: comm.gather(np.ones(4, np.float32), root=0, out=np.ones(4, np.float32)) if rank == 0
+        else comm.gather(np.ones((4, 4), np.float32)[:, 0], root=0),
+        lambda: comm.scatter(np.ones(world * 3 + 1, np.float32), root=0),  # not divisible / no out elsewhere
+        lambda: comm.scatter(None, root=0, out=np.ones(3, np.float32)) if rank == 0
+        else comm.scatter(None, root=0, out=np.frombuffer(b"\0" * 12, np.float32)),
+        lambda: comm.alltoall(np.ones(world * 3 + 1, np.float32)),
+        lambda: comm.alltoall(np.ones(6, np.float32), send_counts=[6], recv_counts=[6]),
+        lambda: comm.alltoall(np.ones(6, np.float32), send_counts=[3] * world),
+        lambda: comm.alltoall(np.ones(6, np.float32), send_counts=[7, -1], recv_counts=[3, 3]),
+        lambda: comm.alltoall(np.ones(6, np.float32), send_counts=[2, 2], recv_counts=[3, 3]),
+        lambda: comm.alltoall(np.ones(6, np.float32), send_counts=[3.0, 3], recv_counts=[3, 3]),
+        lambda: comm.alltoall(np.ones((2, 3), np.float32), out=np.ones(6, np.float64)),
+        (lambda a: lambda: comm.alltoall(a, out=a))(np.ones(6, np.float32)),
+        # The core's own checks, reached through the raw module.
+        lambda: comm._comm.alltoall(0, 0, [1] * world, [0] * world, [1] * world, [0] * world, 0, 0.0),
+        lambda: comm._comm.alltoall(8, 64, [0] * world, [-1] * world, [0] * world, [0] * world, 0, 0.0),
+        lambda: comm._comm.alltoall(8, 64, [1] * world, [2 ** 62] * world, [1] * world, [0] * world, 6, 0.0),
+        lambda: comm._comm.alltoall(8, 64, [1] * world, [0] * world, [2] * world, [0] * world, 0, 0.0),
+        lambda: comm._comm.alltoall(8, 64, [1] * (world + 1), [0] * world, [1] * world, [0] * world, 0, 0.0),
+        lambda: comm._comm.alltoall(64, 64, [1] * world, [0] * world, [1] * world, [0] * world, 0, 0.0),
+        lambda: comm._comm.reduce(0, 0, 4, 0, 0, 0, 0.0),
+        lambda: comm._comm.gather(64, 0, 4, 0, world, 0.0),
+        lambda: comm._comm.scatter(0, 64, 4, 0, 0, 0.0) if rank == 0 else comm._comm.scatter(64, 0, 4, 0, 0, 0.0),
+        lambda: comm._comm.gather(64, 64, 2 ** 62, 6, 0, 0.0),
     ]
     for call in bad_calls:
         try:
@@ -128,3 +179,29 @@ def peer_aborts_while_idle(rank, world):
         return ("ok", None, 0)
     time.sleep(1)  # the abort message arrives while no op is running
     return _outcome(lambda: comm.allreduce(np.ones(8, np.float32)))
+
+
+def p2p_mismatch(rank, world, kind):
+    """A send and a recv that disagree on the tag, the size or the dtype."""
+    comm = rcoll.init(timeout=20)
+    if rank == 0:
+        return _outcome(lambda: comm.send(np.ones(10, np.float32), 1, tag=1))
+    if kind == "tag":
+        return _outcome(lambda: comm.recv(np.empty(10, np.float32), 0, tag=2))
+    if kind == "count":
+        return _outcome(lambda: comm.recv(np.empty(11, np.float32), 0, tag=1))
+    return _outcome(lambda: comm.recv(np.empty(10, np.int32), 0, tag=1))
+
+
+def p2p_bad_peer(rank, world):
+    comm = rcoll.init()
+    errors = []
+    for call in (lambda: comm.send(np.ones(2), rank), lambda: comm.send(np.ones(2), world),
+                 lambda: comm.recv(np.ones(2), -1), lambda: comm.send(np.ones(2), 1 - rank, tag=-1)):
+        try:
+            call()
+            errors.append(None)
+        except ValueError as e:
+            errors.append(str(e))
+    comm.barrier()
+    return errors

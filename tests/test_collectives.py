@@ -1,4 +1,4 @@
-"""Every collective x dtype x reduce op x size x world size, exact against numpy."""
+"""Every collective x dtype x reduce op x size x world size (x root), exact against numpy."""
 import pytest
 
 from rcoll import spawn
@@ -45,6 +45,11 @@ def test_large_buffers_default_chunks(world):
     _check(spawn.run(w.large_sweep, world, timeout=240))
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_large_rooted_and_alltoall_default_chunks(world):
+    _check(spawn.run(w.large_rooted_sweep, world, timeout=240))
+
+
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_many_async_ops_in_flight(world):
     _check(spawn.run(w.async_many, world, timeout=120))
@@ -56,3 +61,28 @@ def test_rendezvous_through_a_caller_supplied_store(world):
         assert total == sum(range(world))
         assert gathered == [10 * r for r in range(world)]
         assert used
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_reduce_matrix(world):
+    _check(spawn.run(w.reduce_sweep, world, timeout=240, env=SMALL_CHUNKS))
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_gather_matrix(world):
+    _check(spawn.run(w.gather_sweep, world, timeout=240, env=SMALL_CHUNKS))
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_scatter_matrix(world):
+    _check(spawn.run(w.scatter_sweep, world, timeout=240, env=SMALL_CHUNKS))
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_alltoall_matrix(world):
+    _check(spawn.run(w.alltoall_sweep, world, timeout=240, env=SMALL_CHUNKS))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_point_to_point(world):
+    _check(spawn.run(w.point_to_point, world, timeout=180))

@@ -169,3 +169,48 @@ class _StoreThatTimesOut:
 def test_a_caller_store_timeout_is_an_rcoll_timeout():
     with pytest.raises(rcoll.TimeoutError, match="rendezvous store raised"):
         rcoll.Communicator(1, 2, store=_StoreThatTimesOut())
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("kind", ["reduce_root", "gather_root", "scatter_root", "alltoallv_count"])
+def test_mismatch_in_rooted_ops_and_alltoallv(world, kind):
+    """Ranks that disagree on a root, or on one alltoallv pair's count, fail within seconds."""
+    results = spawn.run(w.mismatch, world, kind, True, timeout=60)  # op #1 is a barrier
+    for rank, (name, message, seconds) in enumerate(results):
+        assert name in ("MismatchError", "PeerError"), (rank, name, message)
+        assert seconds < 15, (rank, seconds, message)  # detected, not timed out (timeout is 20 s)
+        assert message.startswith(f"rank {rank}: "), message
+    if kind == "alltoallv_count":
+        # Rank 1 expects 4 elements from `sender`, which sends 3: the receiver names
+        # both ranks and both counts; the sender hears it from rank 1.
+        sender = 2 % world
+        for rank in (1, sender):
+            name, message, _ = results[rank]
+            assert name == "MismatchError", (rank, message)
+            assert (f"rank {sender} called alltoall(float32) as op #2 sending 3 elements to rank 1 while rank 1 "
+                    f"called alltoall(float32) as op #2 expecting 4 elements from rank {sender}") in message, message
+        return
+    opname = kind.split("_")[0]
+    # Rank 1 believes it is the root. It usually meets rank 0's or 2's header
+    # (root=0); with scatter it may meet a faster rank's next op (a barrier) first.
+    name, message, _ = results[1]
+    assert name == "MismatchError", message
+    assert f"{opname}(float32, count=1000" in message and "root=1" in message, message
+    assert "as op #2" in message and ("root=0" in message or "barrier() as op #3" in message), message
+    name, message, _ = results[0]
+    assert name == "MismatchError" and "rank 1" in message and "root=1" in message, message
+
+
+@pytest.mark.parametrize("kind", ["tag", "count", "dtype"])
+def test_point_to_point_mismatch_fails_the_receiver_at_once(kind):
+    results = spawn.run(w.p2p_mismatch, 2, kind, timeout=60)
+    name, message, seconds = results[1]
+    assert name == "MismatchError", message
+    assert "rank 0 called send/recv" in message and seconds < 10, message
+    # The sender's 40-byte message left at once; it completed, or learned of the failure.
+    assert results[0][0] in ("ok", "MismatchError", "PeerError"), results[0]
+
+
+def test_point_to_point_bad_peer_or_tag_is_a_value_error():
+    for errors in spawn.run(w.p2p_bad_peer, 2, timeout=60):
+        assert all(e and e.startswith("rank ") for e in errors), errors

@@ -219,7 +219,21 @@ PYBIND11_MODULE(_core, m) {
       .def("check", &TcpStoreClient::check, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("local_address", &TcpStoreClient::localAddress);
 
+  py::class_<CompletionQueue, std::shared_ptr<CompletionQueue>>(m, "CompletionQueue")
+      .def(py::init<>())
+      .def("pop", [](CompletionQueue& q, double timeout) -> std::optional<uint64_t> {
+             uint64_t token = 0;
+             bool got;
+             {
+               py::gil_scoped_release release;
+               got = q.pop(&token, std::chrono::milliseconds(static_cast<long long>(timeout * 1000)));
+             }
+             return got ? std::optional<uint64_t>(token) : std::nullopt;
+           }, py::arg("timeout"), "Next finished work's token, or None after `timeout` seconds.");
+
   py::class_<Work, std::shared_ptr<Work>>(m, "Work")
+      .def("notify", &Work::notifyOnCompletion, py::arg("queue"), py::arg("token"),
+           "Push `token` to `queue` when done; False if already done.")
       .def("wait", [](Work& w, std::optional<double> timeout) {
              auto limit = timeout ? std::chrono::milliseconds(static_cast<long long>(std::max(0.0, *timeout) * 1000))
                                   : std::chrono::milliseconds(-1);
@@ -264,6 +278,31 @@ PYBIND11_MODULE(_core, m) {
              return c.broadcast(ptr(send), mptr(recv), count, toDataType(dtype), root, toMillis(timeout));
            })
       .def("barrier", [](Communicator& c, double timeout) { return c.barrier(toMillis(timeout)); })
+      .def("reduce", [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op, int root,
+                        double timeout) {
+             return c.reduce(ptr(send), mptr(recv), count, toDataType(dtype), toReduceOp(op), root, toMillis(timeout));
+           })
+      .def("gather", [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int root,
+                        double timeout) {
+             return c.gather(ptr(send), mptr(recv), count, toDataType(dtype), root, toMillis(timeout));
+           })
+      .def("scatter", [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int root,
+                         double timeout) {
+             return c.scatter(ptr(send), mptr(recv), count, toDataType(dtype), root, toMillis(timeout));
+           })
+      .def("alltoall", [](Communicator& c, uintptr_t send, uintptr_t recv, const std::vector<int64_t>& send_counts,
+                          const std::vector<int64_t>& send_displs, const std::vector<int64_t>& recv_counts,
+                          const std::vector<int64_t>& recv_displs, int dtype, double timeout) {
+             // Validation and enqueueing only: the op runs on the progress thread.
+             return c.allToAll(ptr(send), mptr(recv), send_counts, send_displs, recv_counts, recv_displs,
+                               toDataType(dtype), toMillis(timeout));
+           }, "alltoallv: counts and displacements in elements, one per rank (lists of ints).")
+      .def("send", [](Communicator& c, uintptr_t data, size_t count, int dtype, int peer, int tag, double timeout) {
+             return c.send(ptr(data), count, toDataType(dtype), peer, tag, toMillis(timeout));
+           })
+      .def("recv", [](Communicator& c, uintptr_t data, size_t count, int dtype, int peer, int tag, double timeout) {
+             return c.recv(mptr(data), count, toDataType(dtype), peer, tag, toMillis(timeout));
+           })
       .def("abort", &Communicator::abort, py::arg("reason") = "", py::call_guard<py::gil_scoped_release>())
       .def("shutdown", &Communicator::shutdown, py::call_guard<py::gil_scoped_release>())
       .def("poison_message", &Communicator::poisonMessage);

@@ -1,6 +1,7 @@
 """The numpy-level API: rcoll.init() and rcoll.Communicator."""
 from __future__ import annotations
 
+import operator
 import os
 from typing import Optional
 
@@ -146,9 +147,7 @@ class Communicator:
     def broadcast(self, array, root: int = 0, *, out=None, async_op=False, timeout=None):
         """Copies the root's `array` to every rank: in place, or into `out` when given."""
         name = "broadcast"
-        if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
-            raise _core.InvalidArgumentError(
-                f"rank {self.rank}: {name}: root {root!r} is not a rank of this communicator (size {self.size})")
+        self._check_root(root, name)
         src = as_array(array, self.rank, name, "the input", writable=out is None and self.rank != root)
         dst = src if out is None else as_array(out, self.rank, name, "out", writable=True)
         self._same_layout(src, dst, name, src.size)
@@ -156,9 +155,154 @@ class Communicator:
                                     int(root), float(timeout or 0))
         return self._run(work, out if out is not None else array, (src, dst), async_op)
 
+    # -- point to point ----------------------------------------------------------------
+    def send(self, array, dst: int, *, tag: int = 0, async_op=False, timeout=None):
+        """Sends `array` to rank `dst`, which must post a matching recv (same tag, dtype and size).
+
+        Point-to-point messages never wait behind collectives; between two ranks
+        they match in the order they were issued.
+        """
+        src = as_array(array, self.rank, "send", "the input", writable=False)
+        work = self._comm.send(address(src), src.size, dtype_code(src, self.rank, "send"), int(dst), int(tag),
+                               float(timeout or 0))
+        return self._run(work, None, (src,), async_op)
+
+    def recv(self, array, src: int, *, tag: int = 0, async_op=False, timeout=None):
+        """Receives into `array` the message rank `src` sends with the same tag."""
+        dst = as_array(array, self.rank, "recv", "the output", writable=True)
+        work = self._comm.recv(address(dst), dst.size, dtype_code(dst, self.rank, "recv"), int(src), int(tag),
+                               float(timeout or 0))
+        return self._run(work, array, (dst,), async_op)
+
     def barrier(self, *, async_op=False, timeout=None):
         """Returns once every rank has entered the barrier."""
         return self._run(self._comm.barrier(float(timeout or 0)), None, None, async_op)
+
+    def reduce(self, array, op="sum", root: int = 0, *, out=None, async_op=False, timeout=None):
+        """Reduces `array` across ranks with `op` (as allreduce); only the root receives the result.
+
+        On the root the result goes into `array` (in place) or into `out`, which is
+        returned. Other ranks only read `array`, ignore `out` and return None (so
+        does their Handle's wait()).
+        """
+        name = "reduce"
+        self._check_root(root, name)
+        is_root = self.rank == root
+        src = as_array(array, self.rank, name, "the input", writable=is_root and out is None)
+        dst = None
+        if is_root:
+            dst = src if out is None else as_array(out, self.rank, name, "out", writable=True)
+            self._same_layout(src, dst, name, src.size)
+        work = self._comm.reduce(address(src), 0 if dst is None else address(dst), src.size,
+                                 dtype_code(src, self.rank, name), reduce_op_code(op, self.rank, name), int(root),
+                                 float(timeout or 0))
+        result = (array if out is None else out) if is_root else None
+        return self._run(work, result, (src, dst), async_op)
+
+    def gather(self, array, root: int = 0, *, out=None, async_op=False, timeout=None):
+        """Gathers every rank's `array` on the root, in an array of shape (size, *array.shape).
+
+        On the root, `out` (size * array.size elements) may be given, and `array`
+        may be its slot out[root] (in place); the result is returned. Other ranks
+        ignore `out` and return None.
+        """
+        name = "gather"
+        self._check_root(root, name)
+        src = as_array(array, self.rank, name, "the input", writable=False)
+        dst = None
+        if self.rank == root:
+            if out is None:
+                out = np.empty((self.size,) + src.shape, dtype=src.dtype)
+            dst = as_array(out, self.rank, name, "out", writable=True)
+            self._same_layout(src, dst, name, src.size * self.size)
+        else:
+            out = None
+        work = self._comm.gather(address(src), 0 if dst is None else address(dst), src.size,
+                                 dtype_code(src, self.rank, name), int(root), float(timeout or 0))
+        return self._run(work, out, (src, dst), async_op)
+
+    def scatter(self, array=None, root: int = 0, *, out=None, async_op=False, timeout=None):
+        """Sends block r of the root's `array` (size * n elements, e.g. shape (size, ...)) to rank r.
+
+        Returns this rank's block: `out` when given, else (on the root) a new array
+        of shape array.shape[1:] when `array` is (size, ...) with ndim >= 2, or (n,).
+        Other ranks ignore `array` (pass None) and must pass `out`: it tells them
+        how many elements of which dtype to expect. On the root `out` may be
+        array[root] (in place).
+        """
+        name = "scatter"
+        self._check_root(root, name)
+        src = None
+        if self.rank == root:
+            if array is None:
+                raise _core.InvalidArgumentError(
+                    f"rank {self.rank}: {name}: the root must pass the array to scatter (size * n elements)")
+            src = as_array(array, self.rank, name, "the input", writable=False)
+            if src.size % self.size != 0:
+                raise _core.InvalidArgumentError(
+                    f"rank {self.rank}: {name}: the input has {src.size} elements, not a multiple of the world "
+                    f"size {self.size}")
+            n = src.size // self.size
+            if out is None:
+                shape = src.shape[1:] if src.ndim >= 2 and src.shape[0] == self.size else (n,)
+                out = np.empty(shape, dtype=src.dtype)
+            dst = as_array(out, self.rank, name, "out", writable=True)
+            self._same_layout(src, dst, name, n)
+        else:
+            if out is None:
+                raise _core.InvalidArgumentError(
+                    f"rank {self.rank}: {name}: out is required on ranks other than the root {root} (it says how "
+                    f"many elements of which dtype this rank receives)")
+            dst = as_array(out, self.rank, name, "out", writable=True)
+            n = dst.size
+        work = self._comm.scatter(0 if src is None else address(src), address(dst), n,
+                                  dtype_code(dst, self.rank, name), int(root), float(timeout or 0))
+        return self._run(work, out, (src, dst), async_op)
+
+    def alltoall(self, array, *, out=None, send_counts=None, recv_counts=None, async_op=False, timeout=None):
+        """Every rank sends block j of `array` to rank j and receives rank j's block into block j of the result.
+
+        Without counts the blocks are equal: array.size must be a multiple of the
+        world size, and the result has the shape of `array` (for example (size, n)).
+        With `send_counts` and `recv_counts` (both, one element count per rank:
+        alltoallv) `array` holds sum(send_counts) elements, block j (send_counts[j]
+        elements) for rank j, in rank order; the result is 1-D with sum(recv_counts)
+        elements, block j from rank j. recv_counts[j] must equal rank j's
+        send_counts[rank] (a disagreement raises rcoll.MismatchError on the
+        receiver). `out` may be given; it must not overlap `array`.
+        """
+        name = "alltoall"
+        src = as_array(array, self.rank, name, "the input", writable=False)
+        if (send_counts is None) != (recv_counts is None):
+            raise _core.InvalidArgumentError(
+                f"rank {self.rank}: {name}: pass both send_counts and recv_counts, or neither (equal split)")
+        if send_counts is None:
+            if src.size % self.size != 0:
+                raise _core.InvalidArgumentError(
+                    f"rank {self.rank}: {name}: the input has {src.size} elements, not a multiple of the world "
+                    f"size {self.size} (pass send_counts and recv_counts for unequal blocks)")
+            send_counts = recv_counts = [src.size // self.size] * self.size
+            shape = src.shape
+        else:
+            send_counts = self._counts(send_counts, "send_counts", name)
+            recv_counts = self._counts(recv_counts, "recv_counts", name)
+            if sum(send_counts) != src.size:
+                raise _core.InvalidArgumentError(
+                    f"rank {self.rank}: {name}: send_counts add up to {sum(send_counts)} elements but the input has "
+                    f"{src.size}")
+            shape = (sum(recv_counts),)
+        if out is None:
+            out = np.empty(shape, dtype=src.dtype)
+        dst = as_array(out, self.rank, name, "out", writable=True)
+        self._same_layout(src, dst, name, sum(recv_counts))
+        if src.size > 0 and dst.size > 0 and np.may_share_memory(src, dst):
+            raise _core.InvalidArgumentError(
+                f"rank {self.rank}: {name}: out overlaps the input; alltoall cannot run in place")
+        send_displs = [0] + list(np.cumsum(send_counts[:-1], dtype=np.int64).tolist())
+        recv_displs = [0] + list(np.cumsum(recv_counts[:-1], dtype=np.int64).tolist())
+        work = self._comm.alltoall(address(src), address(dst), send_counts, send_displs, recv_counts, recv_displs,
+                                   dtype_code(src, self.rank, name), float(timeout or 0))
+        return self._run(work, out, (src, dst), async_op)
 
     # -- life cycle ---------------------------------------------------------------------
     def abort(self, reason: str = ""):
@@ -175,6 +319,27 @@ class Communicator:
     def __exit__(self, *exc):
         self.shutdown()
         return False
+
+    def _check_root(self, root, name):
+        if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
+            raise _core.InvalidArgumentError(
+                f"rank {self.rank}: {name}: root {root!r} is not a rank of this communicator (size {self.size})")
+
+    def _counts(self, counts, what, name):
+        """A list of `size` non-negative Python ints from a sequence of integers."""
+        try:
+            values = [operator.index(c) for c in counts]
+        except TypeError:
+            raise _core.InvalidArgumentError(
+                f"rank {self.rank}: {name}: {what} must be a sequence of integers, got {counts!r}") from None
+        if len(values) != self.size:
+            raise _core.InvalidArgumentError(
+                f"rank {self.rank}: {name}: {what} has {len(values)} entries, expected one per rank ({self.size})")
+        negative = [c for c in values if c < 0]
+        if negative:
+            raise _core.InvalidArgumentError(
+                f"rank {self.rank}: {name}: {what} has a negative count ({negative[0]})")
+        return values
 
     def _same_layout(self, src, dst, name, dst_elements):
         if dst.dtype != src.dtype:

@@ -1,0 +1,202 @@
+#include "p2p_engine.h"
+
+#include <algorithm>
+
+#include "error.h"
+#include "log.h"
+
+namespace rcoll {
+
+namespace {
+// How long the engine sleeps in the transport when nothing is due: new messages
+// interrupt it, so this only bounds how late a deadline is noticed.
+constexpr auto kIdlePoll = std::chrono::milliseconds(200);
+}  // namespace
+
+P2PEngine::P2PEngine(std::unique_ptr<Transport> transport, int rank, int size, uint64_t comm_id,
+                     FailureHandler on_failure)
+    : transport_(std::move(transport)),
+      rank_(rank),
+      size_(size),
+      comm_id_(comm_id),
+      on_failure_(std::move(on_failure)),
+      next_send_seq_(static_cast<size_t>(size), 1),
+      next_recv_seq_(static_cast<size_t>(size), 1) {}
+
+P2PEngine::~P2PEngine() { stop(); }
+
+void P2PEngine::start() { thread_ = std::thread([this] { loop(); }); }
+
+void P2PEngine::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  transport_->interrupt();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string P2PEngine::describe(const Message& m) const {
+  return strFormat("%s of %s (count=%llu, tag=%u) %s rank %d (message #%llu between them)",
+                   m.is_send ? "send" : "recv", dataTypeName(m.desc.dtype),
+                   static_cast<unsigned long long>(m.desc.count), m.desc.root, m.is_send ? "to" : "from", m.peer,
+                   static_cast<unsigned long long>(m.desc.seq));
+}
+
+std::shared_ptr<Work> P2PEngine::send(const void* data, size_t count, DataType dtype, int peer, int tag,
+                                      std::chrono::milliseconds timeout) {
+  return enqueue(true, static_cast<char*>(const_cast<void*>(data)), count, dtype, peer, tag, timeout);
+}
+
+std::shared_ptr<Work> P2PEngine::recv(void* data, size_t count, DataType dtype, int peer, int tag,
+                                      std::chrono::milliseconds timeout) {
+  return enqueue(false, static_cast<char*>(data), count, dtype, peer, tag, timeout);
+}
+
+std::shared_ptr<Work> P2PEngine::enqueue(bool is_send, char* data, size_t count, DataType dtype, int peer, int tag,
+                                         std::chrono::milliseconds timeout) {
+  const char* what = is_send ? "send" : "recv";
+  if (peer < 0 || peer >= size_ || peer == rank_) {
+    throwError(ErrorKind::kInvalidArgument,
+               strFormat("rank %d: %s: peer %d is not another rank of this communicator (size %d)", rank_, what,
+                         peer, size_));
+  }
+  if (tag < 0) throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: %s: tag %d < 0", rank_, what, tag));
+  if (count > 0 && data == nullptr) {
+    throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: %s: null buffer", rank_, what));
+  }
+  Message m;
+  m.is_send = is_send;
+  m.peer = peer;
+  m.desc.kind = OpKind::kPointToPoint;
+  m.desc.dtype = dtype;
+  m.desc.root = static_cast<uint32_t>(tag);
+  m.desc.count = count;
+  m.data = data;
+  m.bytes = count * elementSize(dtype);
+  m.timeout = timeout;
+  m.deadline = std::chrono::steady_clock::now() + timeout;
+  std::shared_ptr<Work> work;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& seq = is_send ? next_send_seq_ : next_recv_seq_;
+    m.desc.seq = seq[static_cast<size_t>(peer)]++;
+    work = std::make_shared<Work>(m.desc.seq);
+    m.work = work;
+    if (failed_ || stopping_) {
+      work->markFailed(failed_ ? fail_kind_ : ErrorKind::kAborted,
+                       strFormat("rank %d: %s was not run because the communicator %s", rank_, describe(m).c_str(),
+                                 failed_ ? ("failed earlier: " + fail_message_).c_str() : "was shut down"));
+      return work;
+    }
+    incoming_.push_back(std::move(m));
+  }
+  cv_.notify_one();
+  transport_->interrupt();  // the engine may be blocked in progress()
+  return work;
+}
+
+void P2PEngine::fail(ErrorKind kind, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failed_) return;
+    failed_ = true;
+    fail_kind_ = kind;
+    fail_message_ = message;
+  }
+  cv_.notify_all();
+  transport_->interrupt();
+}
+
+void P2PEngine::failAll(ErrorKind kind, const std::string& message) {
+  // Engine thread: tell the peers, then fail what is posted and what is waiting.
+  transport_->abortPeers(kind, message);
+  std::deque<Message> waiting;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    waiting.swap(incoming_);
+  }
+  for (Message& m : active_) {
+    transport_->release(m.request);
+    m.work->markFailed(kind, strFormat("rank %d: %s failed: %s", rank_, describe(m).c_str(), message.c_str()));
+  }
+  active_.clear();
+  for (Message& m : waiting) {
+    m.work->markFailed(kind, strFormat("rank %d: %s failed: %s", rank_, describe(m).c_str(), message.c_str()));
+  }
+}
+
+void P2PEngine::loop() {
+  for (;;) {
+    std::deque<Message> fresh;
+    bool failed, stopping;
+    ErrorKind kind;
+    std::string message;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (active_.empty()) {
+        cv_.wait(lock, [&] { return !incoming_.empty() || stopping_ || failed_; });
+      }
+      failed = failed_;
+      stopping = stopping_;
+      kind = fail_kind_;
+      message = fail_message_;
+      if (!failed && !stopping) fresh.swap(incoming_);
+    }
+    if (failed || stopping) {
+      // failAll takes both what is posted and what is still waiting.
+      failAll(failed ? kind : ErrorKind::kAborted, failed ? message : "the communicator was shut down");
+      if (stopping) return;
+      // Failed but not stopped: later messages fail at enqueue time.
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return stopping_; });
+      continue;
+    }
+    for (Message& m : fresh) {
+      WireHeader header = makeHeader(m.desc, comm_id_, static_cast<uint32_t>(m.is_send ? rank_ : m.peer), 0, m.bytes);
+      m.request = m.is_send ? transport_->isend(m.peer, header, m.data, m.bytes)
+                            : transport_->irecv(m.peer, header, m.data, m.bytes);
+      active_.push_back(std::move(m));
+    }
+    // Wait for progress, but not past the nearest deadline.
+    auto now = std::chrono::steady_clock::now();
+    Deadline wake = now + kIdlePoll;
+    for (const Message& m : active_) wake = std::min(wake, m.deadline);
+    bool any_finished = std::any_of(active_.begin(), active_.end(), [](const Message& m) {
+      return m.request->state != Request::State::kPending;
+    });
+    if (!any_finished && wake > now) {
+      transport_->progress(std::chrono::duration_cast<std::chrono::milliseconds>(wake - now) +
+                           std::chrono::milliseconds(1));
+    }
+    now = std::chrono::steady_clock::now();
+    for (auto it = active_.begin(); it != active_.end();) {
+      Message& m = *it;
+      if (m.request->state == Request::State::kDone) {
+        transport_->release(m.request);
+        m.work->markDone();
+        it = active_.erase(it);
+        continue;
+      }
+      if (m.request->state == Request::State::kFailed) {
+        TransportFailure f = transport_->failure(m.request);
+        std::string text = strFormat("rank %d: %s failed: %s", rank_, describe(m).c_str(), f.message.c_str());
+        on_failure_(f.kind, text);  // records it; fail() below reaches everything else
+        fail(f.kind, text);
+        break;
+      }
+      if (now >= m.deadline) {
+        std::string text = strFormat("rank %d: %s timed out after %.1f s (did rank %d post the matching %s?)", rank_,
+                                     describe(m).c_str(), static_cast<double>(m.timeout.count()) / 1000.0, m.peer,
+                                     m.is_send ? "recv" : "send");
+        on_failure_(ErrorKind::kTimeout, text);
+        fail(ErrorKind::kTimeout, text);
+        break;
+      }
+      ++it;
+    }
+  }
+}
+
+}  // namespace rcoll

@@ -1,0 +1,98 @@
+// Point-to-point messages (send / recv), outside the collective FIFO.
+//
+// A send or a recv must never wait behind a collective, nor a collective behind
+// a large send: two ranks that each isend 32 MiB and then irecv would deadlock
+// in a single in-order queue. So point-to-point traffic has its own transport
+// instance (its own sockets) and its own thread, and every message is posted
+// the moment it is issued. Order is kept where it matters: per peer and
+// direction, messages match in issue order (like MPI's non-overtaking rule),
+// and each carries a per-pair sequence number, its tag, dtype and count in the
+// wire header, so that a send and a recv that disagree fail on both ranks by name.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dtype.h"
+#include "socket_util.h"
+#include "transport.h"
+#include "wire.h"
+#include "work.h"
+
+namespace rcoll {
+
+class P2PEngine {
+ public:
+  // Called (from the engine's thread) when a message fails: the communicator
+  // records the error and fails everything else with it.
+  using FailureHandler = std::function<void(ErrorKind, const std::string&)>;
+
+  P2PEngine(std::unique_ptr<Transport> transport, int rank, int size, uint64_t comm_id, FailureHandler on_failure);
+  ~P2PEngine();
+  P2PEngine(const P2PEngine&) = delete;
+  P2PEngine& operator=(const P2PEngine&) = delete;
+
+  Transport& transport() { return *transport_; }
+  void start();  // after the transport's connections are up
+
+  // `timeout` bounds the message from the moment it is issued.
+  std::shared_ptr<Work> send(const void* data, size_t count, DataType dtype, int peer, int tag,
+                             std::chrono::milliseconds timeout);
+  std::shared_ptr<Work> recv(void* data, size_t count, DataType dtype, int peer, int tag,
+                             std::chrono::milliseconds timeout);
+
+  // Thread-safe: fails every pending and later message with `message` and tells
+  // the peers (from the engine's thread). Idempotent.
+  void fail(ErrorKind kind, const std::string& message);
+  // Stops the thread; pending messages fail with kAborted.
+  void stop();
+
+ private:
+  struct Message {
+    bool is_send;
+    int peer;
+    OpDesc desc;       // kind kPointToPoint; root = tag; seq = per-pair, per-direction number
+    char* data;
+    size_t bytes;
+    Deadline deadline;
+    std::chrono::milliseconds timeout;
+    std::shared_ptr<Work> work;
+    Request* request = nullptr;
+  };
+
+  std::shared_ptr<Work> enqueue(bool is_send, char* data, size_t count, DataType dtype, int peer, int tag,
+                                std::chrono::milliseconds timeout);
+  void loop();
+  void failAll(ErrorKind kind, const std::string& message);
+  std::string describe(const Message& m) const;
+
+  std::unique_ptr<Transport> transport_;
+  int rank_;
+  int size_;
+  uint64_t comm_id_;
+  FailureHandler on_failure_;
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Message> incoming_;       // issued, not yet posted to the transport
+  std::vector<uint64_t> next_send_seq_;  // per peer
+  std::vector<uint64_t> next_recv_seq_;
+  bool stopping_ = false;
+  bool failed_ = false;
+  ErrorKind fail_kind_ = ErrorKind::kGeneric;
+  std::string fail_message_;
+  std::thread thread_;
+
+  std::vector<Message> active_;  // engine thread only: posted, not finished
+};
+
+}  // namespace rcoll
