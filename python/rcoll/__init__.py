@@ -5,6 +5,8 @@
     x = np.ones(1 << 20, np.float32)
     comm.allreduce(x)                   # in place, sum over all ranks
 
+With torch: torch.distributed.init_process_group(backend="rcoll") (no import needed).
+
 Errors are rcoll.RcollError subclasses: TimeoutError, PeerError, MismatchError,
 ConfigError, InvalidArgumentError (also a ValueError) and AbortedError.
 """
@@ -17,11 +19,28 @@ from ._core import (  # noqa: F401
     RcollError,
     TimeoutError,
 )
-from .communicator import Communicator, Handle, init  # noqa: F401
+from . import _core
 
 __version__ = "0.1.0"
 
-from . import _core
-
 DTYPES = tuple(_core.DTYPES)          # dtype names the core reduces and moves
 REDUCE_OPS = tuple(_core.REDUCE_OPS)  # reduce op names
+
+# The numpy API loads on first use, so that `import rcoll` (which torch's entry
+# point triggers while torch itself is importing) stays cheap.
+_LAZY = {"Communicator": "communicator", "Handle": "communicator", "init": "communicator"}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rcoll' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"rcoll.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,690 @@
+"""The torch.distributed backend "rcoll".
+
+    torch.distributed.init_process_group(backend="rcoll")
+
+works without importing rcoll: the package declares a `torch.backends` entry
+point (rcoll._torch_entry) that registers the backend when torch is imported.
+
+RcollProcessGroup is a Python subclass of torch's ProcessGroup; torch's pybind
+trampoline dispatches collectives to it (from Python front-end calls and from
+C++ consumers such as DDP's reducer). This layer only translates arguments:
+tensors reach the core as (address, element count, dtype code); queueing,
+ordering, the algorithms and completion live in the C++ core.
+
+Work objects follow torch's contract:
+- wait() blocks until the op is done (copy-back of non-contiguous tensors
+  included) and raises the op's rcoll error;
+- get_future() returns a future whose value is the list of output tensors and
+  whose error reaches C++ consumers: the future is a `.then()` child of a base
+  future, and the callback raises the op's error, which marks the C++ future
+  failed (Future.set_exception from Python would not);
+- futures are completed on a dedicated completion thread, never on the
+  progress thread, so a callback that issues another collective and waits on
+  it does not deadlock.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from datetime import timedelta
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+
+from . import _core
+
+BACKEND_NAME = "rcoll"
+
+_DTYPE_CODES = {
+    torch.float16: _core.DTYPES["float16"],
+    torch.bfloat16: _core.DTYPES["bfloat16"],
+    torch.float32: _core.DTYPES["float32"],
+    torch.float64: _core.DTYPES["float64"],
+    torch.int8: _core.DTYPES["int8"],
+    torch.uint8: _core.DTYPES["uint8"],
+    torch.int32: _core.DTYPES["int32"],
+    torch.int64: _core.DTYPES["int64"],
+    torch.bool: _core.DTYPES["bool"],
+}
+
+_OP_NAMES = {
+    dist.ReduceOp.SUM: "sum",
+    dist.ReduceOp.PRODUCT: "prod",
+    dist.ReduceOp.MIN: "min",
+    dist.ReduceOp.MAX: "max",
+    dist.ReduceOp.AVG: "avg",
+    dist.ReduceOp.BAND: "band",
+    dist.ReduceOp.BOR: "bor",
+    dist.ReduceOp.BXOR: "bxor",
+}
+
+
+# ---------------------------------------------------------------------------------------
+# Completion thread: completes torch futures once their op is done.
+# ---------------------------------------------------------------------------------------
+class _Completer:
+    """One daemon thread per process that completes futures of finished works.
+
+    Works register a token with the C++ CompletionQueue; the progress thread
+    pushes the token when the op ends; this thread pops it and completes the
+    future (running its callbacks) outside the progress thread.
+    """
+
+    def __init__(self):
+        self.queue = _core.CompletionQueue()
+        self._pending = {}
+        self._lock = threading.Lock()
+        self._tokens = itertools.count(1)
+        self._thread = None
+
+    def watch(self, core_work, work: "RcollWork") -> bool:
+        """Arranges for work._fire() when core_work ends; False if it already has."""
+        token = next(self._tokens)
+        with self._lock:
+            self._pending[token] = work
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="rcoll-completion", daemon=True)
+                self._thread.start()
+        if core_work.notify(self.queue, token):
+            return True
+        with self._lock:
+            self._pending.pop(token, None)
+        return False
+
+    def _run(self):
+        while True:
+            token = self.queue.pop(1.0)
+            if token is None:
+                continue
+            with self._lock:
+                work = self._pending.pop(token, None)
+            if work is not None:
+                work._on_core_done()
+
+
+_COMPLETER = _Completer()
+
+
+# ---------------------------------------------------------------------------------------
+# Work
+# ---------------------------------------------------------------------------------------
+class RcollWork(dist._Work):
+    """A torch Work over one or more core ops, with an optional finishing step
+    (copying results into non-contiguous or list outputs) run exactly once."""
+
+    def __init__(self, core_works, result, finish=None, keepalive=None):
+        super().__init__()
+        self._core_works = [w for w in core_works if w is not None]
+        self._result = result
+        self._finish = finish
+        self._keepalive = keepalive
+        self._lock = threading.Lock()
+        self._finished = False
+        self._error: Optional[BaseException] = None
+        self._base_future = None
+        self._future = None
+        self._remaining = len(self._core_works)
+
+    # -- completion -----------------------------------------------------------------
+    def _settle(self) -> None:
+        """Runs once all core works have ended: records the error or finishes."""
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
+            try:
+                for w in self._core_works:
+                    w.wait(0)  # raises the op's error, if any
+                if self._finish is not None:
+                    self._finish()
+            except BaseException as exc:  # noqa: BLE001 - handed to wait()/the future
+                self._error = exc
+            self._keepalive = None
+            self._finish = None
+
+    def _on_core_done(self) -> None:
+        """Completion thread: one of the core works ended."""
+        with self._lock:
+            self._remaining -= 1
+            if self._remaining > 0:
+                return
+        self._settle()
+        if self._base_future is not None:
+            self._base_future.set_result(None)
+
+    def _value(self, _base):
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    # -- torch Work API -----------------------------------------------------------
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        seconds = timeout.total_seconds() if timeout else 0
+        for w in self._core_works:
+            if not w.wait(seconds if seconds > 0 else None):
+                raise _core.TimeoutError(f"Work.wait timed out after {seconds} s (op #{w.seq} is still running)")
+        self._settle()
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        if all(w.is_completed() for w in self._core_works):
+            self._settle()
+            return True
+        return False
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self._error is None
+
+    def exception(self):
+        return self._error if self.is_completed() else None
+
+    def result(self):
+        self.wait()
+        return self._result
+
+    def get_future(self) -> torch.futures.Future:
+        with self._lock:
+            if self._future is not None:
+                return self._future
+            base = torch.futures.Future()
+            self._base_future = base
+            self._future = base.then(self._value)
+            future = self._future
+        pending = [w for w in self._core_works if not w.is_completed()]
+        watched = 0
+        for w in pending:
+            if _COMPLETER.watch(w, self):
+                watched += 1
+        with self._lock:
+            # Works that ended between the check and watch() count as done now.
+            self._remaining = watched
+            ready = watched == 0
+        if ready:
+            self._settle()
+            base.set_result(None)
+        return future
+
+    def synchronize(self):
+        self.wait()
+
+
+def _done_work(result, finish=None) -> RcollWork:
+    """A Work for an op that needed no communication (world size 1, empty input)."""
+    work = RcollWork([], result, finish)
+    work._settle()
+    return work
+
+
+# ---------------------------------------------------------------------------------------
+# Tensors -> (address, count, dtype code)
+# ---------------------------------------------------------------------------------------
+def _check_tensor(t: torch.Tensor, rank: int, opname: str) -> int:
+    if not isinstance(t, torch.Tensor):
+        raise _core.InvalidArgumentError(f"rank {rank}: {opname}: expected a tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise _core.InvalidArgumentError(f"rank {rank}: {opname}: {t.layout} tensors are not supported")
+    if t.device.type != "cpu":
+        raise _core.InvalidArgumentError(
+            f"rank {rank}: {opname}: {t.device.type} tensors are not supported by this rcoll build "
+            f"(CPU tensors only for now)")
+    code = _DTYPE_CODES.get(t.dtype)
+    if code is None:
+        supported = ", ".join(str(d).replace("torch.", "") for d in _DTYPE_CODES)
+        raise _core.InvalidArgumentError(f"rank {rank}: {opname}: dtype {t.dtype} is not supported ({supported})")
+    return code
+
+
+def _addr(t: torch.Tensor) -> int:
+    return t.data_ptr()
+
+
+class _Staged:
+    """A contiguous stand-in for a tensor the core writes into, copied back when done."""
+
+    __slots__ = ("target", "buffer")
+
+    def __init__(self, target: torch.Tensor):
+        self.target = target
+        self.buffer = target if target.is_contiguous() else target.contiguous()
+
+    def copy_back(self):
+        if self.buffer is not self.target:
+            self.target.copy_(self.buffer)
+
+
+def _copy_backs(staged: List[_Staged]):
+    pending = [s for s in staged if s.buffer is not s.target]
+    if not pending:
+        return None
+
+    def finish():
+        for s in pending:
+            s.copy_back()
+    return finish
+
+
+def _flat(tensors: List[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
+
+
+def _timeout_seconds(opts) -> float:
+    timeout = getattr(opts, "timeout", None)
+    if isinstance(timeout, timedelta) and timeout.total_seconds() > 0:
+        return timeout.total_seconds()
+    return 0.0  # the communicator's default
+
+
+# ---------------------------------------------------------------------------------------
+# The process group
+# ---------------------------------------------------------------------------------------
+def _bind_hint(store) -> str:
+    """The local address that reaches the job's store host, for the data sockets."""
+    s = store
+    while hasattr(s, "underlying_store"):
+        s = s.underlying_store
+    host = getattr(s, "host", None) or os.environ.get("MASTER_ADDR") or "127.0.0.1"
+    return _core.source_address_for(host)
+
+
+class RcollProcessGroup(dist.ProcessGroup):
+    """torch.distributed ProcessGroup over an rcoll communicator."""
+
+    def __init__(self, store, rank: int, size: int, timeout: timedelta):
+        super().__init__(rank, size)
+        self._rank = rank
+        self._size = size
+        self._timeout = timeout
+        self._group_name = ""
+        self._group_desc = ""
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout or 0)
+        # torch hands each group its own (prefixed) store, so one name suffices.
+        self._comm = _core.Communicator(_core.PythonStore(store), rank, size, "torch", seconds, _bind_hint(store))
+
+    # -- identity -----------------------------------------------------------------
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def getRank(self) -> int:
+        return self._rank
+
+    def getSize(self) -> int:
+        return self._size
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    def __repr__(self):
+        return f"RcollProcessGroup(rank={self._rank}, size={self._size}, transport={self._comm.transport!r})"
+
+    # -- helpers ------------------------------------------------------------------
+    def _op(self, opts, opname, code):
+        reduce_op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
+        name = _OP_NAMES.get(getattr(reduce_op, "op", reduce_op))  # ReduceOp wraps a RedOpType
+        if name is None:
+            raise _core.InvalidArgumentError(
+                f"rank {self._rank}: {opname}: reduce op {reduce_op} is not supported by rcoll "
+                f"(supported: SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR)")
+        return _core.REDUCE_OPS[name]
+
+    def _root(self, root, opname):
+        if not 0 <= root < self._size:
+            raise _core.InvalidArgumentError(
+                f"rank {self._rank}: {opname}: root {root} is not a rank of this group (size {self._size})")
+        return root
+
+    # -- collectives --------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        timeout = _timeout_seconds(opts)
+        staged, works = [], []
+        for t in tensors:
+            code = _check_tensor(t, self._rank, "allreduce")
+            op = self._op(opts, "allreduce", code)
+            s = _Staged(t)
+            staged.append(s)
+            works.append(self._comm.allreduce(_addr(s.buffer), _addr(s.buffer), s.buffer.numel(), code, op, timeout))
+        return RcollWork(works, list(tensors), _copy_backs(staged), staged)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
+        if len(tensors) <= 1 or len({t.dtype for t in tensors}) != 1:
+            return self.allreduce(tensors, opts)
+        code = _check_tensor(tensors[0], self._rank, "allreduce_coalesced")
+        for t in tensors[1:]:
+            _check_tensor(t, self._rank, "allreduce_coalesced")
+        op = self._op(opts, "allreduce_coalesced", code)
+        # One fused op over a flat copy: far fewer messages for many small tensors.
+        flat = _flat(tensors)
+        work = self._comm.allreduce(_addr(flat), _addr(flat), flat.numel(), code, op, _timeout_seconds(opts))
+
+        def finish():
+            offset = 0
+            for t in tensors:
+                n = t.numel()
+                t.copy_(flat[offset:offset + n].view_as(t))
+                offset += n
+        return RcollWork([work], list(tensors), finish, flat)
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.BroadcastOptions()
+        root = self._root(opts.rootRank, "broadcast")
+        timeout = _timeout_seconds(opts)
+        staged, works = [], []
+        for t in tensors:
+            code = _check_tensor(t, self._rank, "broadcast")
+            s = _Staged(t)
+            staged.append(s)
+            works.append(self._comm.broadcast(_addr(s.buffer), _addr(s.buffer), s.buffer.numel(), code, root, timeout))
+        return RcollWork(works, list(tensors), _copy_backs(staged), staged)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        timeout = _timeout_seconds(opts)
+        works, finishes, keep = [], [], []
+        for outs, inp in zip(output_tensors, input_tensors):
+            code = _check_tensor(inp, self._rank, "allgather")
+            self._check_outputs(outs, inp, "allgather")
+            src = inp.contiguous()
+            flat = torch.empty(self._size * src.numel(), dtype=src.dtype)
+            works.append(self._comm.allgather(_addr(src), _addr(flat), src.numel(), code, timeout))
+            keep.append((src, flat))
+            finishes.append(self._scatter_into(flat, outs))
+        return RcollWork(works, output_tensors, lambda: [f() for f in finishes], keep)
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        # output_lists is indexed [rank][input] (the transpose of allgather's).
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        if not input_list:
+            return _done_work(output_lists)
+        code = _check_tensor(input_list[0], self._rank, "allgather_coalesced")
+        for t in input_list:
+            if _check_tensor(t, self._rank, "allgather_coalesced") != code:
+                raise _core.InvalidArgumentError(f"rank {self._rank}: allgather_coalesced: inputs differ in dtype")
+        flat_in = _flat(input_list)
+        flat_out = torch.empty(self._size * flat_in.numel(), dtype=flat_in.dtype)
+        work = self._comm.allgather(_addr(flat_in), _addr(flat_out), flat_in.numel(), code, _timeout_seconds(opts))
+
+        def finish():
+            offset = 0
+            for r in range(self._size):
+                for j, t in enumerate(input_list):
+                    n = t.numel()
+                    output_lists[r][j].copy_(flat_out[offset:offset + n].view_as(output_lists[r][j]))
+                    offset += n
+        return RcollWork([work], output_lists, finish, (flat_in, flat_out))
+
+    def all_gather_single(self, output, input, opts=None):
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        code = _check_tensor(input, self._rank, "all_gather_into_tensor")
+        _check_tensor(output, self._rank, "all_gather_into_tensor")
+        if output.numel() != self._size * input.numel() or output.dtype != input.dtype:
+            raise _core.InvalidArgumentError(
+                f"rank {self._rank}: all_gather_into_tensor: output has {output.numel()} {output.dtype} elements, "
+                f"expected {self._size * input.numel()} {input.dtype}")
+        src = input.contiguous()
+        dst = _Staged(output)
+        work = self._comm.allgather(_addr(src), _addr(dst.buffer), src.numel(), code, _timeout_seconds(opts))
+        return RcollWork([work], [output], _copy_backs([dst]), (src, dst))
+
+    _allgather_base = all_gather_single
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return _combined(works, outputs)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        timeout = _timeout_seconds(opts)
+        works, staged, keep = [], [], []
+        for out, ins in zip(output_tensors, input_tensors):
+            code = _check_tensor(out, self._rank, "reduce_scatter")
+            op = self._op(opts, "reduce_scatter", code)
+            if len(ins) != self._size or any(t.numel() != out.numel() or t.dtype != out.dtype for t in ins):
+                raise _core.InvalidArgumentError(
+                    f"rank {self._rank}: reduce_scatter: needs {self._size} inputs shaped like the output")
+            flat = _flat(ins)
+            s = _Staged(out)
+            staged.append(s)
+            keep.append(flat)
+            works.append(self._comm.reduce_scatter(_addr(flat), _addr(s.buffer), out.numel(), code, op, timeout))
+        return RcollWork(works, output_tensors, _copy_backs(staged), (staged, keep))
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        code = _check_tensor(input, self._rank, "reduce_scatter_tensor")
+        _check_tensor(output, self._rank, "reduce_scatter_tensor")
+        op = self._op(opts, "reduce_scatter_tensor", code)
+        if input.numel() != self._size * output.numel() or output.dtype != input.dtype:
+            raise _core.InvalidArgumentError(
+                f"rank {self._rank}: reduce_scatter_tensor: input has {input.numel()} {input.dtype} elements, "
+                f"expected {self._size * output.numel()} {output.dtype}")
+        src = input.contiguous()
+        dst = _Staged(output)
+        work = self._comm.reduce_scatter(_addr(src), _addr(dst.buffer), output.numel(), code, op,
+                                         _timeout_seconds(opts))
+        return RcollWork([work], [output], _copy_backs([dst]), (src, dst))
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return _combined(works, outputs)
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    def barrier(self, opts=None):
+        opts = opts if opts is not None else dist.BarrierOptions()
+        return RcollWork([self._comm.barrier(_timeout_seconds(opts))], [])
+
+    def monitored_barrier(self, opts=None, wait_all_ranks=False):
+        """A barrier bounded by opts.timeout (or a timedelta); on expiry the error
+        names the ranks this rank did not hear from."""
+        if isinstance(opts, timedelta):
+            timeout = opts.total_seconds()
+        else:
+            timeout = _timeout_seconds(opts) if opts is not None else 0.0
+        self._comm.barrier(timeout).wait()
+
+    # -- rooted ops ---------------------------------------------------------------
+    def reduce(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.ReduceOptions()
+        root = self._root(opts.rootRank, "reduce")
+        timeout = _timeout_seconds(opts)
+        staged, works = [], []
+        for t in tensors:
+            code = _check_tensor(t, self._rank, "reduce")
+            op = self._op(opts, "reduce", code)
+            s = _Staged(t)
+            staged.append(s)
+            # Only the root's tensor receives the result; the others stay as they were.
+            recv = _addr(s.buffer) if self._rank == root else 0
+            works.append(self._comm.reduce(_addr(s.buffer), recv, s.buffer.numel(), code, op, root, timeout))
+        return RcollWork(works, list(tensors), _copy_backs(staged), staged)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        opts = opts if opts is not None else dist.GatherOptions()
+        root = self._root(opts.rootRank, "gather")
+        inp = input_tensors[0]
+        code = _check_tensor(inp, self._rank, "gather")
+        src = inp.contiguous()
+        flat = None
+        finish = None
+        if self._rank == root:
+            outs = output_tensors[0]
+            self._check_outputs(outs, inp, "gather")
+            flat = torch.empty(self._size * src.numel(), dtype=src.dtype)
+            finish = self._scatter_into(flat, outs)
+        work = self._comm.gather(_addr(src), _addr(flat) if flat is not None else 0, src.numel(), code, root,
+                                 _timeout_seconds(opts))
+        return RcollWork([work], output_tensors, finish, (src, flat))
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts if opts is not None else dist.ScatterOptions()
+        root = self._root(opts.rootRank, "scatter")
+        out = output_tensors[0]
+        code = _check_tensor(out, self._rank, "scatter")
+        flat = None
+        if self._rank == root:
+            ins = input_tensors[0]
+            self._check_outputs(ins, out, "scatter")
+            flat = _flat(ins)
+        dst = _Staged(out)
+        work = self._comm.scatter(_addr(flat) if flat is not None else 0, _addr(dst.buffer), out.numel(), code,
+                                  root, _timeout_seconds(opts))
+        return RcollWork([work], output_tensors, _copy_backs([dst]), (flat, dst))
+
+    # -- all-to-all ---------------------------------------------------------------
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        if len(output_tensors) != self._size or len(input_tensors) != self._size:
+            raise _core.InvalidArgumentError(
+                f"rank {self._rank}: all_to_all: needs {self._size} input and output tensors")
+        code = _check_tensor(input_tensors[0], self._rank, "all_to_all")
+        for t in list(input_tensors) + list(output_tensors):
+            if _check_tensor(t, self._rank, "all_to_all") != code:
+                raise _core.InvalidArgumentError(f"rank {self._rank}: all_to_all: tensors differ in dtype")
+        send_counts = [t.numel() for t in input_tensors]
+        recv_counts = [t.numel() for t in output_tensors]
+        flat_in = _flat(input_tensors)
+        flat_out = torch.empty(sum(recv_counts), dtype=flat_in.dtype)
+        work = self._comm.alltoall(_addr(flat_in), _addr(flat_out), send_counts, _prefix(send_counts), recv_counts,
+                                   _prefix(recv_counts), code, _timeout_seconds(opts))
+
+        def finish():
+            offset = 0
+            for t, n in zip(output_tensors, recv_counts):
+                t.copy_(flat_out[offset:offset + n].view_as(t))
+                offset += n
+        return RcollWork([work], output_tensors, finish, (flat_in, flat_out))
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        code = _check_tensor(input, self._rank, "all_to_all_single")
+        if _check_tensor(output, self._rank, "all_to_all_single") != code:
+            raise _core.InvalidArgumentError(f"rank {self._rank}: all_to_all_single: input and output differ in dtype")
+        send_counts = self._split_counts(input, input_split_sizes, "input")
+        recv_counts = self._split_counts(output, output_split_sizes, "output")
+        src = input.contiguous()
+        dst = _Staged(output)
+        work = self._comm.alltoall(_addr(src), _addr(dst.buffer), send_counts, _prefix(send_counts), recv_counts,
+                                   _prefix(recv_counts), code, _timeout_seconds(opts))
+        return RcollWork([work], [output], _copy_backs([dst]), (src, dst))
+
+    alltoall_base = all_to_all_single
+
+    def _split_counts(self, t, splits, what):
+        """Element counts per rank from split sizes along dim 0 (empty = equal split)."""
+        rows = t.shape[0] if t.dim() > 0 else 1
+        per_row = t.numel() // rows if rows else 0
+        if not splits:
+            if rows % self._size != 0:
+                raise _core.InvalidArgumentError(
+                    f"rank {self._rank}: all_to_all_single: {what} dim 0 ({rows}) is not divisible by the "
+                    f"group size {self._size}")
+            return [rows // self._size * per_row] * self._size
+        if len(splits) != self._size or sum(splits) != rows or min(splits) < 0:
+            raise _core.InvalidArgumentError(
+                f"rank {self._rank}: all_to_all_single: {what} split sizes {list(splits)} do not cover dim 0 "
+                f"({rows}) in {self._size} parts")
+        return [int(n) * per_row for n in splits]
+
+    # -- point to point ------------------------------------------------------------
+    def send(self, tensors, dst_rank, tag=0):
+        t = tensors[0]
+        code = _check_tensor(t, self._rank, "send")
+        src = t.contiguous()
+        return RcollWork([self._comm.send(_addr(src), src.numel(), code, dst_rank, tag, 0.0)], list(tensors),
+                         None, src)
+
+    def recv(self, tensors, src_rank, tag=0):
+        t = tensors[0]
+        code = _check_tensor(t, self._rank, "recv")
+        dst = _Staged(t)
+        work = self._comm.recv(_addr(dst.buffer), dst.buffer.numel(), code, src_rank, tag, 0.0)
+        return RcollWork([work], list(tensors), _copy_backs([dst]), dst)
+
+    def recv_anysource(self, tensors, tag=0):
+        raise _core.InvalidArgumentError(
+            f"rank {self._rank}: recv: receiving from any source is not supported by rcoll; pass src=")
+
+    # -- helpers for list outputs ----------------------------------------------------
+    def _check_outputs(self, outs, like, opname):
+        if len(outs) != self._size:
+            raise _core.InvalidArgumentError(
+                f"rank {self._rank}: {opname}: needs {self._size} output tensors, got {len(outs)}")
+        for o in outs:
+            _check_tensor(o, self._rank, opname)
+            if o.numel() != like.numel() or o.dtype != like.dtype:
+                raise _core.InvalidArgumentError(
+                    f"rank {self._rank}: {opname}: output {tuple(o.shape)} {o.dtype} does not match the input "
+                    f"{tuple(like.shape)} {like.dtype}")
+
+    def _scatter_into(self, flat, outs):
+        n = flat.numel() // max(1, len(outs))
+
+        def finish():
+            for r, o in enumerate(outs):
+                o.copy_(flat[r * n:(r + 1) * n].view_as(o))
+        return finish
+
+    # -- life cycle ---------------------------------------------------------------
+    def abort(self):
+        self._comm.abort("torch called ProcessGroup.abort()")
+
+    def shutdown(self):
+        self._comm.shutdown()
+
+
+def _prefix(counts):
+    """Displacements (exclusive prefix sums) of per-rank element counts."""
+    out, total = [], 0
+    for n in counts:
+        out.append(total)
+        total += n
+    return out
+
+
+def _combined(works: List[RcollWork], result) -> RcollWork:
+    """One Work over several: done when all are, the first error wins."""
+    core = [w for work in works for w in work._core_works]
+    finishes = [work._settle for work in works]
+
+    def finish():
+        for f in finishes:
+            f()
+        for work in works:
+            if work._error is not None:
+                raise work._error
+    return RcollWork(core, result, finish, works)
+
+
+# ---------------------------------------------------------------------------------------
+# Registration
+# ---------------------------------------------------------------------------------------
+def _create_process_group(store, rank, size, timeout):
+    return RcollProcessGroup(store, rank, size, timeout)
+
+
+def register() -> None:
+    """Registers backend "rcoll" with torch.distributed (idempotent)."""
+    if getattr(dist.Backend, BACKEND_NAME.upper(), None) == BACKEND_NAME:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create_process_group, devices=["cpu", "cuda"])
+
+
+register()

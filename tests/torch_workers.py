@@ -1,0 +1,382 @@
+"""Per-rank bodies of the torch backend tests (spawned with rcoll.spawn, torchrun-style env)."""
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+import rcoll.torch_backend  # noqa: F401  (the tests that check autoloading run in a subprocess)
+
+OPS = {
+    "sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX,
+    "avg": dist.ReduceOp.AVG, "band": dist.ReduceOp.BAND, "bor": dist.ReduceOp.BOR, "bxor": dist.ReduceOp.BXOR,
+}
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int32,
+          torch.int64, torch.bool]
+
+
+def _supported(dtype, op):
+    if op in ("band", "bor", "bxor"):
+        return not dtype.is_floating_point
+    if op == "avg":
+        return dtype.is_floating_point
+    return True
+
+
+def _input(rank, dtype, n, op, seed=0):
+    g = torch.Generator().manual_seed(seed * 1000 + rank * 17 + n)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (n,), generator=g).bool()
+    if op in ("sum", "avg"):
+        lo = -3 if dtype.is_signed or dtype.is_floating_point else 0
+        return torch.randint(lo, 4, (n,), generator=g).to(dtype)
+    if op == "prod":
+        vals = torch.tensor([1, 2, -1] if (dtype.is_signed or dtype.is_floating_point) else [1, 2, 3])
+        return vals[torch.randint(0, 3, (n,), generator=g)].to(dtype)
+    if dtype.is_floating_point:
+        return (torch.randn(n, generator=g) * 100).to(dtype)
+    info = torch.iinfo(dtype)
+    return torch.randint(info.min, info.max, (n,), generator=g, dtype=torch.int64).to(dtype)
+
+
+def _reference(inputs, dtype, op, world):
+    stack = torch.stack(inputs)
+    if dtype == torch.bool:
+        if op in ("sum", "max", "bor"):
+            return stack.any(0)
+        if op in ("prod", "min", "band"):
+            return stack.all(0)
+        return stack.sum(0) % 2 == 1
+    if op == "avg":
+        compute = torch.float64 if dtype == torch.float64 else torch.float32
+        return (stack.double().sum(0).to(compute) / world).to(dtype)
+    if dtype in (torch.float16, torch.bfloat16):
+        stack = stack.float()
+    if op == "sum":
+        out = stack.sum(0, dtype=stack.dtype)
+    elif op == "prod":
+        out = stack.prod(0, dtype=stack.dtype)
+    elif op == "min":
+        out = stack.min(0).values
+    elif op == "max":
+        out = stack.max(0).values
+    else:
+        out = stack[0].clone()
+        for t in stack[1:]:
+            out = {"band": torch.bitwise_and, "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}[op](out, t)
+    return out.to(dtype)
+
+
+def _same(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+def _init(timeout_s=60):
+    from datetime import timedelta
+    dist.init_process_group("rcoll", init_method="env://", timeout=timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def all_reduce_matrix(rank, world):
+    _init()
+    failures = []
+    cases = 0
+    for dtype in DTYPES:
+        for op in OPS:
+            if not _supported(dtype, op):
+                continue
+            for n in (0, 1, 7, 1000):
+                cases += 1
+                t = _input(rank, dtype, n, op)
+                want = _reference([_input(r, dtype, n, op) for r in range(world)], dtype, op, world)
+                if cases % 3 == 0:
+                    dist.all_reduce(t, op=OPS[op], async_op=True).wait()
+                else:
+                    dist.all_reduce(t, op=OPS[op])
+                if not _same(t, want):
+                    failures.append(f"all_reduce {dtype} {op} n={n}: {t[:4]} != {want[:4]}")
+    # 0-dim and non-contiguous tensors (Gloo 2.13 reduces the wrong elements of the latter).
+    scalar = torch.tensor(float(rank + 1))
+    dist.all_reduce(scalar)
+    if scalar.item() != world * (world + 1) / 2:
+        failures.append(f"0-dim all_reduce: {scalar}")
+    base = torch.arange(40, dtype=torch.float32).reshape(10, 4) * (rank + 1)
+    column = base[:, 1]
+    assert not column.is_contiguous()
+    dist.all_reduce(column)
+    want = torch.arange(40, dtype=torch.float32).reshape(10, 4)[:, 1] * (world * (world + 1) // 2)
+    if not torch.equal(column, want) or not torch.equal(base[:, 0], torch.arange(0, 40, 4).float() * (rank + 1)):
+        failures.append("non-contiguous all_reduce wrong (or touched other elements)")
+    dist.destroy_process_group()
+    return cases, failures
+
+
+def collectives_tour(rank, world):
+    """Every collective torch dispatches besides all_reduce, sync and async, checked."""
+    _init()
+    failures = []
+
+    def check(name, ok):
+        if not ok:
+            failures.append(name)
+
+    # all_reduce_coalesced (fused into one op)
+    ts = [torch.full((3,), float(rank)), torch.full((5,), 2.0 * rank)]
+    dist.all_reduce_coalesced(ts)
+    s = sum(range(world))
+    check("all_reduce_coalesced", torch.equal(ts[0], torch.full((3,), float(s))) and
+          torch.equal(ts[1], torch.full((5,), 2.0 * s)))
+
+    # all_gather (list outputs), async
+    outs = [torch.empty(4, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(outs, torch.full((4,), rank, dtype=torch.int64), async_op=True).wait()
+    check("all_gather", all(torch.equal(o, torch.full((4,), r, dtype=torch.int64)) for r, o in enumerate(outs)))
+
+    # all_gather_coalesced: outputs indexed [rank][input]
+    inputs = [torch.full((2,), float(rank)), torch.full((3,), 10.0 + rank)]
+    out_lists = [[torch.empty(2), torch.empty(3)] for _ in range(world)]
+    dist.all_gather_coalesced(out_lists, inputs)
+    check("all_gather_coalesced", all(torch.equal(out_lists[r][0], torch.full((2,), float(r))) and
+                                      torch.equal(out_lists[r][1], torch.full((3,), 10.0 + r)) for r in range(world)))
+
+    # all_gather_into_tensor
+    out = torch.empty(world * 3, dtype=torch.bfloat16)
+    dist.all_gather_into_tensor(out, torch.full((3,), float(rank), dtype=torch.bfloat16))
+    check("all_gather_into_tensor", torch.equal(out, torch.arange(world).repeat_interleave(3).to(torch.bfloat16)))
+
+    # reduce_scatter (list input) and reduce_scatter_tensor
+    out = torch.empty(2)
+    dist.reduce_scatter(out, [torch.full((2,), float(r + rank)) for r in range(world)])
+    check("reduce_scatter", torch.equal(out, torch.full((2,), float(world * rank + s))))
+    inp = torch.arange(world * 2, dtype=torch.float64) * (rank + 1)
+    out = torch.empty(2, dtype=torch.float64)
+    dist.reduce_scatter_tensor(out, inp, op=dist.ReduceOp.MAX)
+    check("reduce_scatter_tensor max", torch.equal(out, torch.arange(world * 2, dtype=torch.float64)[rank * 2:
+                                                                                                   rank * 2 + 2] * world))
+
+    # broadcast from the last rank
+    t = torch.full((6,), float(rank))
+    dist.broadcast(t, src=world - 1)
+    check("broadcast", torch.equal(t, torch.full((6,), float(world - 1))))
+
+    # reduce, gather, scatter (root = last rank)
+    root = world - 1
+    t = torch.full((3,), float(rank + 1))
+    dist.reduce(t, dst=root, op=dist.ReduceOp.SUM)
+    if rank == root:
+        check("reduce", torch.equal(t, torch.full((3,), float(world * (world + 1) // 2))))
+    gathered = [torch.empty(2) for _ in range(world)] if rank == root else None
+    dist.gather(torch.full((2,), float(rank)), gathered, dst=root)
+    if rank == root:
+        check("gather", all(torch.equal(g, torch.full((2,), float(r))) for r, g in enumerate(gathered)))
+    out = torch.empty(2)
+    dist.scatter(out, [torch.full((2,), float(r * 3)) for r in range(world)] if rank == root else None, src=root)
+    check("scatter", torch.equal(out, torch.full((2,), float(rank * 3))))
+
+    # all_to_all (lists) and all_to_all_single with uneven splits
+    outs = [torch.empty(1 + r) for r in range(world)]
+    dist.all_to_all(outs, [torch.full((1 + rank,), float(rank * 10 + j)) for j in range(world)])
+    check("all_to_all", all(torch.equal(outs[r], torch.full((1 + r,), float(r * 10 + rank))) for r in range(world)))
+    in_splits = [(rank + j) % 3 for j in range(world)]
+    out_splits = [(r + rank) % 3 for r in range(world)]
+    inp = torch.cat([torch.full(((rank + j) % 3, 2), float(rank * 100 + j)) for j in range(world)])
+    out = torch.empty(sum(out_splits), 2)
+    dist.all_to_all_single(out, inp, out_splits, in_splits)
+    want = torch.cat([torch.full(((r + rank) % 3, 2), float(r * 100 + rank)) for r in range(world)])
+    check("all_to_all_single uneven", torch.equal(out, want))
+    out = torch.empty(world * 2)
+    dist.all_to_all_single(out, torch.arange(world * 2, dtype=torch.float32) + 100 * rank)
+    want = torch.cat([torch.arange(rank * 2, rank * 2 + 2, dtype=torch.float32) + 100 * r for r in range(world)])
+    check("all_to_all_single even", torch.equal(out, want))
+
+    # objects
+    objs = [None] * world
+    dist.all_gather_object(objs, {"rank": rank, "x": [rank] * rank})
+    check("all_gather_object", objs == [{"rank": r, "x": [r] * r} for r in range(world)])
+    lst = [f"from {rank}", {"k": rank}] if rank == 0 else [None, None]
+    dist.broadcast_object_list(lst, src=0)
+    check("broadcast_object_list", lst == ["from 0", {"k": 0}])
+
+    # barrier, sync and async
+    dist.barrier()
+    dist.barrier(async_op=True).wait()
+
+    # Works and futures: value, is_completed, a callback that issues and waits on another collective.
+    t = torch.ones(5)
+    work = dist.all_reduce(t, async_op=True)
+    fut = work.get_future()
+    second = {}
+
+    def chained(f):
+        x = torch.ones(2)
+        dist.all_reduce(x, async_op=True).wait()
+        second["x"] = x
+        return f.value()
+
+    value = fut.then(chained).wait()
+    check("future value", isinstance(value, list) and torch.equal(value[0], torch.full((5,), float(world))))
+    check("callback collective", torch.equal(second.get("x", torch.zeros(2)), torch.full((2,), float(world))))
+    check("is_completed", work.is_completed())
+    dist.destroy_process_group()
+    return 1, failures
+
+
+def subgroups(rank, world):
+    """new_group subgroups alive beside the default group."""
+    _init()
+    evens = dist.new_group([r for r in range(world) if r % 2 == 0])
+    odds = dist.new_group([r for r in range(world) if r % 2 == 1])
+    mine = evens if rank % 2 == 0 else odds
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t, group=mine)
+    members = [r for r in range(world) if r % 2 == rank % 2]
+    whole = torch.tensor([1.0])
+    dist.all_reduce(whole)
+    ok = t.item() == sum(members) and whole.item() == world
+    dist.destroy_process_group()
+    return ok
+
+
+def init_methods(rank, world, method, path):
+    from datetime import timedelta
+    if method == "tcp":
+        init = f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}"
+    else:
+        init = f"file://{path}"
+    dist.init_process_group("rcoll", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return t.item() == world * (world + 1) / 2
+
+
+def unsupported_input(rank, world):
+    _init()
+    errors = []
+    for call in (lambda: dist.all_reduce(torch.ones(3, dtype=torch.int16)),
+                 lambda: dist.all_reduce(torch.ones(3, dtype=torch.complex64), op=dist.ReduceOp.MAX),
+                 lambda: dist.all_reduce(torch.ones(3), op=dist.ReduceOp.BXOR),
+                 lambda: dist.all_reduce(torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.AVG)):
+        try:
+            call()
+            errors.append(None)
+        except (ValueError, RuntimeError) as e:
+            errors.append(str(e))
+    t = torch.ones(2)
+    dist.all_reduce(t)  # still usable
+    # torch views complex tensors as real pairs for SUM: that works.
+    c = torch.full((2,), 1 + 2j, dtype=torch.complex64)
+    dist.all_reduce(c)
+    dist.destroy_process_group()
+    return errors, t.tolist() + [complex(x) for x in c.tolist()]
+
+
+def mismatch(rank, world):
+    """Rank 1 passes a different count: wait() and the future both raise."""
+    _init(timeout_s=20)
+    n = 100 + (1 if rank == 1 else 0)
+    work = dist.all_reduce(torch.ones(n), async_op=True)
+    fut = work.get_future()
+    results = {}
+    try:
+        work.wait()
+        results["wait"] = "ok"
+    except Exception as e:  # noqa: BLE001
+        results["wait"] = f"{type(e).__name__}: {e}"
+    try:
+        fut.wait()
+        results["future"] = "ok"
+    except Exception as e:  # noqa: BLE001
+        results["future"] = f"{type(e).__name__}: {e}"
+    return results
+
+
+def ddp_training(rank, world, backend, steps, hook, bucket_view, seed=0):
+    """Trains a small model with DDP over `backend`; returns the final parameters."""
+    from datetime import timedelta
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=60))
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    ddp = DDP(model, gradient_as_bucket_view=bucket_view, bucket_cap_mb=0.01)
+    if hook == "allreduce":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+    elif hook == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1000 + rank)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        x = torch.randn(16, 32, generator=g)
+        y = torch.randn(16, 8, generator=g)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    elapsed = (time.perf_counter() - t0) / steps
+    # numpy, not tensors: torch pickles tensors through shared-memory file
+    # descriptors, which die with this process.
+    params = [p.detach().numpy().copy() for p in model.parameters()]
+    dist.destroy_process_group()
+    return params, elapsed
+
+
+def ddp_peer_dies(rank, world):
+    """A DDP job whose last rank dies: the survivors get a Python error, not a crash or a hang."""
+    from datetime import timedelta
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    dist.init_process_group("rcoll", init_method="env://", timeout=timedelta(seconds=30))
+    model = DDP(torch.nn.Linear(256, 256))
+    model(torch.randn(4, 256)).sum().backward()
+    if rank == world - 1:
+        os._exit(7)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    try:
+        for _ in range(5):
+            model(torch.randn(4, 256)).sum().backward()
+        return ("ok", "", time.monotonic() - t0)
+    except Exception as e:  # noqa: BLE001
+        return (type(e).__name__, str(e), time.monotonic() - t0)
+
+
+def p2p_tour(rank, world):
+    """send/recv, isend/irecv, batch_isend_irecv (a ring exchange) and a large
+    exchange in both directions at once."""
+    _init()
+    failures = []
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    # Blocking send/recv along the ring (even ranks send first).
+    out, got = torch.full((5,), float(rank)), torch.empty(5)
+    if rank % 2 == 0:
+        dist.send(out, nxt)
+        dist.recv(got, prv)
+    else:
+        dist.recv(got, prv)
+        dist.send(out, nxt)
+    if not torch.equal(got, torch.full((5,), float(prv))):
+        failures.append("send/recv ring")
+    # isend/irecv of 32 MiB both ways at once, beside a collective.
+    big = torch.full((8 << 20,), float(rank))
+    into = torch.empty(8 << 20)
+    reqs = [dist.isend(big, nxt), dist.irecv(into, prv)]
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    for r in reqs:
+        r.wait()
+    if not torch.equal(into[:10], torch.full((10,), float(prv))) or into[-1].item() != prv:
+        failures.append("isend/irecv big")
+    if not torch.equal(t, torch.full((3,), float(world))):
+        failures.append("all_reduce beside isend/irecv")
+    # batch_isend_irecv with tags, into a non-contiguous destination.
+    dest = torch.zeros(4, 2)
+    ops = [dist.P2POp(dist.isend, torch.tensor([rank * 10.0, rank * 10.0 + 1, 7.0, 8.0]), nxt, tag=3),
+           dist.P2POp(dist.irecv, dest[:, 1], prv, tag=3)]
+    for r in dist.batch_isend_irecv(ops):
+        r.wait()
+    if dest[:, 1].tolist() != [prv * 10.0, prv * 10.0 + 1, 7.0, 8.0] or dest[:, 0].abs().sum() != 0:
+        failures.append(f"batch_isend_irecv: {dest.tolist()}")
+    dist.barrier()
+    dist.destroy_process_group()
+    return 1, failures
