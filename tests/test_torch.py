@@ -114,3 +114,33 @@ def test_import_torch_stays_working_and_cheap_with_rcoll_installed():
 @pytest.mark.parametrize("world", [2, 3])
 def test_point_to_point(world):
     _ok(spawn.run(w.p2p_tour, world, timeout=180))
+
+
+def test_fsdp2_fully_shard_matches_gloo_bit_for_bit_at_world_2():
+    mine = spawn.run(w.fsdp_training, 2, "rcoll", timeout=180)
+    gloo = spawn.run(w.fsdp_training, 2, "gloo", timeout=180)
+    for a, b in zip(mine[0], gloo[0]):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_group_timeout_reaches_wait_naming_the_silent_rank():
+    name, message, seconds = spawn.run(w.torch_timeout, 2, timeout=60)[0]
+    assert name == "TimeoutError" and "rank(s) 1" in message, message
+    assert 1.9 < seconds < 6, seconds
+
+
+def test_torchrun(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.distributed as dist
+        dist.init_process_group("rcoll")
+        t = torch.full((4,), float(dist.get_rank() + 1))
+        dist.all_reduce(t)
+        assert t.tolist() == [3.0] * 4, t
+        print("rank", dist.get_rank(), "ok")
+        dist.destroy_process_group()
+    """))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-3000:])
+    assert out.stdout.count(" ok") == 2, out.stdout

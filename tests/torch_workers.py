@@ -380,3 +380,42 @@ def p2p_tour(rank, world):
     dist.barrier()
     dist.destroy_process_group()
     return 1, failures
+
+
+def fsdp_training(rank, world, backend, steps=3):
+    """fully_shard (FSDP2) on CPU: sharded parameters, all-gather and reduce-scatter every step."""
+    from datetime import timedelta
+    from torch.distributed.fsdp import fully_shard
+    dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=60))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(50 + rank)
+    for _ in range(steps):
+        x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    full = [p.full_tensor().detach().numpy().copy() for p in model.parameters()]
+    dist.destroy_process_group()
+    return full
+
+
+def torch_timeout(rank, world):
+    """Rank 1 never joins: rank 0's op fails after the group's timeout with an error naming rank 1."""
+    from datetime import timedelta
+    dist.init_process_group("rcoll", init_method="env://", timeout=timedelta(seconds=2))
+    if rank == 1:
+        time.sleep(5)
+        return ("ok", "", 0)
+    t0 = time.monotonic()
+    work = dist.all_reduce(torch.ones(4), async_op=True)
+    try:
+        work.wait()
+        return ("ok", "", time.monotonic() - t0)
+    except Exception as e:  # noqa: BLE001
+        return (type(e).__name__, str(e), time.monotonic() - t0)
