@@ -343,16 +343,7 @@ Request* TcpTransport::isend(int peer, const WireHeader& header, const void* dat
   r->header = header;
   r->data = static_cast<char*>(const_cast<void*>(data));
   r->bytes = bytes;
-  Connection* c = connected(peer) ? connections_[static_cast<size_t>(peer)].get() : nullptr;
-  if (c == nullptr || c->failed || aborted_) {
-    r->state = Request::State::kFailed;
-    r->why = c && c->failed ? c->failure
-                            : TransportFailure{aborted_ ? ErrorKind::kAborted : ErrorKind::kPeer,
-                                               strFormat("no connection to rank %d", peer)};
-    return r;
-  }
-  c->sends.push_back(r);
-  return r;
+  return post(r);
 }
 
 Request* TcpTransport::irecv(int peer, const WireHeader& expected, void* data, size_t bytes) {
@@ -361,15 +352,21 @@ Request* TcpTransport::irecv(int peer, const WireHeader& expected, void* data, s
   r->header = expected;
   r->data = static_cast<char*>(data);
   r->bytes = bytes;
-  Connection* c = connected(peer) ? connections_[static_cast<size_t>(peer)].get() : nullptr;
+  return post(r);
+}
+
+Request* TcpTransport::post(TcpRequest* r) {
+  // On a connection that already failed the request fails at once, with the
+  // connection's cause, so the caller sees why without waiting.
+  Connection* c = connected(r->peer) ? connections_[static_cast<size_t>(r->peer)].get() : nullptr;
   if (c == nullptr || c->failed || aborted_) {
     r->state = Request::State::kFailed;
     r->why = c && c->failed ? c->failure
                             : TransportFailure{aborted_ ? ErrorKind::kAborted : ErrorKind::kPeer,
-                                               strFormat("no connection to rank %d", peer)};
+                                               strFormat("no connection to rank %d", r->peer)};
     return r;
   }
-  c->recvs.push_back(r);
+  (r->is_send ? c->sends : c->recvs).push_back(r);
   return r;
 }
 

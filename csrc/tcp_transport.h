@@ -48,6 +48,7 @@ class TcpTransport : public Transport {
   struct PendingHandshake;
 
   TcpRequest* newRequest();
+  Request* post(TcpRequest* r);  // queues r on its connection, or fails it at once
   void adopt(int peer, int fd);
   bool driveAll();                 // true if any request completed or failed
   bool driveSends(Connection& c);

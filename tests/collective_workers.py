@@ -6,7 +6,7 @@ descriptions, so one process start covers hundreds of cases.
 import numpy as np
 
 import rcoll
-from reference import DTYPES, OPS, make_input, reduce_reference, same, supported
+from reference import DTYPES, OPS, differences, make_input, reduce_reference, same, supported
 
 
 def sizes_for(world):
@@ -46,9 +46,7 @@ def allreduce_sweep(rank, world, seed=1):
                     if not same(x, original):
                         failures.append(f"allreduce {dtype} {op} n={n}: out-of-place modified its input")
                 if not same(got, expected):
-                    bad = np.flatnonzero(got.astype(np.float64) != expected.astype(np.float64))[:5]
-                    failures.append(f"allreduce {dtype} {op} n={n} in_place={in_place}: wrong at {bad.tolist()}: "
-                                    f"got {got[bad].tolist()} expected {expected[bad].tolist()}")
+                    failures.append(f"allreduce {dtype} {op} n={n} in_place={in_place}: {differences(got, expected)}")
     return case, failures
 
 
@@ -239,9 +237,7 @@ def reduce_sweep(rank, world, seed=6):
                     if got is not (out if mode == 1 else x):
                         failures.append(f"{what}: did not return the output array")
                     elif not same(got, expected):
-                        bad = np.flatnonzero(got.astype(np.float64) != expected.astype(np.float64))[:5]
-                        failures.append(f"{what}: wrong at {bad.tolist()}: got {got[bad].tolist()} "
-                                        f"expected {expected[bad].tolist()}")
+                        failures.append(f"{what}: {differences(got, expected)}")
     return case, failures
 
 

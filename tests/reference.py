@@ -78,3 +78,10 @@ def same(a, b):
         fa, fb = a.astype(np.float64), b.astype(np.float64)
         return bool(np.all((fa == fb) | (np.isnan(fa) & np.isnan(fb))))
     return bool(np.array_equal(a, b))
+
+
+def differences(got, expected, limit=5):
+    """'wrong at [i, ...]: got [...] expected [...]' for the first mismatching elements."""
+    bad = np.flatnonzero(np.asarray(got).astype(np.float64) != np.asarray(expected).astype(np.float64))[:limit]
+    got, expected = np.asarray(got).ravel(), np.asarray(expected).ravel()
+    return f"wrong at {bad.tolist()}: got {got[bad].tolist()} expected {expected[bad].tolist()}"

@@ -52,6 +52,7 @@ def test_mismatch_reaches_wait_and_the_future():
         for where in ("wait", "future"):
             assert "MismatchError" in results[where] or "count=101" in results[where], (rank, where, results)
             assert "count=100" in results[where] and "count=101" in results[where], results[where]
+        assert "count=101" in results["exception"] and results["is_success"] is False, results
 
 
 @pytest.mark.parametrize("hook,bucket_view", [(None, False), (None, True), ("allreduce", False), ("fp16", False)])
@@ -144,3 +145,10 @@ def test_torchrun(tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-3000:])
     assert out.stdout.count(" ok") == 2, out.stdout
+
+
+def test_work_wait_with_a_timeout_gives_up_then_completes():
+    first, second = spawn.run(w.work_wait_timeout, 2, timeout=60)
+    assert first["short"] == "TimeoutError" and first["short_s"] < 1.5 and not first["completed_early"], first
+    for outcome in (first, second):
+        assert outcome["value"] == [2.0] * 3 and outcome["exception"] is None, outcome

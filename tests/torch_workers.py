@@ -288,6 +288,8 @@ def mismatch(rank, world):
         results["future"] = "ok"
     except Exception as e:  # noqa: BLE001
         results["future"] = f"{type(e).__name__}: {e}"
+    results["exception"] = str(work.exception())
+    results["is_success"] = work.is_success()
     return results
 
 
@@ -419,3 +421,28 @@ def torch_timeout(rank, world):
         return ("ok", "", time.monotonic() - t0)
     except Exception as e:  # noqa: BLE001
         return (type(e).__name__, str(e), time.monotonic() - t0)
+
+
+def work_wait_timeout(rank, world):
+    """wait(timeout) gives up while the op is still running; a later wait() gets the result."""
+    from datetime import timedelta
+    _init()
+    if rank == 1:
+        time.sleep(2)
+    t = torch.ones(3)
+    work = dist.all_reduce(t, async_op=True)
+    outcome = {}
+    if rank == 0:
+        t0 = time.monotonic()
+        try:
+            work.wait(timedelta(seconds=0.3))
+            outcome["short"] = "ok"
+        except Exception as e:  # noqa: BLE001
+            outcome["short"] = type(e).__name__
+        outcome["short_s"] = time.monotonic() - t0
+        outcome["completed_early"] = work.is_completed()
+    work.wait()
+    outcome["value"] = t.tolist()
+    outcome["exception"] = work.exception()
+    dist.destroy_process_group()
+    return outcome

@@ -130,14 +130,7 @@ class Communicator:
         """
         name = "reduce_scatter"
         src = as_array(array, self.rank, name, "the input", writable=False)
-        if src.size % self.size != 0:
-            raise _core.InvalidArgumentError(
-                f"rank {self.rank}: {name}: the input has {src.size} elements, not a multiple of the world "
-                f"size {self.size}")
-        n = src.size // self.size
-        if out is None:
-            shape = src.shape[1:] if src.ndim >= 2 and src.shape[0] == self.size else (n,)
-            out = np.empty(shape, dtype=src.dtype)
+        n, out = self._block_output(src, out, name)
         dst = as_array(out, self.rank, name, "out", writable=True)
         self._same_layout(src, dst, name, n)
         work = self._comm.reduce_scatter(address(src), address(dst), n, dtype_code(src, self.rank, name),
@@ -238,14 +231,7 @@ class Communicator:
                 raise _core.InvalidArgumentError(
                     f"rank {self.rank}: {name}: the root must pass the array to scatter (size * n elements)")
             src = as_array(array, self.rank, name, "the input", writable=False)
-            if src.size % self.size != 0:
-                raise _core.InvalidArgumentError(
-                    f"rank {self.rank}: {name}: the input has {src.size} elements, not a multiple of the world "
-                    f"size {self.size}")
-            n = src.size // self.size
-            if out is None:
-                shape = src.shape[1:] if src.ndim >= 2 and src.shape[0] == self.size else (n,)
-                out = np.empty(shape, dtype=src.dtype)
+            n, out = self._block_output(src, out, name)
             dst = as_array(out, self.rank, name, "out", writable=True)
             self._same_layout(src, dst, name, n)
         else:
@@ -340,6 +326,20 @@ class Communicator:
             raise _core.InvalidArgumentError(
                 f"rank {self.rank}: {name}: {what} has a negative count ({negative[0]})")
         return values
+
+    def _block_output(self, src, out, name):
+        """For ops that hand each rank one of `size` blocks of `src`: the block's
+        element count, and `out` (allocated when None: shape src.shape[1:] when src
+        is (size, ...) with ndim >= 2, else (n,))."""
+        if src.size % self.size != 0:
+            raise _core.InvalidArgumentError(
+                f"rank {self.rank}: {name}: the input has {src.size} elements, not a multiple of the world "
+                f"size {self.size}")
+        n = src.size // self.size
+        if out is None:
+            shape = src.shape[1:] if src.ndim >= 2 and src.shape[0] == self.size else (n,)
+            out = np.empty(shape, dtype=src.dtype)
+        return n, out
 
     def _same_layout(self, src, dst, name, dst_elements):
         if dst.dtype != src.dtype:
