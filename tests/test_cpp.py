@@ -1,4 +1,5 @@
-"""Builds and runs the standalone C++ unit tests (tests/cpp) under ASan + UBSan."""
+"""Builds and runs the standalone C++ tests (tests/cpp) under ASan + UBSan, and
+the threaded ones under TSan as well (the progress and point-to-point threads)."""
 import os
 import shutil
 import subprocess
@@ -9,21 +10,31 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(ROOT, "csrc")
 CXX = os.environ.get("CXX", "g++")
 
+CORE = ["algorithms.cc", "communicator.cc", "config.cc", "dtype.cc", "error.cc", "log.cc", "p2p_engine.cc",
+        "pipeline_executor.cc", "reduce_kernels.cc", "socket_util.cc", "tcp_store.cc", "tcp_transport.cc",
+        "wire.cc", "work.cc"]
 UNITS = {
     "test_reduce_kernels": ["reduce_kernels.cc", "dtype.cc", "error.cc"],
     "test_tcp_store": ["tcp_store.cc", "error.cc"],
+    "test_communicator": CORE,
 }
+SANITIZERS = {
+    "asan+ubsan": ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"],
+    "tsan": ["-fsanitize=thread"],
+}
+CASES = [(name, "asan+ubsan") for name in sorted(UNITS)] + [("test_tcp_store", "tsan"), ("test_communicator", "tsan")]
 
 
 @pytest.mark.skipif(shutil.which(CXX) is None, reason=f"no C++ compiler ({CXX}) on PATH")
-@pytest.mark.parametrize("name", sorted(UNITS))
-def test_cpp_unit(name, tmp_path):
+@pytest.mark.parametrize("name,sanitizer", CASES)
+def test_cpp_unit(name, sanitizer, tmp_path):
     exe = tmp_path / name
     sources = [os.path.join(ROOT, "tests", "cpp", name + ".cc")] + [os.path.join(CSRC, s) for s in UNITS[name]]
     build = subprocess.run(
-        [CXX, "-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-fsanitize=address,undefined",
-         "-fno-sanitize-recover=undefined", "-pthread", "-I" + CSRC, *sources, "-o", str(exe)],
-        capture_output=True, text=True, timeout=600)
+        [CXX, "-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-Werror", *SANITIZERS[sanitizer], "-pthread",
+         "-I" + CSRC, *sources, "-o", str(exe)],
+        capture_output=True, text=True, timeout=900)
     assert build.returncode == 0, build.stderr[-4000:]
-    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, (run.stdout[-4000:], run.stderr[-4000:])
+    env = dict(os.environ, TSAN_OPTIONS="halt_on_error=1", UBSAN_OPTIONS="print_stacktrace=1")
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, (run.stdout[-4000:], run.stderr[-6000:])
