@@ -61,6 +61,17 @@ std::chrono::milliseconds timeoutFromEnvironment() {
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
 }
 
+std::chrono::milliseconds shutdownGraceFromEnvironment() {
+  const char* value = std::getenv("RCOLL_SHUTDOWN_TIMEOUT");
+  if (value == nullptr || *value == '\0') return std::chrono::seconds(10);
+  char* end = nullptr;
+  double seconds = std::strtod(value, &end);
+  if (end == value || *end != '\0' || !(seconds >= 0)) {
+    throwError(ErrorKind::kConfig, strFormat("RCOLL_SHUTDOWN_TIMEOUT=%s must be a number of seconds >= 0", value));
+  }
+  return std::chrono::milliseconds(static_cast<long long>(seconds * 1000) + 1);
+}
+
 }  // namespace
 
 Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, const CommunicatorOptions& options)
@@ -478,11 +489,25 @@ void Communicator::progressLoop() {
         op = std::move(queue_.front());
         queue_.pop_front();
         have_op = true;
+        running_op_ = true;
       } else if (stopping_ && !abort_flag_.load()) {
         return;
       }
     }
     if (abort_flag_.load()) tellPeers();
+    // Whatever happens to this op below, shutdown() learns when it is over.
+    struct OpEnd {
+      Communicator* self;
+      bool active;
+      ~OpEnd() {
+        if (!active) return;
+        {
+          std::lock_guard<std::mutex> lock(self->mutex_);
+          self->running_op_ = false;
+        }
+        self->idle_cv_.notify_all();
+      }
+    } op_end{this, have_op};
     if (!have_op) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (stopping_ && queue_.empty()) return;
@@ -558,7 +583,21 @@ void Communicator::stopThread() {
   closed_ = true;
 }
 
-void Communicator::shutdown() { stopThread(); }
+void Communicator::shutdown(std::chrono::milliseconds grace) {
+  if (grace.count() <= 0) grace = shutdownGraceFromEnvironment();
+  bool drained;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    stopping_ = true;
+    queue_cv_.notify_all();
+    drained = idle_cv_.wait_for(lock, grace, [&] { return queue_.empty() && !running_op_; });
+  }
+  if (!drained) {
+    abort(strFormat("shutdown() was called and the pending operations did not finish within %.1f s",
+                    static_cast<double>(grace.count()) / 1000.0));
+  }
+  stopThread();
+}
 
 std::string Communicator::poisonMessage() const {
   std::lock_guard<std::mutex> lock(mutex_);

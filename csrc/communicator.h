@@ -101,9 +101,10 @@ class Communicator {
   // Fails the running and every queued op at once, tells the peers, and makes
   // the communicator unusable. Safe from any thread; returns without waiting.
   void abort(const std::string& reason);
-  // Runs what is queued to completion (each op bounded by its timeout), then
-  // closes the connections. Later calls raise.
-  void shutdown();
+  // Takes no more ops, gives the queued and running ones `grace` (default
+  // RCOLL_SHUTDOWN_TIMEOUT, 10 s) to finish, aborts what is left, and closes the
+  // connections. Safe from any thread; later calls raise.
+  void shutdown(std::chrono::milliseconds grace = {});
   // "" while healthy, else the first error.
   std::string poisonMessage() const;
 
@@ -146,6 +147,8 @@ class Communicator {
 
   mutable std::mutex mutex_;
   std::condition_variable queue_cv_;
+  std::condition_variable idle_cv_;  // signalled when an op ends: shutdown() waits on it
+  bool running_op_ = false;
   std::deque<Op> queue_;
   uint64_t next_seq_ = 1;
   bool stopping_ = false;           // shutdown(): no new ops, finish the queue

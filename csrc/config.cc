@@ -20,6 +20,7 @@ const std::vector<ConfigVar>& configVars() {
       {"RCOLL_PIPELINE_SLOTS", "8", "staging segments that may be in flight per operation"},
       {"RCOLL_CONNECT_TIMEOUT", "300", "seconds to wait for peers during rendezvous"},
       {"RCOLL_TIMEOUT", "1800", "default per-operation timeout in seconds (numpy API)"},
+      {"RCOLL_SHUTDOWN_TIMEOUT", "10", "seconds shutdown() lets pending operations finish before aborting them"},
   };
   return vars;
 }

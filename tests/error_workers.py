@@ -205,3 +205,17 @@ def p2p_bad_peer(rank, world):
             errors.append(str(e))
     comm.barrier()
     return errors
+
+
+def shutdown_from_thread(rank, world):
+    """shutdown() from another thread: an op that can finish does; one that cannot
+    is aborted once the grace period is over, not at its own (long) timeout."""
+    comm = rcoll.init(timeout=60)
+    done = comm.allreduce(np.ones(1000, np.float32), async_op=True)
+    done.wait()
+    if rank == 1:
+        time.sleep(4)  # never joins the next op
+        return ("ok", None, 0)
+    stuck = comm.allreduce(np.ones(8, np.float32), async_op=True)
+    threading.Timer(0.3, comm.shutdown, kwargs={"grace": 0.5}).start()
+    return _outcome(lambda: stuck.wait())

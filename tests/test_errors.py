@@ -214,3 +214,9 @@ def test_point_to_point_mismatch_fails_the_receiver_at_once(kind):
 def test_point_to_point_bad_peer_or_tag_is_a_value_error():
     for errors in spawn.run(w.p2p_bad_peer, 2, timeout=60):
         assert all(e and e.startswith("rank ") for e in errors), errors
+
+
+def test_shutdown_from_another_thread_aborts_what_cannot_finish():
+    name, message, seconds = spawn.run(w.shutdown_from_thread, 2, timeout=60)[0]
+    assert name == "AbortedError" and "shutdown() was called" in message, message
+    assert seconds < 5, seconds  # the op timeout is 60 s

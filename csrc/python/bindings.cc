@@ -304,6 +304,7 @@ PYBIND11_MODULE(_core, m) {
              return c.recv(mptr(data), count, toDataType(dtype), peer, tag, toMillis(timeout));
            })
       .def("abort", &Communicator::abort, py::arg("reason") = "", py::call_guard<py::gil_scoped_release>())
-      .def("shutdown", &Communicator::shutdown, py::call_guard<py::gil_scoped_release>())
+      .def("shutdown", [](Communicator& c, double grace) { c.shutdown(toMillis(grace)); }, py::arg("grace") = 0.0,
+           py::call_guard<py::gil_scoped_release>())
       .def("poison_message", &Communicator::poisonMessage);
 }

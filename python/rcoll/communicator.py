@@ -295,9 +295,11 @@ class Communicator:
         """Fails every pending op at once (from any thread) and tells the peers; the communicator is unusable after."""
         self._comm.abort(reason)
 
-    def shutdown(self):
-        """Finishes the queued ops, then closes the connections."""
-        self._comm.shutdown()
+    def shutdown(self, grace: Optional[float] = None):
+        """Takes no more ops, lets the pending ones finish for up to `grace` seconds
+        (default RCOLL_SHUTDOWN_TIMEOUT, 10 s), aborts what is left, closes the
+        connections. Safe from any thread."""
+        self._comm.shutdown(float(grace or 0))
 
     def __enter__(self):
         return self
