@@ -73,6 +73,36 @@ std::string checkHandshake(const Handshake& h, const ConnectInfo& info, int expe
   return "";
 }
 
+// An abort's text comes from the peer, whose 4096-byte cut may split a
+// character (or which may send garbage): keep what is valid UTF-8 and replace
+// every other byte with U+FFFD, since Python cannot raise an exception whose
+// message does not decode (it raised UnicodeDecodeError instead of PeerError).
+std::string validUtf8(const std::string& s) {
+  static const uint32_t kMinCodePoint[] = {0, 0, 0x80, 0x800, 0x10000};  // shorter is an overlong encoding
+  std::string out;
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto lead = static_cast<unsigned char>(s[i]);
+    size_t len = lead < 0x80 ? 1 : (lead >> 5) == 0x6 ? 2 : (lead >> 4) == 0xE ? 3 : (lead >> 3) == 0x1E ? 4 : 0;
+    bool ok = len > 0 && i + len <= s.size();
+    uint32_t cp = len > 1 ? lead & (0x7Fu >> len) : lead;
+    for (size_t k = 1; ok && k < len; ++k) {
+      const auto next = static_cast<unsigned char>(s[i + k]);
+      ok = (next & 0xC0) == 0x80;
+      cp = (cp << 6) | (next & 0x3F);
+    }
+    ok = ok && cp >= kMinCodePoint[len] && cp <= 0x10FFFF && (cp < 0xD800 || cp > 0xDFFF);
+    if (ok) {
+      out.append(s, i, len);
+      i += len;
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    }
+  }
+  return out;
+}
+
 ErrorKind errorKindFromWire(uint8_t value) {
   // A peer's mismatch is a mismatch here too; any other failure of a peer is,
   // from this rank's point of view, a peer failure.
@@ -169,6 +199,15 @@ void TcpTransport::adopt(int peer, int fd) {
   conn->peer = peer;
   connections_[static_cast<size_t>(peer)] = std::move(conn);
   RCOLL_TRACE("connected to rank %d (%s)", peer, peerName(fd).c_str());
+}
+
+// Test hook (see the header): adopt() behind an argument check.
+void TcpTransport::adoptConnectedSocket(int peer, int fd) {
+  if (peer < 0 || peer >= info_.size || peer == info_.rank || connected(peer)) {
+    throwError(ErrorKind::kInvalidArgument,
+               strFormat("rank %d: adoptConnectedSocket(%d): not a free peer slot", info_.rank, peer));
+  }
+  adopt(peer, fd);
 }
 
 void TcpTransport::connect(int peer, const std::string& address, Deadline deadline) {
@@ -466,7 +505,7 @@ bool TcpTransport::driveRecvs(Connection& c) {
       }
       c.socket_broken = true;  // the peer has stopped: no point in answering it
       failConnection(c, errorKindFromWire(c.in_header.error_kind),
-                     strFormat("rank %d failed: %s", c.peer, c.abort_text.c_str()));
+                     strFormat("rank %d failed: %s", c.peer, validUtf8(c.abort_text).c_str()));
       return true;
     }
     // 3. A data message: it must match the oldest posted receive.
@@ -508,7 +547,9 @@ bool TcpTransport::driveRecvs(Connection& c) {
 bool TcpTransport::wantsRead(const Connection& c) const {
   if (c.failed) return false;
   if (c.in_header_got < sizeof(WireHeader)) return true;
-  if (c.in_header.kind == static_cast<uint8_t>(OpKind::kAbort)) return true;
+  // The same test as driveRecvs' step 2: a header that only looks like an abort
+  // (wrong magic) waits for a receive to fail it; polling for it would spin.
+  if (c.in_header.magic == kWireMagic && c.in_header.kind == static_cast<uint8_t>(OpKind::kAbort)) return true;
   return !c.recvs.empty();
 }
 

@@ -42,6 +42,12 @@ class TcpTransport : public Transport {
   void interrupt() override;
   void abortPeers(ErrorKind kind, const std::string& message) override;
 
+  // For tests and fuzzers (tests/fuzz): takes ownership of an already-connected
+  // socket as the connection to `peer`, skipping the handshake. Throws
+  // RcollError(kInvalidArgument), without taking the socket, if `peer` is this
+  // rank, out of range or already connected.
+  void adoptConnectedSocket(int peer, int fd);
+
  private:
   struct TcpRequest;
   struct Connection;

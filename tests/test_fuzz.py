@@ -1,0 +1,130 @@
+"""Builds the libFuzzer targets in tests/fuzz with ASan + UBSan and fuzzes each for a bounded time.
+
+RCOLL_FUZZ_SECONDS sets the time per target (default 60); RCOLL_FUZZ_SECONDS=0 skips
+these tests (for a local run on a machine without clang; CI always fuzzes).
+RCOLL_FUZZ_CXX picks the compiler (default: clang++, else the newest clang++-NN on PATH).
+Fuzzing starts from the seed corpus in tests/fuzz/corpus/<target> (copied: the
+checked-in corpus is not modified); a crash fails the test with libFuzzer's report,
+which includes the input in hex and Base64, and leaves the input in the test's tmp dir.
+To fuzz one target longer by hand, see README.md, "Fuzzing".
+"""
+import concurrent.futures
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CSRC = os.path.join(ROOT, "csrc")
+FUZZ = os.path.join(ROOT, "tests", "fuzz")
+SECONDS = int(os.environ.get("RCOLL_FUZZ_SECONDS", "60"))
+
+# target -> the core sources it links (no Python, no pybind11)
+TARGETS = {
+    "fuzz_receive_path": ["tcp_transport.cc", "socket_util.cc", "wire.cc", "dtype.cc", "error.cc", "log.cc"],
+    "fuzz_handshake": ["tcp_transport.cc", "socket_util.cc", "wire.cc", "dtype.cc", "error.cc", "log.cc"],
+    "fuzz_wire_header": ["wire.cc", "dtype.cc", "error.cc"],
+}
+# extra libFuzzer options per target
+OPTIONS = {
+    "fuzz_wire_header": ["-max_len=129"],  # mode byte + two headers: longer inputs add nothing
+}
+FLAGS = ["-std=c++17", "-g", "-O1", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=undefined",
+         "-fno-omit-frame-pointer", "-Wall", "-Wextra", "-I" + CSRC]
+INSTALL_HINT = ("the fuzz tests need clang with its sanitizer and libFuzzer runtimes: on Debian/Ubuntu "
+                "`sudo apt-get install clang libclang-rt-14-dev` (Debian 12; or the libclang-rt-NN-dev matching "
+                "your clang), or set RCOLL_FUZZ_CXX to a clang++; RCOLL_FUZZ_SECONDS=0 skips these tests "
+                "locally (CI runs them)")
+
+pytestmark = pytest.mark.skipif(SECONDS <= 0, reason="RCOLL_FUZZ_SECONDS=0: fuzzing disabled")
+
+
+def find_clang():
+    explicit = os.environ.get("RCOLL_FUZZ_CXX")
+    if explicit:
+        return shutil.which(explicit)
+    if shutil.which("clang++"):
+        return shutil.which("clang++")
+    for version in range(30, 10, -1):
+        found = shutil.which(f"clang++-{version}")
+        if found:
+            return found
+    return None
+
+
+@pytest.fixture(scope="module")
+def objects(tmp_path_factory):
+    """The core sources, compiled once (in parallel) with the fuzzing flags."""
+    cxx = find_clang()
+    if cxx is None:
+        return None, {}  # each test fails with INSTALL_HINT
+    out = tmp_path_factory.mktemp("fuzz_objects")
+    sources = sorted({s for srcs in TARGETS.values() for s in srcs})
+
+    def compile_one(source):
+        obj = out / (source + ".o")
+        r = subprocess.run([cxx, *FLAGS, "-c", os.path.join(CSRC, source), "-o", str(obj)],
+                           capture_output=True, text=True, timeout=600)
+        return source, obj, r
+
+    built = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        for source, obj, r in pool.map(compile_one, sources):
+            assert r.returncode == 0, f"compiling {source} with {cxx} failed:\n{r.stderr[-4000:]}\n{INSTALL_HINT}"
+            built[source] = obj
+    return cxx, built
+
+
+def build(cxx, built, target, out_dir):
+    exe = out_dir / target
+    r = subprocess.run([cxx, *FLAGS, os.path.join(FUZZ, target + ".cc"), *[str(built[s]) for s in TARGETS[target]],
+                        "-o", str(exe)], capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        hint = "\n" + INSTALL_HINT if "libclang_rt" in r.stderr or "fuzzer" in r.stderr else ""
+        pytest.fail(f"building {target} failed:\n{r.stderr[-4000:]}{hint}", pytrace=False)
+    return exe
+
+
+def final_stats(log):
+    """(executions, exec/s, cov, ft, corpus units) from libFuzzer's output."""
+    def last(pattern):
+        found = re.findall(pattern, log, re.M)
+        return int(found[-1]) if found else None
+    execs = last(r"^stat::number_of_executed_units:\s*(\d+)") or last(r"^#(\d+)\s+DONE")
+    rate = last(r"^stat::average_exec_per_sec:\s*(\d+)")
+    cov = last(r"^#\d+\s+\w+\s+cov: (\d+)")
+    ft = last(r"^#\d+\s+\w+\s+cov: \d+ ft: (\d+)")
+    corp = last(r"^#\d+\s+\w+\s+cov: \d+ ft: \d+ corp: (\d+)")
+    return execs, rate, cov, ft, corp
+
+
+@pytest.mark.timeout(SECONDS + 900)
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_fuzz(target, objects, tmp_path, capsys):
+    cxx, built = objects
+    if cxx is None:
+        which = os.environ.get("RCOLL_FUZZ_CXX") or "clang++"
+        pytest.fail(f"{which} not found: " + INSTALL_HINT, pytrace=False)
+    exe = build(cxx, built, target, tmp_path)
+    corpus = tmp_path / "corpus"
+    shutil.copytree(os.path.join(FUZZ, "corpus", target), corpus)
+    artifacts = tmp_path / "artifacts"
+    artifacts.mkdir()
+    env = dict(os.environ, RCOLL_DEBUG="NONE", UBSAN_OPTIONS="print_stacktrace=1")
+    log_path = tmp_path / (target + ".log")
+    with open(log_path, "w") as log_file:
+        r = subprocess.run([str(exe), f"-max_total_time={SECONDS}", "-timeout=5", "-rss_limit_mb=2048",
+                            "-print_final_stats=1", f"-artifact_prefix={artifacts}/", *OPTIONS.get(target, []),
+                            str(corpus)],
+                           stdout=log_file, stderr=subprocess.STDOUT, env=env, timeout=SECONDS + 600)
+    log = log_path.read_text(errors="replace")
+    execs, rate, cov, ft, corp = final_stats(log)
+    with capsys.disabled():
+        print(f"\n{target}: {execs} inputs in {SECONDS} s ({rate}/s), cov {cov}, ft {ft}, corpus {corp} "
+              f"(exit {r.returncode})")
+    crashes = sorted(p.name for p in artifacts.iterdir())
+    assert r.returncode == 0, (f"{target} found a bug (exit {r.returncode}); inputs kept in {artifacts}: {crashes}\n"
+                               f"{log[-6000:]}")
+    assert execs and execs > 0, f"{target} ran no inputs:\n{log[-3000:]}"
