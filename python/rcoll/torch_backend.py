@@ -330,7 +330,7 @@ class RcollProcessGroup(dist.ProcessGroup):
         return f"RcollProcessGroup(rank={self._rank}, size={self._size}, transport={self._comm.transport!r})"
 
     # -- helpers ------------------------------------------------------------------
-    def _op(self, opts, opname, code):
+    def _op(self, opts, opname):
         reduce_op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
         name = _OP_NAMES.get(getattr(reduce_op, "op", reduce_op))  # ReduceOp wraps a RedOpType
         if name is None:
@@ -352,7 +352,7 @@ class RcollProcessGroup(dist.ProcessGroup):
         staged, works = [], []
         for t in tensors:
             code = _check_tensor(t, self._rank, "allreduce")
-            op = self._op(opts, "allreduce", code)
+            op = self._op(opts, "allreduce")
             s = _Staged(t)
             staged.append(s)
             works.append(self._comm.allreduce(_addr(s.buffer), _addr(s.buffer), s.buffer.numel(), code, op, timeout))
@@ -365,7 +365,7 @@ class RcollProcessGroup(dist.ProcessGroup):
         code = _check_tensor(tensors[0], self._rank, "allreduce_coalesced")
         for t in tensors[1:]:
             _check_tensor(t, self._rank, "allreduce_coalesced")
-        op = self._op(opts, "allreduce_coalesced", code)
+        op = self._op(opts, "allreduce_coalesced")
         # One fused op over a flat copy: far fewer messages for many small tensors.
         flat = _flat(tensors)
         work = self._comm.allreduce(_addr(flat), _addr(flat), flat.numel(), code, op, _timeout_seconds(opts))
@@ -453,7 +453,7 @@ class RcollProcessGroup(dist.ProcessGroup):
         works, staged, keep = [], [], []
         for out, ins in zip(output_tensors, input_tensors):
             code = _check_tensor(out, self._rank, "reduce_scatter")
-            op = self._op(opts, "reduce_scatter", code)
+            op = self._op(opts, "reduce_scatter")
             if len(ins) != self._size or any(t.numel() != out.numel() or t.dtype != out.dtype for t in ins):
                 raise _core.InvalidArgumentError(
                     f"rank {self._rank}: reduce_scatter: needs {self._size} inputs shaped like the output")
@@ -468,7 +468,7 @@ class RcollProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         code = _check_tensor(input, self._rank, "reduce_scatter_tensor")
         _check_tensor(output, self._rank, "reduce_scatter_tensor")
-        op = self._op(opts, "reduce_scatter_tensor", code)
+        op = self._op(opts, "reduce_scatter_tensor")
         if input.numel() != self._size * output.numel() or output.dtype != input.dtype:
             raise _core.InvalidArgumentError(
                 f"rank {self._rank}: reduce_scatter_tensor: input has {input.numel()} {input.dtype} elements, "
@@ -508,7 +508,7 @@ class RcollProcessGroup(dist.ProcessGroup):
         staged, works = [], []
         for t in tensors:
             code = _check_tensor(t, self._rank, "reduce")
-            op = self._op(opts, "reduce", code)
+            op = self._op(opts, "reduce")
             s = _Staged(t)
             staged.append(s)
             # Only the root's tensor receives the result; the others stay as they were.
