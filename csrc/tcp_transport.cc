@@ -12,102 +12,14 @@
 #include <cstring>
 
 #include "log.h"
+#include "peer_listener.h"
 
 namespace rcoll {
 
 namespace {
 
-constexpr uint32_t kHandshakeMagic = 0x53484352;  // "RCHS"
-constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
 constexpr size_t kMaxAbortMessage = 4096;
 constexpr auto kAbortLinger = std::chrono::seconds(2);
-
-#pragma pack(push, 1)
-struct Handshake {
-  uint32_t magic;
-  uint16_t version;
-  uint16_t is_ack;
-  uint32_t src_rank;
-  uint32_t dst_rank;
-  uint64_t comm_id;
-  uint8_t token[16];
-};
-#pragma pack(pop)
-
-Handshake makeHandshake(const ConnectInfo& info, int dst_rank, bool is_ack) {
-  Handshake h{};
-  h.magic = kHandshakeMagic;
-  h.version = kWireVersion;
-  h.is_ack = is_ack ? 1 : 0;
-  h.src_rank = static_cast<uint32_t>(info.rank);
-  h.dst_rank = static_cast<uint32_t>(dst_rank);
-  h.comm_id = info.comm_id;
-  std::memcpy(h.token, info.token, sizeof(h.token));
-  return h;
-}
-
-// Compares tokens in constant time, so that a scanner learns nothing from timing.
-bool sameToken(const uint8_t* a, const uint8_t* b) {
-  uint8_t diff = 0;
-  for (size_t i = 0; i < 16; ++i) diff |= static_cast<uint8_t>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
-// "" if `h` is a valid handshake of our communicator from `expected_src`
-// (-1 = any rank above ours) to us.
-std::string checkHandshake(const Handshake& h, const ConnectInfo& info, int expected_src,
-                           bool want_ack) {
-  if (h.magic != kHandshakeMagic) return "not an rcoll handshake";
-  if (h.version != kWireVersion) {
-    return strFormat("rcoll wire version %u, this rank speaks %u", h.version, kWireVersion);
-  }
-  if ((h.is_ack != 0) != want_ack) return "unexpected handshake direction";
-  if (h.comm_id != info.comm_id || !sameToken(h.token, info.token)) {
-    return "wrong job token (a process of another job or communicator?)";
-  }
-  if (static_cast<int>(h.dst_rank) != info.rank) return "addressed to another rank";
-  int src = static_cast<int>(h.src_rank);
-  if (expected_src >= 0 ? src != expected_src : (src <= info.rank || src >= info.size)) {
-    return strFormat("claims to be rank %d", src);
-  }
-  return "";
-}
-
-// An abort's text comes from the peer, whose 4096-byte cut may split a
-// character (or which may send garbage): keep what is valid UTF-8 and replace
-// every other byte with U+FFFD, since Python cannot raise an exception whose
-// message does not decode (it raised UnicodeDecodeError instead of PeerError).
-std::string validUtf8(const std::string& s) {
-  static const uint32_t kMinCodePoint[] = {0, 0, 0x80, 0x800, 0x10000};  // shorter is an overlong encoding
-  std::string out;
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto lead = static_cast<unsigned char>(s[i]);
-    size_t len = lead < 0x80 ? 1 : (lead >> 5) == 0x6 ? 2 : (lead >> 4) == 0xE ? 3 : (lead >> 3) == 0x1E ? 4 : 0;
-    bool ok = len > 0 && i + len <= s.size();
-    uint32_t cp = len > 1 ? lead & (0x7Fu >> len) : lead;
-    for (size_t k = 1; ok && k < len; ++k) {
-      const auto next = static_cast<unsigned char>(s[i + k]);
-      ok = (next & 0xC0) == 0x80;
-      cp = (cp << 6) | (next & 0x3F);
-    }
-    ok = ok && cp >= kMinCodePoint[len] && cp <= 0x10FFFF && (cp < 0xD800 || cp > 0xDFFF);
-    if (ok) {
-      out.append(s, i, len);
-      i += len;
-    } else {
-      out += "\xEF\xBF\xBD";
-      ++i;
-    }
-  }
-  return out;
-}
-
-ErrorKind errorKindFromWire(uint8_t value) {
-  // A peer's mismatch is a mismatch here too; any other failure of a peer is,
-  // from this rank's point of view, a peer failure.
-  return value == static_cast<uint8_t>(ErrorKind::kMismatch) ? ErrorKind::kMismatch : ErrorKind::kPeer;
-}
 
 }  // namespace
 
@@ -136,37 +48,12 @@ struct TcpTransport::Connection {
   TransportFailure failure;
 };
 
-struct TcpTransport::PendingHandshake {
-  int fd = -1;
-  std::string from;
-  Handshake hello{};
-  size_t got = 0;
-  Deadline deadline;
-};
-
 TcpTransport::TcpTransport(const ConnectInfo& info, const Config& config, const std::string& bind_host)
-    : info_(info), config_(config), connections_(static_cast<size_t>(info.size)) {
-  sockaddr_storage addr{};
-  unsigned len = 0;
-  if (!resolveHost(bind_host, 0, &addr, &len)) {
-    throwError(ErrorKind::kConfig, strFormat("rank %d: cannot resolve the data-socket address '%s'",
-                                             info.rank, bind_host.c_str()));
-  }
-  listen_fd_ = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-      ::listen(listen_fd_, std::max(128, info.size)) != 0) {
-    int err = errno;
-    if (listen_fd_ >= 0) ::close(listen_fd_);
-    throwError(ErrorKind::kConfig, strFormat("rank %d: cannot listen on %s: %s (set RCOLL_SOCKET_IFNAME "
-                                             "to an interface with a usable address)",
-                                             info.rank, bind_host.c_str(), errnoText(err).c_str()));
-  }
-  sockaddr_storage bound{};
-  socklen_t bound_len = sizeof(bound);
-  getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&bound), &bound_len);
-  int port = bound.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port)
-                                        : ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
-  listen_address_ = joinHostPort(bind_host, port);
+    : info_(info),
+      config_(config),
+      listener_(std::make_unique<PeerListener>(info, bind_host, config.socket_buffer_bytes)),
+      connections_(static_cast<size_t>(info.size)) {
+  listen_address_ = listener_->address();
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   RCOLL_INFO("tcp transport listening on %s", listen_address_.c_str());
 }
@@ -179,12 +66,7 @@ TcpTransport::~TcpTransport() {
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
-void TcpTransport::closeListener() {
-  for (auto& p : pending_) ::close(p->fd);
-  pending_.clear();
-  if (listen_fd_ >= 0) ::close(listen_fd_);
-  listen_fd_ = -1;
-}
+void TcpTransport::closeListener() { listener_->close(); }
 
 bool TcpTransport::connected(int peer) const {
   return peer >= 0 && peer < info_.size && connections_[static_cast<size_t>(peer)] != nullptr;
@@ -211,136 +93,16 @@ void TcpTransport::adoptConnectedSocket(int peer, int fd) {
 }
 
 void TcpTransport::connect(int peer, const std::string& address, Deadline deadline) {
-  std::string host;
-  int port = 0;
-  sockaddr_storage addr{};
-  unsigned len = 0;
-  if (!splitHostPort(address, &host, &port) || !resolveHost(host, port, &addr, &len)) {
-    throwError(ErrorKind::kConfig, strFormat("rank %d: rank %d published an unusable address '%s'",
-                                             info_.rank, peer, address.c_str()));
-  }
-  std::string why = "timed out";
-  while (std::chrono::steady_clock::now() < deadline) {
-    int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) throwError(ErrorKind::kPeer, "socket(): " + errnoText(errno));
-    setNoDelay(fd);
-    setBufferSizes(fd, config_.socket_buffer_bytes);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
-      why = errnoText(errno);
-      ::close(fd);
-      ::usleep(50 * 1000);  // the peer listens before it publishes; this is only a transient refusal
-      continue;
-    }
-    Handshake hello = makeHandshake(info_, peer, /*is_ack=*/false);
-    Handshake ack{};
-    if (sendAll(fd, &hello, sizeof(hello), deadline, &why) && recvAll(fd, &ack, sizeof(ack), deadline, &why)) {
-      std::string bad = checkHandshake(ack, info_, peer, /*want_ack=*/true);
-      if (bad.empty()) {
-        adopt(peer, fd);
-        return;
-      }
-      ::close(fd);
-      throwError(ErrorKind::kPeer, strFormat("rank %d: the process at %s is not rank %d of this job: %s",
-                                             info_.rank, address.c_str(), peer, bad.c_str()));
-    }
-    ::close(fd);
-    // The peer dropped us (for example it was still busy); retry until the deadline.
-    ::usleep(50 * 1000);
-  }
-  throwError(ErrorKind::kTimeout, strFormat("rank %d: could not connect to rank %d at %s: %s",
-                                            info_.rank, peer, address.c_str(), why.c_str()));
-}
-
-void TcpTransport::serviceHandshake(PendingHandshake& p, int* accepted_peer) {
-  auto* buf = reinterpret_cast<char*>(&p.hello);
-  while (p.got < sizeof(p.hello)) {
-    ssize_t n = ::recv(p.fd, buf + p.got, sizeof(p.hello) - p.got, MSG_DONTWAIT);
-    if (n > 0) {
-      p.got += static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;  // wait for more
-    RCOLL_WARN("rank %d: dropped a connection from %s that closed before finishing the rcoll handshake",
-               info_.rank, p.from.c_str());
-    ::close(p.fd);
-    p.fd = -1;
-    return;
-  }
-  std::string bad = checkHandshake(p.hello, info_, -1, /*want_ack=*/false);
-  int peer = static_cast<int>(p.hello.src_rank);
-  if (bad.empty() && connected(peer)) bad = strFormat("rank %d is already connected", peer);
-  if (!bad.empty()) {
-    RCOLL_WARN("rank %d: rejected a connection from %s: %s", info_.rank, p.from.c_str(), bad.c_str());
-    ::close(p.fd);
-    p.fd = -1;
-    return;
-  }
-  Handshake ack = makeHandshake(info_, peer, /*is_ack=*/true);
-  std::string why;
-  if (!sendAll(p.fd, &ack, sizeof(ack), std::chrono::steady_clock::now() + kHandshakeTimeout, &why)) {
-    RCOLL_WARN("rank %d: lost rank %d during the handshake: %s", info_.rank, peer, why.c_str());
-    ::close(p.fd);
-    p.fd = -1;
-    return;
-  }
-  adopt(peer, p.fd);
-  p.fd = -1;
-  *accepted_peer = peer;
+  adopt(peer, dialPeer(info_, peer, address, deadline, config_.socket_buffer_bytes));
 }
 
 int TcpTransport::accept(Deadline deadline) {
-  if (listen_fd_ < 0) throwError(ErrorKind::kGeneric, "accept() after closeListener()");
-  std::vector<pollfd> fds;
-  for (;;) {
-    auto now = std::chrono::steady_clock::now();
-    // Drop handshakes that stalled: a slow or silent client must not hold a slot.
-    for (auto& p : pending_) {
-      if (p->fd >= 0 && now >= p->deadline) {
-        RCOLL_WARN("rank %d: dropped a connection from %s that sent no valid handshake within %lld s",
-                   info_.rank, p->from.c_str(),
-                   static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(kHandshakeTimeout).count()));
-        ::close(p->fd);
-        p->fd = -1;
-      }
-    }
-    pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [](const auto& p) { return p->fd < 0; }),
-                   pending_.end());
-    if (now >= deadline) {
-      throwError(ErrorKind::kTimeout,
-                 strFormat("rank %d: timed out waiting for peers to connect (%zu of %d connected)", info_.rank,
-                           static_cast<size_t>(std::count_if(connections_.begin(), connections_.end(),
-                                                             [](const auto& c) { return c != nullptr; })),
-                           info_.size - 1));
-    }
-    fds.clear();
-    fds.push_back({listen_fd_, POLLIN, 0});
-    Deadline wake = deadline;
-    for (auto& p : pending_) {
-      fds.push_back({p->fd, POLLIN, 0});
-      wake = std::min(wake, p->deadline);
-    }
-    int rc = ::poll(fds.data(), fds.size(), std::max(1, millisecondsUntil(wake)));
-    if (rc < 0 && errno != EINTR) throwError(ErrorKind::kGeneric, "poll(): " + errnoText(errno));
-    if (rc <= 0) continue;
-    int accepted = -1;
-    for (size_t i = 1; i < fds.size(); ++i) {
-      if (fds[i].revents != 0) serviceHandshake(*pending_[i - 1], &accepted);
-      if (accepted >= 0) return accepted;
-    }
-    if (fds[0].revents & POLLIN) {
-      int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd >= 0) {
-        auto p = std::make_unique<PendingHandshake>();
-        p->fd = fd;
-        p->from = peerName(fd);
-        p->deadline = std::chrono::steady_clock::now() + kHandshakeTimeout;
-        pending_.push_back(std::move(p));
-        serviceHandshake(*pending_.back(), &accepted);  // the hello often arrives with the SYN's ACK
-        if (accepted >= 0) return accepted;
-      }
-    }
-  }
+  std::vector<bool> connected(static_cast<size_t>(info_.size));
+  for (size_t i = 0; i < connected.size(); ++i) connected[i] = connections_[i] != nullptr;
+  int fd = -1;
+  int peer = listener_->accept(deadline, connected, &fd);
+  adopt(peer, fd);
+  return peer;
 }
 
 TcpTransport::TcpRequest* TcpTransport::newRequest() {
@@ -616,7 +378,7 @@ bool TcpTransport::finishPartialSend(Connection& c, Deadline deadline) {
 void TcpTransport::abortPeers(ErrorKind kind, const std::string& message) {
   if (aborted_) return;
   aborted_ = true;
-  std::string text = message.substr(0, kMaxAbortMessage);
+  std::string text = truncateUtf8(message, kMaxAbortMessage);
   // Bounded: a peer that stopped reading must not hold this rank's failure up.
   Deadline deadline = std::chrono::steady_clock::now() + kAbortLinger;
   for (auto& c : connections_) {
@@ -625,14 +387,7 @@ void TcpTransport::abortPeers(ErrorKind kind, const std::string& message) {
     // payload. A segment already half on the wire is finished first: its buffer
     // is still alive here, because the op has not been failed yet.
     if (!c->socket_broken && finishPartialSend(*c, deadline)) {
-      WireHeader h{};
-      h.magic = kWireMagic;
-      h.version = kWireVersion;
-      h.kind = static_cast<uint8_t>(OpKind::kAbort);
-      h.error_kind = static_cast<uint8_t>(kind);
-      h.src_rank = static_cast<uint32_t>(info_.rank);
-      h.comm_id = info_.comm_id;
-      h.bytes = text.size();
+      WireHeader h = makeAbortHeader(info_, kind, text.size());
       std::string why;
       if (sendAll(c->fd, &h, sizeof(h), deadline, &why)) sendAll(c->fd, text.data(), text.size(), deadline, &why);
     }

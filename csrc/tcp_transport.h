@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "config.h"
+#include "peer_listener.h"
 #include "socket_util.h"
 #include "transport.h"
 
@@ -51,7 +52,6 @@ class TcpTransport : public Transport {
  private:
   struct TcpRequest;
   struct Connection;
-  struct PendingHandshake;
 
   TcpRequest* newRequest();
   Request* post(TcpRequest* r);  // queues r on its connection, or fails it at once
@@ -63,15 +63,13 @@ class TcpTransport : public Transport {
   void failConnection(Connection& c, ErrorKind kind, const std::string& message);
   void finish(TcpRequest* r, Request::State state, const TransportFailure* why);
   bool finishPartialSend(Connection& c, Deadline deadline);
-  void serviceHandshake(PendingHandshake& pending, int* accepted_peer);
 
   ConnectInfo info_;
   Config config_;
-  int listen_fd_ = -1;
+  std::unique_ptr<PeerListener> listener_;
   int wake_fd_ = -1;
   std::string listen_address_;
   std::vector<std::unique_ptr<Connection>> connections_;  // indexed by peer rank
-  std::vector<std::unique_ptr<PendingHandshake>> pending_;
   std::vector<std::unique_ptr<TcpRequest>> requests_;     // owns every request ever made
   std::vector<TcpRequest*> free_requests_;
   bool aborted_ = false;

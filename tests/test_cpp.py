@@ -11,7 +11,7 @@ CSRC = os.path.join(ROOT, "csrc")
 CXX = os.environ.get("CXX", "g++")
 
 CORE = ["algorithms.cc", "communicator.cc", "config.cc", "dtype.cc", "error.cc", "log.cc", "p2p_engine.cc",
-        "pipeline_executor.cc", "reduce_kernels.cc", "socket_util.cc", "tcp_store.cc", "tcp_transport.cc",
+        "peer_listener.cc", "pipeline_executor.cc", "reduce_kernels.cc", "socket_util.cc", "tcp_store.cc", "tcp_transport.cc",
         "wire.cc", "work.cc"]
 UNITS = {
     "test_reduce_kernels": ["reduce_kernels.cc", "dtype.cc", "error.cc"],

@@ -1,0 +1,70 @@
+// Authenticated TCP connections between the ranks of one communicator.
+//
+// Every transport needs the same first step: a socket to each peer whose other
+// end has proved it belongs to this job (the 40-byte handshake carrying the
+// communicator id and the per-job token from the store). The TCP transport
+// then moves data on that socket; the verbs transport uses it to swap queue
+// pair numbers and keeps it as a side channel that sees a dead peer at once
+// and carries abort messages. This file owns that step and nothing else.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "socket_util.h"
+#include "transport.h"
+
+namespace rcoll {
+
+// Listens on `bind_host` at an ephemeral port and hands out sockets of peers
+// that completed a valid handshake. Stray scanners, wrong tokens, garbage and
+// half-sent handshakes are dropped with a WARN, never returned.
+class PeerListener {
+ public:
+  PeerListener(const ConnectInfo& info, const std::string& bind_host, size_t socket_buffer_bytes);
+  ~PeerListener();
+  PeerListener(const PeerListener&) = delete;
+  PeerListener& operator=(const PeerListener&) = delete;
+
+  const std::string& address() const { return address_; }  // "host:port", published in the store
+
+  // Blocks until a higher rank that is not yet in `connected` (indexed by rank)
+  // completes its handshake; returns its rank and a blocking socket in *fd.
+  // Throws RcollError(kTimeout) at `deadline`.
+  int accept(Deadline deadline, const std::vector<bool>& connected, int* fd);
+  void close();  // no more peers will come
+  bool closed() const { return listen_fd_ < 0; }
+
+ private:
+  struct PendingHandshake;
+  bool serviceHandshake(PendingHandshake& pending, const std::vector<bool>& connected, int* peer);
+
+  ConnectInfo info_;
+  size_t socket_buffer_bytes_;
+  int listen_fd_ = -1;
+  std::string address_;
+  std::vector<std::unique_ptr<PendingHandshake>> pending_;
+};
+
+// Connects to `peer` at `address` and completes the handshake; returns a
+// blocking socket. Retries refusals until `deadline` (the peer may not listen
+// yet); throws RcollError(kPeer) if the process there is not that rank of this job.
+int dialPeer(const ConnectInfo& info, int peer, const std::string& address, Deadline deadline,
+             size_t socket_buffer_bytes);
+
+// An abort message's header: kAbort, the sender's ErrorKind and text length.
+WireHeader makeAbortHeader(const ConnectInfo& info, ErrorKind kind, size_t text_bytes);
+
+// What an abort announced by a peer means here: a mismatch stays a mismatch;
+// any other failure of a peer is a peer failure from this rank's point of view.
+ErrorKind errorKindFromWire(uint8_t value);
+
+// A peer's text (cut at some byte count, or garbage) made valid UTF-8: what is
+// valid is kept, every other byte becomes U+FFFD, so Python can raise it.
+std::string validUtf8(const std::string& s);
+
+// `text` cut to at most `max_bytes` without splitting a UTF-8 character.
+std::string truncateUtf8(const std::string& text, size_t max_bytes);
+
+}  // namespace rcoll
