@@ -26,12 +26,14 @@ def _info(_args) -> int:
     print(f"  compiler    {_core.COMPILER}")
     print(f"  dtypes      {', '.join(rcoll.DTYPES)}")
     print(f"  reduce ops  {', '.join(rcoll.REDUCE_OPS)}")
+    from rcoll import cuda as rcuda
     try:
-        import rcoll._cuda  # noqa: F401
-        cuda = "built"
+        from rcoll import _cuda
+        cuda = "built for " + ", ".join(_cuda.built_archs())
     except ImportError:
         cuda = "not built (no nvcc at build time, or a CPU-only build)"
-    print(f"  cuda module {cuda}")
+    ok, why = rcuda.available()
+    print(f"  cuda module {cuda}; {'usable' if ok else 'not usable: ' + why}")
     probe = _core.probe_ibverbs()
     if probe["loaded"]:
         devices = ", ".join(probe["devices"]) or "none"
