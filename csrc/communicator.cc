@@ -13,6 +13,8 @@
 #include "log.h"
 #include "reduce_kernels.h"
 #include "socket_util.h"
+#include "rdma/ib_device.h"
+#include "rdma/verbs_factory.h"
 #include "tcp_transport.h"
 
 namespace rcoll {
@@ -108,6 +110,11 @@ Communicator::~Communicator() {
 
 const char* Communicator::transportName() const { return transport_ ? transport_->name() : "none"; }
 
+void Communicator::invalidateMemory(const void* data, size_t bytes) {
+  if (transport_) transport_->invalidateMemory(data, bytes);
+  if (p2p_) p2p_->transport().invalidateMemory(data, bytes);
+}
+
 void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
   const auto deadline = std::chrono::steady_clock::now() + config_.connect_timeout;
   // Each set of ranks that joins under this name gets its own generation, so a
@@ -160,12 +167,19 @@ void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
   } else {
     bind_host = bind_hint.empty() ? "127.0.0.1" : bind_hint;
   }
-  transport_ = std::make_unique<TcpTransport>(info_, config_, bind_host);
-  // Point-to-point traffic gets its own sockets (p2p_engine.h). Its handshakes
-  // and headers carry a different id, so a stray cross-connection is refused.
+  IbPortChoice ib_port;
+  const bool use_verbs = agreeOnVerbs(store, prefix, deadline, &ib_port);
+  auto makeTransport = [&](const ConnectInfo& connect_info) -> std::unique_ptr<Transport> {
+    if (use_verbs) return makeVerbsTransport(connect_info, config_, bind_host, ib_port);
+    return std::make_unique<TcpTransport>(connect_info, config_, bind_host);
+  };
+  transport_ = makeTransport(info_);
+  // Point-to-point traffic gets its own connections (p2p_engine.h): sockets or
+  // queue pairs. Their handshakes and headers carry a different id, so a stray
+  // cross-connection is refused.
   ConnectInfo p2p_info = info_;
   p2p_info.comm_id = info_.comm_id ^ kPointToPointIdSalt;
-  auto p2p_transport = std::make_unique<TcpTransport>(p2p_info, config_, bind_host);
+  auto p2p_transport = makeTransport(p2p_info);
   store.set(prefix + "addr/" + std::to_string(rank_), toBytes(transport_->listenAddress()));
   store.set(prefix + "p2paddr/" + std::to_string(rank_), toBytes(p2p_transport->listenAddress()));
 
@@ -186,6 +200,41 @@ void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
                                      [this](ErrorKind kind, const std::string& message) {
                                        recordFailure(kind, message);
                                      });
+}
+
+// Every rank publishes whether it can use RDMA (and why not), then reads all
+// the others', so that all ranks reach the same decision: verbs only when every
+// rank has a usable port, otherwise TCP everywhere. Ranks set to
+// RCOLL_TRANSPORT=tcp publish that too, so a mixed setting cannot hang.
+bool Communicator::agreeOnVerbs(Store& store, const std::string& prefix, Deadline deadline, IbPortChoice* port) {
+  std::string mine = "RCOLL_TRANSPORT=tcp on that rank";
+  if (config_.transport != "tcp") {
+    *port = chooseIbPort(config_);
+    mine = port->ok ? "ok" : port->why_not;
+  }
+  if (config_.transport == "ib" && !port->ok) {
+    store.set(prefix + "ib/" + std::to_string(rank_), toBytes(mine));
+    throwError(ErrorKind::kConfig, strFormat("rank %d: RCOLL_TRANSPORT=ib but this rank cannot use RDMA: %s", rank_,
+                                             mine.c_str()));
+  }
+  store.set(prefix + "ib/" + std::to_string(rank_), toBytes(mine));
+  for (int r = 0; r < size_; ++r) {
+    std::string theirs =
+        r == rank_ ? mine
+                   : fromBytes(store.get(prefix + "ib/" + std::to_string(r),
+                                         std::chrono::milliseconds(millisecondsUntil(deadline))));
+    if (theirs == "ok") continue;
+    if (config_.transport == "ib") {
+      throwError(ErrorKind::kConfig, strFormat("rank %d: RCOLL_TRANSPORT=ib but rank %d cannot use RDMA: %s", rank_, r,
+                                               theirs.c_str()));
+    }
+    if (config_.transport == "auto") {
+      RCOLL_INFO("rank %d: using the TCP transport: %s%s", rank_,
+                 r == rank_ ? "" : strFormat("rank %d: ", r).c_str(), theirs.c_str());
+    }
+    return false;
+  }
+  return true;
 }
 
 std::shared_ptr<Work> Communicator::enqueue(OpKind kind, DataType dtype, ReduceOp op, int root, size_t count,

@@ -22,11 +22,13 @@
 #include <vector>
 
 #include "config.h"
+#include "rdma/ib_device.h"
 #include "dtype.h"
 #include "p2p_engine.h"
 #include "pipeline_executor.h"
 #include "schedule.h"
 #include "store.h"
+#include "socket_util.h"
 #include "transport.h"
 #include "wire.h"
 #include "work.h"
@@ -52,6 +54,10 @@ class Communicator {
   int size() const { return size_; }
   uint64_t commId() const { return info_.comm_id; }
   const char* transportName() const;
+  // Thread-safe: [data, data + bytes) is being freed; drops cached RDMA registrations of it.
+  void invalidateMemory(const void* data, size_t bytes);
+  // Whether the transport keeps registrations (the caller should then report frees).
+  bool cachesRegistrations() const { return transport_ && transport_->needsRegistration(); }
   const Config& config() const { return config_; }
   std::chrono::milliseconds defaultTimeout() const { return timeout_; }
 
@@ -120,6 +126,7 @@ class Communicator {
     std::vector<uint64_t> counts;
   };
 
+  bool agreeOnVerbs(Store& store, const std::string& prefix, Deadline deadline, IbPortChoice* port);
   void rendezvous(Store& store, const std::string& bind_hint);
   std::shared_ptr<Work> enqueue(OpKind kind, DataType dtype, ReduceOp op, int root, size_t count,
                                 const void* send, void* recv, std::chrono::milliseconds timeout,

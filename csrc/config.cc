@@ -10,7 +10,8 @@ namespace rcoll {
 const std::vector<ConfigVar>& configVars() {
   static const std::vector<ConfigVar> vars = {
       {"RCOLL_DEBUG", "WARN", "log level: WARN, INFO or TRACE (NONE silences warnings)"},
-      {"RCOLL_TRANSPORT", "auto", "data transport: auto or tcp"},
+      {"RCOLL_TRANSPORT", "auto", "data transport: auto (verbs when every rank has an active RDMA port, "
+                                  "else TCP), ib or tcp"},
       {"RCOLL_SOCKET_IFNAME", "", "network interface whose IPv4 address data sockets bind to "
                                   "(default: the address that reaches the rendezvous store)"},
       {"RCOLL_SOCKET_BUFFER_BYTES", "0", "SO_SNDBUF/SO_RCVBUF for data sockets; 0 keeps the "
@@ -20,6 +21,16 @@ const std::vector<ConfigVar>& configVars() {
       {"RCOLL_PIPELINE_SLOTS", "8", "staging segments that may be in flight per operation"},
       {"RCOLL_CONNECT_TIMEOUT", "300", "seconds to wait for peers during rendezvous"},
       {"RCOLL_TIMEOUT", "1800", "default per-operation timeout in seconds (numpy API)"},
+      {"RCOLL_IB_HCA", "", "RDMA devices/ports to use, NCCL-style: mlx5_0:1,mlx5_1 picks, ^mlx5_1 "
+                           "excludes, =name matches exactly (default: the first active port)"},
+      {"RCOLL_IB_GID_INDEX", "", "RoCE GID index (default: scan the table, prefer RoCE v2 with an "
+                                 "IPv4-mapped address, skip link-local and empty entries)"},
+      {"RCOLL_IB_TIMEOUT", "16", "RC ack timeout exponent: 4.096 us * 2^value per retry (the verbs "
+                                 "RC timeout attribute)"},
+      {"RCOLL_IB_RETRY_CNT", "7", "RC transport retries before a peer is declared unreachable"},
+      {"RCOLL_IB_MR_CACHE_BYTES", "4G", "registered memory the registration cache may keep pinned "
+                                        "while unused; 0 registers per operation"},
+      {"RCOLL_IBVERBS_LIB", "", "libibverbs to dlopen (default: libibverbs.so.1, then libibverbs.so)"},
       {"RCOLL_SHUTDOWN_TIMEOUT", "10", "seconds shutdown() lets pending operations finish before aborting them"},
   };
   return vars;
@@ -87,10 +98,22 @@ Config Config::fromEnvironment() {
   if (const char* v = envOrNull("RCOLL_SOCKET_IFNAME")) config.socket_ifname = v;
   if (const char* v = envOrNull("RCOLL_TRANSPORT")) {
     config.transport = v;
-    if (config.transport != "auto" && config.transport != "tcp") {
-      throwError(ErrorKind::kConfig,
-                 strFormat("RCOLL_TRANSPORT=%s is not supported by this build (use auto or tcp)", v));
+    if (config.transport != "auto" && config.transport != "tcp" && config.transport != "ib") {
+      throwError(ErrorKind::kConfig, strFormat("RCOLL_TRANSPORT=%s is not a transport (use auto, ib or tcp)", v));
     }
+  }
+  if (const char* v = envOrNull("RCOLL_IB_HCA")) config.ib_hca = v;
+  if (const char* v = envOrNull("RCOLL_IB_GID_INDEX")) {
+    config.ib_gid_index = static_cast<int>(parseInt("RCOLL_IB_GID_INDEX", v, 0, 65535));
+  }
+  if (const char* v = envOrNull("RCOLL_IB_TIMEOUT")) {
+    config.ib_timeout = static_cast<int>(parseInt("RCOLL_IB_TIMEOUT", v, 1, 31));
+  }
+  if (const char* v = envOrNull("RCOLL_IB_RETRY_CNT")) {
+    config.ib_retry_cnt = static_cast<int>(parseInt("RCOLL_IB_RETRY_CNT", v, 0, 7));
+  }
+  if (const char* v = envOrNull("RCOLL_IB_MR_CACHE_BYTES")) {
+    config.ib_mr_cache_bytes = parseByteSize("RCOLL_IB_MR_CACHE_BYTES", v);
   }
   if (const char* v = envOrNull("RCOLL_CONNECT_TIMEOUT")) {
     config.connect_timeout = std::chrono::seconds(parseInt("RCOLL_CONNECT_TIMEOUT", v, 1, 86400));

@@ -24,7 +24,12 @@ struct Config {
   int pipeline_slots = 8;                // RCOLL_PIPELINE_SLOTS: staging segments in flight
   size_t socket_buffer_bytes = 0;        // RCOLL_SOCKET_BUFFER_BYTES: 0 = kernel autotuning
   std::string socket_ifname;             // RCOLL_SOCKET_IFNAME: interface for data sockets
-  std::string transport = "auto";        // RCOLL_TRANSPORT: auto|tcp (ib: later)
+  std::string transport = "auto";        // RCOLL_TRANSPORT: auto|ib|tcp
+  std::string ib_hca;                    // RCOLL_IB_HCA: device/port filter (rdma/ib_device.h)
+  int ib_gid_index = -1;                 // RCOLL_IB_GID_INDEX: -1 = choose automatically
+  int ib_timeout = 16;                   // RCOLL_IB_TIMEOUT: RC ack timeout exponent
+  int ib_retry_cnt = 7;                  // RCOLL_IB_RETRY_CNT
+  size_t ib_mr_cache_bytes = size_t{4} << 30;  // RCOLL_IB_MR_CACHE_BYTES: unused registrations kept
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(300)};  // RCOLL_CONNECT_TIMEOUT (s)
 
   // Reads the environment; throws RcollError(kConfig) naming the variable on a bad value.

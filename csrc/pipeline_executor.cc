@@ -25,9 +25,40 @@ PipelineExecutor::PipelineExecutor(Transport& transport, int rank, int size, uin
   slot_memory_ = static_cast<char*>(std::aligned_alloc(64, stride * static_cast<size_t>(num_slots)));
   if (slot_memory_ == nullptr) throwError(ErrorKind::kGeneric, "out of memory for staging segments");
   for (int i = 0; i < num_slots; ++i) free_slots_.push_back(slot_memory_ + stride * static_cast<size_t>(i));
+  if (transport_.needsRegistration()) {
+    slot_registration_ = transport_.registerMemory(slot_memory_, stride * static_cast<size_t>(num_slots));
+  }
 }
 
-PipelineExecutor::~PipelineExecutor() { std::free(slot_memory_); }
+PipelineExecutor::~PipelineExecutor() {
+  if (slot_registration_ != nullptr) transport_.deregisterMemory(slot_registration_);
+  std::free(slot_memory_);
+}
+
+void PipelineExecutor::registerRegions(const Schedule& schedule, std::vector<MemoryHandle>* handles) {
+  regions_.clear();
+  const size_t es = schedule.elem_size;
+  for (const SendStep& s : schedule.sends) {
+    if (s.count > 0) regions_.emplace_back(const_cast<char*>(static_cast<const char*>(s.data)), s.count * es);
+  }
+  for (const RecvStep& r : schedule.recvs) {
+    if (r.reduce_out == nullptr && r.count > 0) regions_.emplace_back(static_cast<char*>(r.direct), r.count * es);
+  }
+  std::sort(regions_.begin(), regions_.end());
+  // Merge overlapping and touching ranges: adjacent segments are one buffer,
+  // and a gap means memory that may not be mapped, which must not be registered.
+  size_t out = 0;
+  for (size_t i = 0; i < regions_.size(); ++i) {
+    if (out > 0 && regions_[i].first <= regions_[out - 1].first + regions_[out - 1].second) {
+      char* end = std::max(regions_[out - 1].first + regions_[out - 1].second, regions_[i].first + regions_[i].second);
+      regions_[out - 1].second = static_cast<size_t>(end - regions_[out - 1].first);
+    } else {
+      regions_[out++] = regions_[i];
+    }
+  }
+  regions_.resize(out);
+  for (auto& region : regions_) handles->push_back(transport_.registerMemory(region.first, region.second));
+}
 
 void PipelineExecutor::cancelAll() {
   // Requests still in flight belong to a failed op; the transport has failed
@@ -119,6 +150,15 @@ void PipelineExecutor::run(const Schedule& schedule, Deadline deadline, std::chr
   const size_t n_sends = schedule.sends.size();
   const size_t n_recvs = schedule.recvs.size();
   recv_done_.assign(n_recvs, 0);
+  // Whole-buffer registrations for transports that need them, released however run() ends.
+  struct Registrations {
+    Transport& transport;
+    std::vector<MemoryHandle> handles;
+    ~Registrations() {
+      for (MemoryHandle h : handles) transport.deregisterMemory(h);
+    }
+  } registrations{transport_, {}};
+  if (transport_.needsRegistration()) registerRegions(schedule, &registrations.handles);
   size_t next_send = 0, next_recv = 0, sends_done = 0, recvs_done = 0;
 
   while (sends_done < n_sends || recvs_done < n_recvs) {

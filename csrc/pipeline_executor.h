@@ -34,6 +34,9 @@ class PipelineExecutor {
   size_t slotBytes() const { return slot_bytes_; }
 
  private:
+  // Registers the memory a schedule touches as few whole regions (segments of
+  // one buffer are adjacent), returning the handles to deregister afterwards.
+  void registerRegions(const Schedule& schedule, std::vector<MemoryHandle>* handles);
   // Processes finished requests (reductions included); true if there were any.
   bool harvest(const Schedule& schedule, size_t* sends_done, size_t* recvs_done);
   [[noreturn]] void fail(const Schedule& schedule, const TransportFailure& failure);
@@ -46,6 +49,8 @@ class PipelineExecutor {
   uint64_t comm_id_;
   size_t slot_bytes_;
   char* slot_memory_ = nullptr;
+  MemoryHandle slot_registration_ = nullptr;
+  std::vector<std::pair<char*, size_t>> regions_;  // scratch of registerRegions()
   std::vector<char*> free_slots_;
 
   // Per-run state, kept as members so that their capacity is reused.

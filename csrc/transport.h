@@ -65,8 +65,14 @@ class Transport {
   virtual bool connected(int peer) const = 0;
 
   // Memory registration (a no-op returning nullptr for transports that need none).
+  // Callers that know which memory an op will touch register it whole, once,
+  // so that the transport's per-segment lookups hit one registration.
+  virtual bool needsRegistration() const { return false; }
   virtual MemoryHandle registerMemory(void* data, size_t bytes) = 0;
   virtual void deregisterMemory(MemoryHandle handle) = 0;
+  // Thread-safe: [data, data + bytes) is about to be freed, so any cached
+  // registration of it must go (see rdma/mr_cache.h). No-op where nothing is cached.
+  virtual void invalidateMemory(const void* /*data*/, size_t /*bytes*/) {}
 
   // Data path: non-blocking. Messages to one peer arrive in the order they were
   // sent; receives from one peer are matched in the order they were posted.

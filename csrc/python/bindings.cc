@@ -15,6 +15,7 @@
 #include "config.h"
 #include "dtype.h"
 #include "error.h"
+#include "rdma/ib_device.h"
 #include "rdma/ibverbs_loader.h"
 #include "socket_util.h"
 #include "tcp_store.h"
@@ -176,6 +177,58 @@ PYBIND11_MODULE(_core, m) {
     d["devices"] = probe.devices;
     return d;
   }, "Tries to dlopen libibverbs and lists the RDMA devices it reports.");
+  m.def("rdma_report", [] {
+    RdmaReport r = describeRdma(Config::fromEnvironment());
+    py::dict d;
+    d["library_loaded"] = r.library_loaded;
+    d["library"] = r.library;
+    d["error"] = r.error;
+    d["selection"] = r.selection;
+    d["gpudirect"] = r.gpudirect;
+    py::list devices;
+    for (const DeviceDescription& dev : r.devices) {
+      py::dict dd;
+      dd["name"] = dev.name;
+      dd["error"] = dev.error;
+      dd["firmware"] = dev.firmware;
+      dd["max_mr_size"] = dev.max_mr_size;
+      dd["max_qp"] = dev.max_qp;
+      dd["max_qp_wr"] = dev.max_qp_wr;
+      dd["max_sge"] = dev.max_sge;
+      dd["max_cqe"] = dev.max_cqe;
+      py::list ports;
+      for (const PortDescription& p : dev.ports) {
+        py::dict pd;
+        pd["port"] = p.port;
+        pd["state"] = p.state;
+        pd["active"] = p.active;
+        pd["link_layer"] = p.link_layer;
+        pd["active_mtu"] = p.active_mtu;
+        pd["lid"] = p.lid;
+        pd["max_msg_size"] = p.max_msg_size;
+        pd["chosen_gid"] = p.chosen_gid;
+        pd["gid_reason"] = p.gid_reason;
+        py::list gids;
+        for (const GidDescription& g : p.gids) {
+          py::dict gd;
+          gd["index"] = g.index;
+          gd["address"] = g.address;
+          gd["type"] = g.type;
+          gd["netdev"] = g.netdev;
+          gd["ipv4_mapped"] = g.ipv4_mapped;
+          gd["link_local"] = g.link_local;
+          gids.append(gd);
+        }
+        pd["gids"] = gids;
+        ports.append(pd);
+      }
+      dd["ports"] = ports;
+      devices.append(dd);
+    }
+    d["devices"] = devices;
+    return d;
+  }, "Everything known about RDMA here: library, devices, ports, GID tables, the port and GID rcoll "
+     "would use and why, and GPUDirect RDMA support.");
 
   m.attr("COMPILER") = py::str(
 #if defined(__clang__)
@@ -306,5 +359,10 @@ PYBIND11_MODULE(_core, m) {
       .def("abort", &Communicator::abort, py::arg("reason") = "", py::call_guard<py::gil_scoped_release>())
       .def("shutdown", [](Communicator& c, double grace) { c.shutdown(toMillis(grace)); }, py::arg("grace") = 0.0,
            py::call_guard<py::gil_scoped_release>())
-      .def("poison_message", &Communicator::poisonMessage);
+      .def("poison_message", &Communicator::poisonMessage)
+      .def_property_readonly("caches_registrations", &Communicator::cachesRegistrations)
+      .def("invalidate_memory", [](Communicator& c, uintptr_t data, size_t bytes) {
+        c.invalidateMemory(reinterpret_cast<const void*>(data), bytes);
+      }, py::call_guard<py::gil_scoped_release>(),
+         "Drops cached RDMA registrations of memory that is being freed.");
 }

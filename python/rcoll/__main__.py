@@ -34,13 +34,7 @@ def _info(_args) -> int:
         cuda = "not built (no nvcc at build time, or a CPU-only build)"
     ok, why = rcuda.available()
     print(f"  cuda module {cuda}; {'usable' if ok else 'not usable: ' + why}")
-    probe = _core.probe_ibverbs()
-    if probe["loaded"]:
-        devices = ", ".join(probe["devices"]) or "none"
-        print(f"  ibverbs     {probe['library']} loaded; devices: {devices}")
-    else:
-        print(f"  ibverbs     not available: {probe['error'] or 'not found'}")
-    print("  transports  tcp")
+    _print_rdma(_core.rdma_report())
     print("environment:")
     for name, default, meaning in _core.config_vars():
         value = os.environ.get(name)
@@ -48,6 +42,41 @@ def _info(_args) -> int:
         print(f"  {name:<26} {shown}")
         print(f"  {'':<26}   {meaning}")
     return 0
+
+
+def _print_rdma(report) -> None:
+    """The RDMA part of `info`: enough to diagnose a RoCE/InfiniBand set-up alone."""
+    transports = "tcp, ib (verbs)" if report["library_loaded"] else "tcp"
+    print(f"  transports  {transports}")
+    print("rdma:")
+    if not report["library_loaded"]:
+        print(f"  ibverbs     not available: {report['error']}")
+    else:
+        print(f"  ibverbs     {report['library']} loaded")
+        if report["error"]:
+            print(f"  devices     {report['error']}")
+    print(f"  selected    {report['selection']}")
+    print(f"  gpudirect   {report['gpudirect']}")
+    for dev in report["devices"]:
+        if dev["error"]:
+            print(f"  device {dev['name']}: {dev['error']}")
+            continue
+        print(f"  device {dev['name']}  firmware {dev['firmware'] or '-'}  max_qp {dev['max_qp']}  "
+              f"max_qp_wr {dev['max_qp_wr']}  max_sge {dev['max_sge']}  max_cqe {dev['max_cqe']}  "
+              f"max_mr_size {dev['max_mr_size']}")
+        for port in dev["ports"]:
+            roce = " (RoCE)" if port["link_layer"] == "Ethernet" else ""
+            print(f"    port {port['port']}  {port['state']}  {port['link_layer']}{roce}  "
+                  f"MTU {port['active_mtu']}  LID {port['lid']}  max_msg {port['max_msg_size']}")
+            for gid in port["gids"]:
+                note = ""
+                if gid["index"] == port["chosen_gid"]:
+                    note = "  <- rcoll uses this one"
+                elif gid["link_local"]:
+                    note = "  (link-local: skipped)"
+                print(f"      GID {gid['index']:<3} {gid['address']:<40} {gid['type'] or '?':<8} "
+                      f"{gid['netdev'] or '':<10}{note}")
+            print(f"      choice: {port['gid_reason']}")
 
 
 def _demo(args) -> int:

@@ -8,6 +8,7 @@ from typing import Optional
 import numpy as np
 
 from . import _core
+from ._registrations import RegistrationTracker
 from ._buffers import address, as_array, dtype_code, reduce_op_code
 from ._environment import resolve
 
@@ -15,12 +16,23 @@ from ._environment import resolve
 class Handle:
     """An operation in flight. wait() returns its result or raises its error."""
 
-    __slots__ = ("_work", "_result", "_keepalive")
+    __slots__ = ("_work", "_result", "_keepalive", "_on_release")
 
-    def __init__(self, work, result, keepalive):
+    def __init__(self, work, result, keepalive, on_release=None):
         self._work = work
         self._result = result
         self._keepalive = keepalive  # the arrays the core reads and writes, alive until done
+        self._on_release = on_release  # runs once the op no longer uses them
+
+    def _release(self):
+        self._keepalive = None
+        if self._on_release is not None:
+            on_release, self._on_release = self._on_release, None
+            on_release()
+
+    def __del__(self):
+        if self._on_release is not None:  # in-use registrations are dropped when their transfer ends
+            self._release()
 
     def wait(self, timeout: Optional[float] = None):
         """Blocks until the op is done (at most `timeout` seconds) and returns its output array.
@@ -32,7 +44,7 @@ class Handle:
             raise _core.TimeoutError(
                 f"op #{self._work.seq} is still running after waiting {timeout} s (it has its own timeout; "
                 f"call wait() again or abort the communicator)")
-        self._keepalive = None
+        self._release()
         return self._result
 
     def is_completed(self) -> bool:
@@ -74,6 +86,8 @@ class Communicator:
             bind_hint = _core.source_address_for(master_addr)
         self._store = store
         self._comm = _core.Communicator(store, rank, world_size, name, float(timeout or 0), bind_hint)
+        self._registrations = (RegistrationTracker(self._comm.invalidate_memory)
+                               if self._comm.caches_registrations else None)
         self.rank = rank
         self.size = world_size
 
@@ -91,7 +105,14 @@ class Communicator:
 
     # -- collectives --------------------------------------------------------------------
     def _run(self, work, result, keepalive, async_op):
-        handle = Handle(work, result, keepalive)
+        on_release = None
+        if self._registrations is not None and keepalive is not None:  # the transport caches registrations
+            arrays = keepalive if isinstance(keepalive, (tuple, list)) else (keepalive,)
+            spans = [span for span in (self._registrations.track(a) for a in arrays if a is not None)
+                     if span is not None]
+            if spans:
+                on_release = self._registrations.forget_later(spans)
+        handle = Handle(work, result, keepalive, on_release)
         return handle if async_op else handle.wait()
 
     def allreduce(self, array, op="sum", *, out=None, async_op=False, timeout=None):

@@ -28,7 +28,8 @@ class RankFailed(RuntimeError):
 
 
 def _child(fn, rank, world_size, port, env, args, results):
-    os.environ.update({k: str(v) for k, v in env.items()})
+    # A list value gives each rank its own setting (cycled): {"RCOLL_IB_HCA": ["rxe0", "rxe1"]}.
+    os.environ.update({k: str(v[rank % len(v)] if isinstance(v, (list, tuple)) else v) for k, v in env.items()})
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from . import _core
+from ._registrations import RegistrationTracker
 
 BACKEND_NAME = "rcoll"
 
@@ -238,8 +239,6 @@ def _check_tensor(t: torch.Tensor, rank: int, opname: str) -> int:
     return code
 
 
-def _addr(t: torch.Tensor) -> int:
-    return t.data_ptr()
 
 
 class _Staged:
@@ -303,8 +302,17 @@ class RcollProcessGroup(dist.ProcessGroup):
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout or 0)
         # torch hands each group its own (prefixed) store, so one name suffices.
         self._comm = _core.Communicator(_core.PythonStore(store), rank, size, "torch", seconds, _bind_hint(store))
+        self._registrations = (RegistrationTracker(self._comm.invalidate_memory)
+                               if self._comm.caches_registrations else None)
 
     # -- identity -----------------------------------------------------------------
+    def _addr(self, t: torch.Tensor) -> int:
+        """The tensor's address for the core; with RDMA, its storage is watched so that
+        cached registrations of it go when it is freed (_registrations.py)."""
+        if self._registrations is not None:
+            self._registrations.track(t)
+        return t.data_ptr()
+
     def getBackendName(self) -> str:
         return BACKEND_NAME
 
@@ -355,7 +363,7 @@ class RcollProcessGroup(dist.ProcessGroup):
             op = self._op(opts, "allreduce")
             s = _Staged(t)
             staged.append(s)
-            works.append(self._comm.allreduce(_addr(s.buffer), _addr(s.buffer), s.buffer.numel(), code, op, timeout))
+            works.append(self._comm.allreduce(self._addr(s.buffer), self._addr(s.buffer), s.buffer.numel(), code, op, timeout))
         return RcollWork(works, list(tensors), _copy_backs(staged), staged)
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -368,7 +376,7 @@ class RcollProcessGroup(dist.ProcessGroup):
         op = self._op(opts, "allreduce_coalesced")
         # One fused op over a flat copy: far fewer messages for many small tensors.
         flat = _flat(tensors)
-        work = self._comm.allreduce(_addr(flat), _addr(flat), flat.numel(), code, op, _timeout_seconds(opts))
+        work = self._comm.allreduce(self._addr(flat), self._addr(flat), flat.numel(), code, op, _timeout_seconds(opts))
 
         def finish():
             offset = 0
@@ -387,7 +395,7 @@ class RcollProcessGroup(dist.ProcessGroup):
             code = _check_tensor(t, self._rank, "broadcast")
             s = _Staged(t)
             staged.append(s)
-            works.append(self._comm.broadcast(_addr(s.buffer), _addr(s.buffer), s.buffer.numel(), code, root, timeout))
+            works.append(self._comm.broadcast(self._addr(s.buffer), self._addr(s.buffer), s.buffer.numel(), code, root, timeout))
         return RcollWork(works, list(tensors), _copy_backs(staged), staged)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -399,7 +407,7 @@ class RcollProcessGroup(dist.ProcessGroup):
             self._check_outputs(outs, inp, "allgather")
             src = inp.contiguous()
             flat = torch.empty(self._size * src.numel(), dtype=src.dtype)
-            works.append(self._comm.allgather(_addr(src), _addr(flat), src.numel(), code, timeout))
+            works.append(self._comm.allgather(self._addr(src), self._addr(flat), src.numel(), code, timeout))
             keep.append((src, flat))
             finishes.append(self._scatter_into(flat, outs))
         return RcollWork(works, output_tensors, lambda: [f() for f in finishes], keep)
@@ -415,7 +423,7 @@ class RcollProcessGroup(dist.ProcessGroup):
                 raise _core.InvalidArgumentError(f"rank {self._rank}: allgather_coalesced: inputs differ in dtype")
         flat_in = _flat(input_list)
         flat_out = torch.empty(self._size * flat_in.numel(), dtype=flat_in.dtype)
-        work = self._comm.allgather(_addr(flat_in), _addr(flat_out), flat_in.numel(), code, _timeout_seconds(opts))
+        work = self._comm.allgather(self._addr(flat_in), self._addr(flat_out), flat_in.numel(), code, _timeout_seconds(opts))
 
         def finish():
             offset = 0
@@ -436,7 +444,7 @@ class RcollProcessGroup(dist.ProcessGroup):
                 f"expected {self._size * input.numel()} {input.dtype}")
         src = input.contiguous()
         dst = _Staged(output)
-        work = self._comm.allgather(_addr(src), _addr(dst.buffer), src.numel(), code, _timeout_seconds(opts))
+        work = self._comm.allgather(self._addr(src), self._addr(dst.buffer), src.numel(), code, _timeout_seconds(opts))
         return RcollWork([work], [output], _copy_backs([dst]), (src, dst))
 
     _allgather_base = all_gather_single
@@ -461,7 +469,7 @@ class RcollProcessGroup(dist.ProcessGroup):
             s = _Staged(out)
             staged.append(s)
             keep.append(flat)
-            works.append(self._comm.reduce_scatter(_addr(flat), _addr(s.buffer), out.numel(), code, op, timeout))
+            works.append(self._comm.reduce_scatter(self._addr(flat), self._addr(s.buffer), out.numel(), code, op, timeout))
         return RcollWork(works, output_tensors, _copy_backs(staged), (staged, keep))
 
     def reduce_scatter_single(self, output, input, opts=None):
@@ -475,7 +483,7 @@ class RcollProcessGroup(dist.ProcessGroup):
                 f"expected {self._size * output.numel()} {output.dtype}")
         src = input.contiguous()
         dst = _Staged(output)
-        work = self._comm.reduce_scatter(_addr(src), _addr(dst.buffer), output.numel(), code, op,
+        work = self._comm.reduce_scatter(self._addr(src), self._addr(dst.buffer), output.numel(), code, op,
                                          _timeout_seconds(opts))
         return RcollWork([work], [output], _copy_backs([dst]), (src, dst))
 
@@ -512,8 +520,8 @@ class RcollProcessGroup(dist.ProcessGroup):
             s = _Staged(t)
             staged.append(s)
             # Only the root's tensor receives the result; the others stay as they were.
-            recv = _addr(s.buffer) if self._rank == root else 0
-            works.append(self._comm.reduce(_addr(s.buffer), recv, s.buffer.numel(), code, op, root, timeout))
+            recv = self._addr(s.buffer) if self._rank == root else 0
+            works.append(self._comm.reduce(self._addr(s.buffer), recv, s.buffer.numel(), code, op, root, timeout))
         return RcollWork(works, list(tensors), _copy_backs(staged), staged)
 
     def gather(self, output_tensors, input_tensors, opts=None):
@@ -529,7 +537,7 @@ class RcollProcessGroup(dist.ProcessGroup):
             self._check_outputs(outs, inp, "gather")
             flat = torch.empty(self._size * src.numel(), dtype=src.dtype)
             finish = self._scatter_into(flat, outs)
-        work = self._comm.gather(_addr(src), _addr(flat) if flat is not None else 0, src.numel(), code, root,
+        work = self._comm.gather(self._addr(src), self._addr(flat) if flat is not None else 0, src.numel(), code, root,
                                  _timeout_seconds(opts))
         return RcollWork([work], output_tensors, finish, (src, flat))
 
@@ -544,7 +552,7 @@ class RcollProcessGroup(dist.ProcessGroup):
             self._check_outputs(ins, out, "scatter")
             flat = _flat(ins)
         dst = _Staged(out)
-        work = self._comm.scatter(_addr(flat) if flat is not None else 0, _addr(dst.buffer), out.numel(), code,
+        work = self._comm.scatter(self._addr(flat) if flat is not None else 0, self._addr(dst.buffer), out.numel(), code,
                                   root, _timeout_seconds(opts))
         return RcollWork([work], output_tensors, _copy_backs([dst]), (flat, dst))
 
@@ -562,7 +570,7 @@ class RcollProcessGroup(dist.ProcessGroup):
         recv_counts = [t.numel() for t in output_tensors]
         flat_in = _flat(input_tensors)
         flat_out = torch.empty(sum(recv_counts), dtype=flat_in.dtype)
-        work = self._comm.alltoall(_addr(flat_in), _addr(flat_out), send_counts, _prefix(send_counts), recv_counts,
+        work = self._comm.alltoall(self._addr(flat_in), self._addr(flat_out), send_counts, _prefix(send_counts), recv_counts,
                                    _prefix(recv_counts), code, _timeout_seconds(opts))
 
         def finish():
@@ -581,7 +589,7 @@ class RcollProcessGroup(dist.ProcessGroup):
         recv_counts = self._split_counts(output, output_split_sizes, "output")
         src = input.contiguous()
         dst = _Staged(output)
-        work = self._comm.alltoall(_addr(src), _addr(dst.buffer), send_counts, _prefix(send_counts), recv_counts,
+        work = self._comm.alltoall(self._addr(src), self._addr(dst.buffer), send_counts, _prefix(send_counts), recv_counts,
                                    _prefix(recv_counts), code, _timeout_seconds(opts))
         return RcollWork([work], [output], _copy_backs([dst]), (src, dst))
 
@@ -608,14 +616,14 @@ class RcollProcessGroup(dist.ProcessGroup):
         t = tensors[0]
         code = _check_tensor(t, self._rank, "send")
         src = t.contiguous()
-        return RcollWork([self._comm.send(_addr(src), src.numel(), code, dst_rank, tag, 0.0)], list(tensors),
+        return RcollWork([self._comm.send(self._addr(src), src.numel(), code, dst_rank, tag, 0.0)], list(tensors),
                          None, src)
 
     def recv(self, tensors, src_rank, tag=0):
         t = tensors[0]
         code = _check_tensor(t, self._rank, "recv")
         dst = _Staged(t)
-        work = self._comm.recv(_addr(dst.buffer), dst.buffer.numel(), code, src_rank, tag, 0.0)
+        work = self._comm.recv(self._addr(dst.buffer), dst.buffer.numel(), code, src_rank, tag, 0.0)
         return RcollWork([work], list(tensors), _copy_backs([dst]), dst)
 
     def recv_anysource(self, tensors, tag=0):

@@ -1,0 +1,137 @@
+// ibverbs implementation of the transport interface (RC queue pairs).
+//
+// Protocol, per pair of ranks (one RC queue pair each way, plus the TCP socket
+// of the handshake, kept as a side channel):
+//   - The receiver owns the destination. irecv() registers the destination
+//     (through the registration cache) and sends the sender a *credit*: a small
+//     control message with the sequence number, address, rkey, length and the
+//     wire header it expects.
+//   - The sender matches credits to its isend()s in order, compares the
+//     expected header with its own, and only then RDMA-WRITEs the payload
+//     straight into the destination; the last write carries the sequence
+//     number as immediate data, which completes the receive. So, as on TCP, a
+//     mismatched op is caught before one payload byte lands in a user buffer:
+//     the sender answers a bad credit with a mismatch message instead.
+//   - Zero-byte messages (the "go" of rooted ops, empty alltoall pairs) are a
+//     control message instead of a zero-length write, which not every provider
+//     handles alike.
+//   - Control messages are SENDs into small pre-posted receive slots; RNR retry
+//     is infinite, so a burst of credits waits for slots instead of failing.
+//   - The side channel sees a dead peer at once (EOF) and carries abort
+//     messages of any length; RC retries catch a dead peer while sending.
+// Device limits (max_qp_wr, max_cqe, max_msg_sz, max_mr_size, active MTU) are
+// read from the device and respected: PVRDMA, rxe and mlx5 differ a lot.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config.h"
+#include "peer_listener.h"
+#include "rdma/ib_device.h"
+#include "transport.h"
+
+struct ibv_context;
+struct ibv_pd;
+struct ibv_cq;
+struct ibv_comp_channel;
+struct ibv_mr;
+struct ibv_qp;
+struct ibv_wc;
+
+namespace rcoll {
+
+class MrCache;
+struct IbvApi;
+
+class VerbsTransport : public Transport {
+ public:
+  // Opens `port` (from chooseIbPort) and listens for handshakes on `bind_host`.
+  VerbsTransport(const ConnectInfo& info, const Config& config, const std::string& bind_host,
+                 const IbPortChoice& port);
+  ~VerbsTransport() override;
+
+  const char* name() const override { return "ib"; }
+  std::string listenAddress() const override { return listener_->address(); }
+  void connect(int peer, const std::string& address, Deadline deadline) override;
+  int accept(Deadline deadline) override;
+  void closeListener() override { listener_->close(); }
+  bool connected(int peer) const override;
+
+  bool needsRegistration() const override { return true; }
+  MemoryHandle registerMemory(void* data, size_t bytes) override;
+  void deregisterMemory(MemoryHandle handle) override;
+  void invalidateMemory(const void* data, size_t bytes) override;
+
+  Request* isend(int peer, const WireHeader& header, const void* data, size_t bytes) override;
+  Request* irecv(int peer, const WireHeader& expected, void* data, size_t bytes) override;
+  void progress(std::chrono::milliseconds timeout) override;
+  TransportFailure failure(Request* request) const override;
+  void release(Request* request) override;
+  void interrupt() override;
+  void abortPeers(ErrorKind kind, const std::string& message) override;
+
+ private:
+  struct WrOwner;
+  struct CtrlSlot;
+  struct VerbsRequest;
+  struct Outgoing;
+  struct Connection;
+
+  void setUpConnection(int peer, int fd, Deadline deadline);
+  VerbsRequest* newRequest();
+  Request* post(VerbsRequest* r);
+  void finish(VerbsRequest* r, Request::State state, const TransportFailure* why);
+  void maybeRecycle(VerbsRequest* r);
+  bool acquireMemory(VerbsRequest* r, bool writable);
+
+  void matchCredits(Connection& c);
+  void flush(Connection& c);
+  bool postCtrl(Connection& c, const Outgoing& item);
+  bool postData(Connection& c, VerbsRequest* r);
+  void postRecvSlot(Connection& c, CtrlSlot& slot);
+
+  int pollCompletions();
+  void onCompletion(const ibv_wc& wc);
+  void onControl(Connection& c, const char* message);
+  void onData(Connection& c, uint64_t seq);
+  void serviceSideChannel(Connection& c);
+  void peerClosed(Connection& c);
+  void failConnection(Connection& c, ErrorKind kind, const std::string& message);
+  std::string completionError(const Connection& c, const ibv_wc& wc) const;
+
+  const IbvApi& api_;
+  ConnectInfo info_;
+  Config config_;
+  IbPortChoice port_;
+  std::unique_ptr<PeerListener> listener_;
+  ibv_context* context_ = nullptr;
+  ibv_pd* pd_ = nullptr;
+  ibv_comp_channel* channel_ = nullptr;
+  ibv_cq* cq_ = nullptr;
+  unsigned unacked_cq_events_ = 0;
+  char* ctrl_memory_ = nullptr;  // every connection's control slots, registered once
+  ibv_mr* ctrl_mr_ = nullptr;
+  std::unique_ptr<MrCache> mr_cache_;
+  int wake_fd_ = -1;
+
+  // From the device and port.
+  int active_mtu_ = 0;         // ibv_mtu enum value
+  uint16_t lid_ = 0;
+  uint8_t gid_[16] = {};
+  uint64_t max_msg_bytes_ = 0; // largest single RDMA write
+  uint64_t max_mr_bytes_ = 0;
+  int sq_depth_ = 0;
+  int recv_slots_ = 0;
+  int send_slots_ = 0;
+
+  std::vector<std::unique_ptr<Connection>> connections_;  // indexed by peer rank
+  std::vector<std::unique_ptr<VerbsRequest>> requests_;    // owns every request ever made
+  std::vector<VerbsRequest*> free_requests_;
+  bool aborted_ = false;
+  bool progressed_ = false;  // a request finished since progress() started
+};
+
+}  // namespace rcoll

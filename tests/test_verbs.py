@@ -1,0 +1,204 @@
+"""The ibverbs transport, for real: these run inside the Soft-RoCE guest
+(scripts/softroce/guest.py; tests/test_softroce_guest.py starts it), where
+rxe0 and rxe1 are RoCE v2 devices on the two ends of a veth pair.
+
+Ranks alternate between rxe0 and rxe1 (RCOLL_IB_HCA per rank), so every ring
+edge between neighbours crosses the veth as RoCE v2 packets.
+"""
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from rcoll import _core, spawn
+
+import collective_workers as cw
+import error_workers as ew
+import verbs_workers as vw
+from conftest import SMALL_CHUNKS
+
+IN_GUEST = os.environ.get("RCOLL_SOFTROCE_GUEST") == "1"  # set by scripts/softroce/guest.py
+
+pytestmark = [
+    pytest.mark.skipif(not IN_GUEST, reason="needs the Soft-RoCE guest (run through test_softroce_guest.py)"),
+    pytest.mark.timeout(900),
+]
+
+IB = {"RCOLL_TRANSPORT": "ib", "RCOLL_IB_HCA": ["rxe0", "rxe1"]}
+
+
+def _ib(**extra):
+    env = dict(IB)
+    env.update(extra)
+    return env
+
+
+def _check(results):
+    for rank, (cases, failures) in enumerate(results):
+        assert cases > 0
+        assert failures == [], f"rank {rank}: {len(failures)} failures, first: {failures[:5]}"
+
+
+PYVERBS_LISTING = r"""
+import json
+import pyverbs.device as d
+from pyverbs.enums import IBV_LINK_LAYER_ETHERNET
+out = []
+for dev in d.get_device_list():
+    name = dev.name.decode()
+    with d.Context(name=name) as ctx:
+        attr = ctx.query_device()
+        ports = []
+        for p in range(1, attr.phys_port_cnt + 1):
+            pa = ctx.query_port(p)
+            gids = []
+            for i in range(pa.gid_tbl_len):
+                try:
+                    g = ctx.query_gid(p, i)
+                except Exception:
+                    continue
+                if str(g) in ("0000:0000:0000:0000:0000:0000:0000:0000", "::"):
+                    continue
+                try:
+                    t = ctx.query_gid_type(p, i)
+                except Exception:
+                    t = None
+                gids.append({"index": i, "gid": str(g), "type": t})
+            ports.append({"port": p, "state": pa.state, "mtu": pa.active_mtu,
+                          "ethernet": pa.link_layer == IBV_LINK_LAYER_ETHERNET, "gids": gids})
+        out.append({"name": name, "max_qp_wr": attr.max_qp_wr, "max_mr_size": attr.max_mr_size, "ports": ports})
+print(json.dumps(out))
+"""
+
+
+def test_rcoll_sees_what_pyverbs_sees():
+    """Devices, ports, limits and GID tables as rcoll reports them (`python -m rcoll info`)
+    agree with pyverbs (rdma-core's own Python binding, under Debian's python3)."""
+    theirs = json.loads(subprocess.run(["/usr/bin/python3", "-c", PYVERBS_LISTING], check=True,
+                                       capture_output=True, text=True, timeout=60).stdout)
+    mine = _core.rdma_report()
+    assert mine["library_loaded"], mine["error"]
+    assert sorted(d["name"] for d in mine["devices"]) == sorted(d["name"] for d in theirs)
+    assert {"rxe0", "rxe1"} <= {d["name"] for d in theirs}
+    for ref in theirs:
+        dev = next(d for d in mine["devices"] if d["name"] == ref["name"])
+        assert dev["max_qp_wr"] == ref["max_qp_wr"]
+        assert dev["max_mr_size"] == ref["max_mr_size"]
+        for ref_port, port in zip(ref["ports"], dev["ports"]):
+            assert port["port"] == ref_port["port"]
+            assert port["active"] == (ref_port["state"] == 4)  # IBV_PORT_ACTIVE
+            assert port["link_layer"] == ("Ethernet" if ref_port["ethernet"] else "InfiniBand")
+            assert [g["index"] for g in port["gids"]] == [g["index"] for g in ref_port["gids"]]
+            for g, rg in zip(port["gids"], ref_port["gids"]):
+                # pyverbs prints GIDs as eight groups of four hex digits.
+                assert bytes.fromhex(rg["gid"].replace(":", "")) == _gid_bytes(g["address"])
+                if rg["type"] is not None and ref_port["ethernet"]:
+                    # pyverbs reports libibverbs' sysfs GID type: 0 = IB/RoCE v1, 1 = RoCE v2.
+                    assert g["type"] == ("RoCE v2" if rg["type"] == 1 else "RoCE v1"), (g, rg)
+
+
+def _gid_bytes(text):
+    import ipaddress
+    return ipaddress.IPv6Address(text).packed
+
+
+def test_gid_auto_selection_picks_roce_v2_ipv4():
+    report = _core.rdma_report()
+    for dev in report["devices"]:
+        if dev["name"] not in ("rxe0", "rxe1"):
+            continue
+        port = dev["ports"][0]
+        chosen = next(g for g in port["gids"] if g["index"] == port["chosen_gid"])
+        assert chosen["type"] == "RoCE v2" and chosen["ipv4_mapped"], port
+        assert not chosen["link_local"]
+        assert "RoCE v2 with an IPv4-mapped address" in port["gid_reason"]
+        # A link-local entry exists and is passed over.
+        assert any(g["link_local"] for g in port["gids"]), port["gids"]
+    assert report["selection"].startswith("rxe"), report["selection"]
+
+
+def test_gid_index_override_is_respected(monkeypatch):
+    monkeypatch.setenv("RCOLL_IB_GID_INDEX", "0")
+    port = next(d for d in _core.rdma_report()["devices"] if d["name"] == "rxe0")["ports"][0]
+    assert port["chosen_gid"] == 0 and "RCOLL_IB_GID_INDEX=0" in port["gid_reason"]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_transport_is_verbs(world):
+    assert spawn.run(vw.transport_of, world, timeout=120, env=IB) == ["ib"] * world
+
+
+def test_auto_uses_verbs_when_every_rank_has_a_port():
+    env = {"RCOLL_TRANSPORT": "auto", "RCOLL_IB_HCA": ["rxe0", "rxe1"]}
+    assert spawn.run(vw.transport_of, 2, timeout=120, env=env) == ["ib", "ib"]
+
+
+def test_auto_falls_back_to_tcp_when_a_rank_has_no_active_device():
+    env = {"RCOLL_TRANSPORT": "auto", "RCOLL_IB_HCA": ["rxe0", "no_such_device"]}
+    assert spawn.run(vw.transport_of, 2, timeout=120, env=env) == ["tcp", "tcp"]
+
+
+def test_ib_without_a_device_is_a_clear_error():
+    env = {"RCOLL_TRANSPORT": "ib", "RCOLL_IB_HCA": ["rxe0", "no_such_device"]}
+    results = spawn.run(vw.transport_of, 2, timeout=120, env=env, allow_failures=True)
+    for rank, (status, text) in enumerate(results):
+        assert status == "error" and "ConfigError" in text, text
+        assert "RCOLL_TRANSPORT=ib" in text and "rank 1" in text and "no usable ACTIVE port" in text, text
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_allreduce_matrix_over_verbs(world):
+    _check(spawn.run(cw.allreduce_sweep, world, timeout=900, env=_ib(**SMALL_CHUNKS)))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("sweep", ["reduce_scatter_sweep", "allgather_sweep", "broadcast_sweep", "reduce_sweep",
+                                   "gather_sweep", "scatter_sweep", "alltoall_sweep"])
+def test_collective_matrix_over_verbs(world, sweep):
+    _check(spawn.run(getattr(cw, sweep), world, timeout=900, env=_ib(**SMALL_CHUNKS)))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_large_buffers_over_verbs(world):
+    _check(spawn.run(cw.large_sweep, world, timeout=900, env=IB))
+
+
+def test_point_to_point_over_verbs():
+    _check(spawn.run(cw.point_to_point, 2, timeout=300, env=IB))
+
+
+def test_registration_cache_survives_freed_and_reused_buffers():
+    assert spawn.run(vw.buffer_reuse_and_free, 2, timeout=600, env=IB) == [True, True]
+
+
+@pytest.mark.parametrize("kind", ["count", "dtype"])
+def test_mismatch_over_verbs(kind):
+    results = spawn.run(ew.mismatch, 2, kind, timeout=120, env=IB)
+    for rank, (name, message, seconds) in enumerate(results):
+        assert name == "MismatchError", (rank, message)
+        assert "as op #1" in message and message.startswith(f"rank {rank}: "), message
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_peer_killed_mid_collective(world):
+    results = spawn.run(vw.killed_mid_collective, world, timeout=180, env=IB, allow_failures=True)
+    dead = world - 1
+    assert results[dead][0] == "error" and "exit code 3" in results[dead][1]
+    for rank in range(dead):
+        name, message, seconds = results[rank]
+        assert name == "PeerError", (rank, message)
+        assert f"rank {dead}" in message and "allreduce(float32, count=1048576, op=sum)" in message, message
+        assert seconds < 30, seconds  # detected (side channel or RC retries), not the 60 s timeout
+
+
+def test_torch_backend_over_verbs():
+    torch = pytest.importorskip("torch")
+    import torch_workers as tw
+    del torch
+    _check(spawn.run(tw.all_reduce_matrix, 2, timeout=600, env=IB))
+    mine = spawn.run(tw.ddp_training, 2, "rcoll", 3, None, False, timeout=600, env=IB)
+    gloo = spawn.run(tw.ddp_training, 2, "gloo", 3, None, False, timeout=600)
+    for a, b in zip(mine[0][0], gloo[0][0]):
+        np.testing.assert_array_equal(a, b)

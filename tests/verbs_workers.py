@@ -1,0 +1,55 @@
+"""Rank bodies for the verbs tests (tests/test_verbs.py), run inside the Soft-RoCE guest."""
+import gc
+import time
+
+import numpy as np
+
+import rcoll
+
+
+def transport_of(rank, world):
+    comm = rcoll.init(timeout=60)
+    x = np.full(1000, rank + 1, np.float32)
+    comm.allreduce(x)
+    assert (x == world * (world + 1) / 2).all()
+    return comm.transport
+
+
+def buffer_reuse_and_free(rank, world, rounds=30):
+    """The registration cache: the same buffer every step (hits), then buffers freed
+    and re-allocated at once, so that addresses are reused by other pages."""
+    comm = rcoll.init(timeout=120)
+    expect = world * (world + 1) / 2
+    bucket = np.zeros(300_000, np.float32)
+    for i in range(rounds):
+        bucket[:] = rank + 1 + i
+        comm.allreduce(bucket)
+        assert (bucket == expect + world * i).all(), i
+    for i in range(rounds):
+        fresh = np.full(250_000 + 1000 * (i % 3), rank + 1 + i, np.float64)  # malloc reuses freed chunks
+        comm.allreduce(fresh)
+        assert (fresh == expect + world * i).all(), i
+        del fresh
+        gc.collect()
+    # Memory the Python layer cannot watch (a bytearray) is dropped after each op.
+    for i in range(5):
+        raw = bytearray(np.full(4096, rank + i, np.int32).tobytes())
+        view = np.frombuffer(raw, np.int32)
+        comm.allreduce(view)
+        assert (view == sum(range(world)) + world * i).all()
+    return True
+
+
+def killed_mid_collective(rank, world):
+    comm = rcoll.init(timeout=60)
+    comm.allreduce(np.ones(10, np.float32))
+    if rank == world - 1:
+        import os
+        os._exit(3)
+    time.sleep(0.3)
+    start = time.monotonic()
+    try:
+        comm.allreduce(np.ones(1 << 20, np.float32))
+    except rcoll.RcollError as exc:
+        return type(exc).__name__, str(exc), time.monotonic() - start
+    return "no error", "", 0.0
