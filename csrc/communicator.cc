@@ -92,6 +92,12 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, con
     executor_ = std::make_unique<PipelineExecutor>(*transport_, rank_, size_, info_.comm_id,
                                                    config_.chunk_bytes + max_elem, config_.pipeline_slots);
   }
+  timeline_ = Timeline::fromEnvironment(rank_);
+  if (timeline_) {
+    if (executor_) executor_->setTimeline(timeline_.get());
+    if (p2p_) p2p_->setTimeline(timeline_.get());
+    RCOLL_INFO("rank %d: writing the timeline to %s", rank_, timeline_->path().c_str());
+  }
   if (p2p_) p2p_->start();
   thread_ = std::thread([this] { progressLoop(); });
   RCOLL_INFO("communicator '%s' ready: rank %d of %d, transport %s, timeout %.0f s, %s", name_.c_str(), rank_,
@@ -293,7 +299,8 @@ std::shared_ptr<Work> Communicator::enqueue(OpKind kind, DataType dtype, ReduceO
   desc.seq = next_seq_++;
   auto work = std::make_shared<Work>(desc.seq);
   queue_.push_back({desc, static_cast<const char*>(send), static_cast<char*>(recv),
-                    timeout.count() > 0 ? timeout : timeout_, work, std::move(counts)});
+                    timeout.count() > 0 ? timeout : timeout_, work, std::move(counts),
+                    std::chrono::steady_clock::now()});
   queue_cv_.notify_one();
   return work;
 }
@@ -576,10 +583,13 @@ void Communicator::progressLoop() {
                                                   static_cast<unsigned long long>(op.desc.seq), earlier.c_str()));
       continue;
     }
+    const auto start = std::chrono::steady_clock::now();
     try {
       runOp(op);
+      if (timeline_) recordTimeline(op, start, "done");
       op.work->markDone();
     } catch (const std::exception& e) {
+      if (timeline_) recordTimeline(op, start, "failed");
       const auto* rcoll_error = dynamic_cast<const RcollError*>(&e);
       ErrorKind kind = rcoll_error ? rcoll_error->kind() : ErrorKind::kGeneric;
       std::string message = rcoll_error ? std::string(e.what())
@@ -600,6 +610,26 @@ void Communicator::progressLoop() {
       tellPeers();
       op.work->markFailed(kind, message);
     }
+  }
+}
+
+// One row per op: the op's slice, with "queue", "wait for peers" and
+// "transfer" inside it (the executor adds the "reduce" slices).
+void Communicator::recordTimeline(const Op& op, std::chrono::steady_clock::time_point start, const char* outcome) {
+  const auto end = std::chrono::steady_clock::now();
+  const std::string args = strFormat("\"op\": \"%s\", \"seq\": %llu, \"bytes\": %zu, \"outcome\": \"%s\"",
+                                     jsonEscape(describeOp(op.desc)).c_str(),
+                                     static_cast<unsigned long long>(op.desc.seq),
+                                     op.desc.count * elementSize(op.desc.dtype), outcome);
+  timeline_->slice(0, strFormat("%s #%llu", opKindName(op.desc.kind), static_cast<unsigned long long>(op.desc.seq)),
+                   "op", op.enqueued, end, args);
+  timeline_->slice(0, "queue", "queue", op.enqueued, start);
+  const auto first = executor_ ? executor_->firstCompletion() : std::chrono::steady_clock::time_point{};
+  if (first > start && first <= end) {
+    timeline_->slice(0, "wait for peers", "wait", start, first);
+    timeline_->slice(0, "transfer", "transfer", first, end);
+  } else {
+    timeline_->slice(0, "local", "transfer", start, end);  // world 1, or nothing to exchange
   }
 }
 
@@ -628,7 +658,13 @@ void Communicator::stopThread() {
   queue_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   if (p2p_) p2p_->stop();
+  // Both threads are gone, so nothing writes to the timeline any more: close it.
   std::lock_guard<std::mutex> lock(mutex_);
+  if (timeline_) {
+    if (executor_) executor_->setTimeline(nullptr);
+    if (p2p_) p2p_->setTimeline(nullptr);
+    timeline_.reset();
+  }
   closed_ = true;
 }
 

@@ -28,6 +28,7 @@
 #include "pipeline_executor.h"
 #include "schedule.h"
 #include "store.h"
+#include "timeline.h"
 #include "socket_util.h"
 #include "transport.h"
 #include "wire.h"
@@ -124,6 +125,7 @@ class Communicator {
     // alltoall: send_counts, send_displs, recv_counts, recv_displs (size each),
     // copied: the caller's vectors are gone by the time the op runs.
     std::vector<uint64_t> counts;
+    std::chrono::steady_clock::time_point enqueued;
   };
 
   bool agreeOnVerbs(Store& store, const std::string& prefix, Deadline deadline, IbPortChoice* port);
@@ -133,6 +135,7 @@ class Communicator {
                                 std::vector<uint64_t> counts = {});
   void progressLoop();
   void runOp(const Op& op);
+  void recordTimeline(const Op& op, std::chrono::steady_clock::time_point start, const char* outcome);
   // Thread-safe: records the first failure (sticky), fails the p2p engine with
   // it and wakes the collective thread, which tells its peers (tellPeers).
   void recordFailure(ErrorKind kind, const std::string& message);
@@ -145,6 +148,7 @@ class Communicator {
   Config config_;
   std::chrono::milliseconds timeout_;
   ConnectInfo info_;
+  std::unique_ptr<Timeline> timeline_;  // RCOLL_TIMELINE; outlives the executor and p2p engine below
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<P2PEngine> p2p_;   // own sockets and thread; none in a world of size 1

@@ -31,6 +31,8 @@ const std::vector<ConfigVar>& configVars() {
       {"RCOLL_IB_MR_CACHE_BYTES", "4G", "registered memory the registration cache may keep pinned "
                                         "while unused; 0 registers per operation"},
       {"RCOLL_IBVERBS_LIB", "", "libibverbs to dlopen (default: libibverbs.so.1, then libibverbs.so)"},
+      {"RCOLL_TIMELINE", "", "write a Chrome trace of every op (queue, wait for peers, transfer, reduce) to "
+                             "<value>.rank<N>.json; open in chrome://tracing or ui.perfetto.dev"},
       {"RCOLL_SHUTDOWN_TIMEOUT", "10", "seconds shutdown() lets pending operations finish before aborting them"},
   };
   return vars;

@@ -76,7 +76,8 @@ std::shared_ptr<Work> P2PEngine::enqueue(bool is_send, char* data, size_t count,
   m.data = data;
   m.bytes = count * elementSize(dtype);
   m.timeout = timeout;
-  m.deadline = std::chrono::steady_clock::now() + timeout;
+  m.issued = std::chrono::steady_clock::now();
+  m.deadline = m.issued + timeout;
   std::shared_ptr<Work> work;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -175,6 +176,10 @@ void P2PEngine::loop() {
       Message& m = *it;
       if (m.request->state == Request::State::kDone) {
         transport_->release(m.request);
+        if (timeline_ != nullptr) {
+          timeline_->slice(1, describe(m), m.is_send ? "send" : "recv", m.issued, now,
+                           strFormat("\"bytes\": %zu", m.bytes));
+        }
         m.work->markDone();
         it = active_.erase(it);
         continue;

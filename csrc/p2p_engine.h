@@ -24,6 +24,7 @@
 
 #include "dtype.h"
 #include "socket_util.h"
+#include "timeline.h"
 #include "transport.h"
 #include "wire.h"
 #include "work.h"
@@ -43,6 +44,7 @@ class P2PEngine {
 
   Transport& transport() { return *transport_; }
   void start();  // after the transport's connections are up
+  void setTimeline(Timeline* timeline) { timeline_ = timeline; }  // before start()
 
   // `timeout` bounds the message from the moment it is issued.
   std::shared_ptr<Work> send(const void* data, size_t count, DataType dtype, int peer, int tag,
@@ -64,6 +66,7 @@ class P2PEngine {
     char* data;
     size_t bytes;
     Deadline deadline;
+    Deadline issued;
     std::chrono::milliseconds timeout;
     std::shared_ptr<Work> work;
     Request* request = nullptr;
@@ -93,6 +96,7 @@ class P2PEngine {
   std::thread thread_;
 
   std::vector<Message> active_;  // engine thread only: posted, not finished
+  Timeline* timeline_ = nullptr;  // RCOLL_TIMELINE, owned by the communicator
 };
 
 }  // namespace rcoll

@@ -116,10 +116,16 @@ bool PipelineExecutor::harvest(const Schedule& schedule, size_t* sends_done, siz
     }
     if (f.request->state == Request::State::kFailed) fail(schedule, transport_.failure(f.request));
     const RecvStep& step = schedule.recvs[static_cast<size_t>(f.index)];
+    if (first_completion_ == std::chrono::steady_clock::time_point{}) first_completion_ = std::chrono::steady_clock::now();
     if (f.slot != nullptr) {
+      const auto reduce_start = timeline_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       reduceInto(step.reduce_out, step.reduce_in, f.slot, step.count, schedule.op.dtype, schedule.op.reduce_op);
       if (step.divide_after) scaleDivide(step.reduce_out, step.count, schedule.op.dtype, static_cast<size_t>(size_));
       free_slots_.push_back(f.slot);
+      if (timeline_ != nullptr) {
+        timeline_->slice(0, "reduce", "reduce", reduce_start, std::chrono::steady_clock::now(),
+                         strFormat("\"elements\": %zu, \"from\": %d", step.count, step.peer));
+      }
     }
     recv_done_[static_cast<size_t>(f.index)] = 1;
     ++*recvs_done;
@@ -135,6 +141,7 @@ bool PipelineExecutor::harvest(const Schedule& schedule, size_t* sends_done, siz
       continue;
     }
     if (f.request->state == Request::State::kFailed) fail(schedule, transport_.failure(f.request));
+    if (first_completion_ == std::chrono::steady_clock::time_point{}) first_completion_ = std::chrono::steady_clock::now();
     ++*sends_done;
     transport_.release(f.request);
     f = sends_in_flight_.back();
@@ -150,6 +157,7 @@ void PipelineExecutor::run(const Schedule& schedule, Deadline deadline, std::chr
   const size_t n_sends = schedule.sends.size();
   const size_t n_recvs = schedule.recvs.size();
   recv_done_.assign(n_recvs, 0);
+  first_completion_ = {};
   // Whole-buffer registrations for transports that need them, released however run() ends.
   struct Registrations {
     Transport& transport;

@@ -16,6 +16,7 @@
 
 #include "schedule.h"
 #include "socket_util.h"
+#include "timeline.h"
 #include "transport.h"
 
 namespace rcoll {
@@ -32,6 +33,10 @@ class PipelineExecutor {
            const std::atomic<bool>& abort_flag);
 
   size_t slotBytes() const { return slot_bytes_; }
+
+  // RCOLL_TIMELINE: reductions become slices; firstCompletion() dates the end of "wait for peers".
+  void setTimeline(Timeline* timeline) { timeline_ = timeline; }
+  std::chrono::steady_clock::time_point firstCompletion() const { return first_completion_; }
 
  private:
   // Registers the memory a schedule touches as few whole regions (segments of
@@ -50,6 +55,8 @@ class PipelineExecutor {
   size_t slot_bytes_;
   char* slot_memory_ = nullptr;
   MemoryHandle slot_registration_ = nullptr;
+  Timeline* timeline_ = nullptr;
+  std::chrono::steady_clock::time_point first_completion_{};
   std::vector<std::pair<char*, size_t>> regions_;  // scratch of registerRegions()
   std::vector<char*> free_slots_;
 

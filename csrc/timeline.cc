@@ -1,0 +1,73 @@
+#include "timeline.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "error.h"
+
+namespace rcoll {
+
+std::unique_ptr<Timeline> Timeline::fromEnvironment(int rank) {
+  const char* base = std::getenv("RCOLL_TIMELINE");
+  if (base == nullptr || *base == '\0') return nullptr;
+  return std::make_unique<Timeline>(strFormat("%s.rank%d.json", base, rank), rank);
+}
+
+Timeline::Timeline(const std::string& path, int rank)
+    : path_(path), rank_(rank), steady_origin_(Clock::now()) {
+  wall_origin_us_ = std::chrono::duration_cast<std::chrono::microseconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count();
+  file_ = std::fopen(path_.c_str(), "w");
+  if (file_ == nullptr) {
+    throwError(ErrorKind::kConfig, strFormat("RCOLL_TIMELINE: cannot create %s", path_.c_str()));
+  }
+  std::fprintf(file_, "[\n");
+  // Names for the process and its two rows in the viewer.
+  std::fprintf(file_, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d\"}},\n"
+                      "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": "
+                      "\"collectives\"}},\n"
+                      "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 1, \"args\": {\"name\": "
+                      "\"send/recv\"}}",
+               rank_, rank_, rank_, rank_);
+  first_ = false;
+}
+
+Timeline::~Timeline() {
+  if (file_ == nullptr) return;
+  std::fprintf(file_, "\n]\n");
+  std::fclose(file_);
+}
+
+long long Timeline::micros(Clock::time_point t) const {
+  return wall_origin_us_ + std::chrono::duration_cast<std::chrono::microseconds>(t - steady_origin_).count();
+}
+
+void Timeline::slice(int row, const std::string& name, const char* category, Clock::time_point start,
+                     Clock::time_point end, const std::string& args) {
+  const long long ts = micros(start);
+  const long long dur = std::max<long long>(0, micros(end) - ts);
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::fprintf(file_, "%s{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, "
+                      "\"ts\": %lld, \"dur\": %lld, \"args\": {%s}}",
+               first_ ? "" : ",\n", jsonEscape(name).c_str(), category, rank_, row, ts, dur, args.c_str());
+  first_ = false;
+}
+
+std::string jsonEscape(const std::string& text) {
+  std::string out;
+  for (char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (c < 0x20) {
+      out += strFormat("\\u%04x", c);
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+}  // namespace rcoll

@@ -1,0 +1,35 @@
+"""RCOLL_TIMELINE writes a Chrome trace per rank that parses and holds the ops that ran."""
+import json
+
+from rcoll import spawn
+
+import timeline_workers as w
+
+
+def test_timeline_holds_every_op_with_its_phases(tmp_path):
+    base = tmp_path / "trace"
+    assert spawn.run(w.some_ops, 2, timeout=60, env={"RCOLL_TIMELINE": str(base)}) == [True, True]
+    for rank in range(2):
+        events = json.loads((tmp_path / f"trace.rank{rank}.json").read_text())  # strict JSON: the array is closed
+        slices = [e for e in events if e["ph"] == "X"]
+        assert all(e["pid"] == rank for e in events)
+        ops = {e["name"]: e for e in slices if e["cat"] == "op"}
+        assert set(ops) == {"allreduce #1", "allgather #2", "barrier #3"}, sorted(ops)
+        assert ops["allreduce #1"]["args"]["op"] == "allreduce(float32, count=262144, op=sum)"
+        assert ops["allreduce #1"]["args"]["bytes"] == 4 << 18
+        assert all(op["args"]["outcome"] == "done" and op["tid"] == 0 for op in ops.values())
+        # Phases nest inside their op, in order: queue, wait for peers, transfer.
+        for op in ops.values():
+            start, end = op["ts"], op["ts"] + op["dur"]
+            inside = [e for e in slices if e["cat"] != "op" and e["tid"] == 0 and start <= e["ts"] <= end]
+            names = [e["name"] for e in sorted(inside, key=lambda e: e["ts"]) if e["name"] != "reduce"]
+            assert names[:3] == ["queue", "wait for peers", "transfer"], (op["name"], names)
+            for e in inside:
+                assert e["ts"] + e["dur"] <= end + 1, (op["name"], e)
+        reduces = [e for e in slices if e["name"] == "reduce"]
+        assert reduces and all(e["args"]["from"] == 1 - rank for e in reduces)
+        p2p = [e for e in slices if e["tid"] == 1]
+        assert len(p2p) == 1 and p2p[0]["cat"] == ("send" if rank == 0 else "recv"), p2p
+        assert p2p[0]["args"]["bytes"] == 40
+        names = {e["args"]["name"] for e in events if e["ph"] == "M"}
+        assert names == {f"rank {rank}", "collectives", "send/recv"}
