@@ -27,10 +27,10 @@ def test_verbs_suite_in_the_softroce_guest():
         if os.environ.get("RCOLL_REQUIRE_SOFTROCE") == "1":
             pytest.fail(f"RCOLL_REQUIRE_SOFTROCE=1 but the Soft-RoCE guest is unavailable: {reason}")
         pytest.skip(f"Soft-RoCE guest unavailable: {reason}")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # The same interpreter and PYTHONPATH as this test (passed through), so the
+    # guest imports the rcoll under test: the venv's in CI, the tree's in development.
     proc = run_in_guest([sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "--durations=10",
-                         "tests/test_verbs.py"],
-                        timeout=GUEST_TIMEOUT_S, env={"PYTHONPATH": os.path.join(root, "python")})
+                         "tests/test_verbs.py"], timeout=GUEST_TIMEOUT_S)
     report = f"--- guest stdout:\n{proc.stdout[-20000:]}\n--- guest stderr:\n{proc.stderr[-5000:]}"
     print(report)
     assert proc.returncode == 0, report

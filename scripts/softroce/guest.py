@@ -521,6 +521,9 @@ mount_share() {
         mkdir -p "$dst" && mount -t 9p -o "$ninep,cache=mmap" "$tag" "$dst" ;;
     esac
 }
+# /tmp first: a project (or venv) under /tmp, as CI clones often are, is then
+# mounted on top of it instead of being hidden by it.
+mkdir -p /newroot/tmp && mount -t tmpfs -o mode=1777 tmp /newroot/tmp || die "tmpfs /tmp"
 while read -r tag path mode; do
     mount_share "$tag" "$path" "$mode" || die "cannot mount $path ($tag, $mode)"
 done < /share/mounts
@@ -534,7 +537,6 @@ mount -t devtmpfs devtmpfs /newroot/dev
 mkdir -p /newroot/dev/pts /newroot/dev/shm
 mount -t devpts devpts /newroot/dev/pts
 mount -t tmpfs -o mode=1777 shm /newroot/dev/shm
-mount -t tmpfs -o mode=1777 tmp /newroot/tmp
 mount -t tmpfs -o mode=0755 run /newroot/run
 mkdir -p /newroot/run/rcoll-softroce
 cp /share/setup.sh /share/cmd.sh /share/check.sh /newroot/run/rcoll-softroce/ || die "copy scripts"
