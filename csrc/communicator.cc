@@ -15,6 +15,8 @@
 #include "socket_util.h"
 #include "rdma/ib_device.h"
 #include "rdma/verbs_factory.h"
+#include "shm/shm_setup.h"
+#include "shm/shm_transport.h"
 #include "tcp_transport.h"
 
 namespace rcoll {
@@ -173,9 +175,11 @@ void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
   } else {
     bind_host = bind_hint.empty() ? "127.0.0.1" : bind_hint;
   }
+  const bool use_shm = agreeOnSharedMemory(store, prefix, deadline);
   IbPortChoice ib_port;
-  const bool use_verbs = agreeOnVerbs(store, prefix, deadline, &ib_port);
+  const bool use_verbs = !use_shm && agreeOnVerbs(store, prefix, deadline, &ib_port);
   auto makeTransport = [&](const ConnectInfo& connect_info) -> std::unique_ptr<Transport> {
+    if (use_shm) return std::make_unique<ShmTransport>(connect_info, config_, bind_host);
     if (use_verbs) return makeVerbsTransport(connect_info, config_, bind_host, ib_port);
     return std::make_unique<TcpTransport>(connect_info, config_, bind_host);
   };
@@ -206,6 +210,31 @@ void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
                                      [this](ErrorKind kind, const std::string& message) {
                                        recordFailure(kind, message);
                                      });
+}
+
+// Shared memory when every rank runs on this host (same boot id and network
+// namespace, so namespace-emulated hosts count as different hosts), unless
+// RCOLL_TRANSPORT asks for another transport or RCOLL_SHM_DISABLE=1. Every rank
+// reads every rank's key, so all reach the same decision.
+bool Communicator::agreeOnSharedMemory(Store& store, const std::string& prefix, Deadline deadline) {
+  const std::string mine = shm::hostKey();
+  store.set(prefix + "host/" + std::to_string(rank_), toBytes(mine));
+  int other_host = -1;
+  for (int r = 0; r < size_ && other_host < 0; ++r) {
+    if (r == rank_) continue;
+    std::string theirs = fromBytes(store.get(prefix + "host/" + std::to_string(r),
+                                             std::chrono::milliseconds(millisecondsUntil(deadline))));
+    if (theirs.empty() || theirs != mine) other_host = r;
+  }
+  const bool all_local = !mine.empty() && other_host < 0;
+  if (config_.transport == "shm" && !all_local) {
+    throwError(ErrorKind::kConfig,
+               strFormat("rank %d: RCOLL_TRANSPORT=shm but rank %d runs on another host (or network namespace): "
+                         "shared memory needs every rank on one host; use auto",
+                         rank_, other_host < 0 ? rank_ : other_host));
+  }
+  if (!all_local || config_.shm_disable) return false;
+  return config_.transport == "auto" || config_.transport == "shm";
 }
 
 // Every rank publishes whether it can use RDMA (and why not), then reads all

@@ -128,6 +128,7 @@ class Communicator {
     std::chrono::steady_clock::time_point enqueued;
   };
 
+  bool agreeOnSharedMemory(Store& store, const std::string& prefix, Deadline deadline);
   bool agreeOnVerbs(Store& store, const std::string& prefix, Deadline deadline, IbPortChoice* port);
   void rendezvous(Store& store, const std::string& bind_hint);
   std::shared_ptr<Work> enqueue(OpKind kind, DataType dtype, ReduceOp op, int root, size_t count,

@@ -10,8 +10,10 @@ namespace rcoll {
 const std::vector<ConfigVar>& configVars() {
   static const std::vector<ConfigVar> vars = {
       {"RCOLL_DEBUG", "WARN", "log level: WARN, INFO or TRACE (NONE silences warnings)"},
-      {"RCOLL_TRANSPORT", "auto", "data transport: auto (verbs when every rank has an active RDMA port, "
-                                  "else TCP), ib or tcp"},
+      {"RCOLL_TRANSPORT", "auto", "data transport: auto (shared memory when every rank is on this host, "
+                                  "else verbs when every rank has an active RDMA port, else TCP), shm, ib or tcp"},
+      {"RCOLL_SHM_DISABLE", "0", "1: never use shared memory (auto then picks verbs or TCP)"},
+      {"RCOLL_SHM_RING_BYTES", "4M", "shared-memory ring per direction and pair of ranks (4K to 1G)"},
       {"RCOLL_SOCKET_IFNAME", "", "network interface whose IPv4 address data sockets bind to "
                                   "(default: the address that reaches the rendezvous store)"},
       {"RCOLL_SOCKET_BUFFER_BYTES", "0", "SO_SNDBUF/SO_RCVBUF for data sockets; 0 keeps the "
@@ -100,9 +102,14 @@ Config Config::fromEnvironment() {
   if (const char* v = envOrNull("RCOLL_SOCKET_IFNAME")) config.socket_ifname = v;
   if (const char* v = envOrNull("RCOLL_TRANSPORT")) {
     config.transport = v;
-    if (config.transport != "auto" && config.transport != "tcp" && config.transport != "ib") {
-      throwError(ErrorKind::kConfig, strFormat("RCOLL_TRANSPORT=%s is not a transport (use auto, ib or tcp)", v));
+    if (config.transport != "auto" && config.transport != "tcp" && config.transport != "ib" &&
+        config.transport != "shm") {
+      throwError(ErrorKind::kConfig,
+                 strFormat("RCOLL_TRANSPORT=%s is not a transport (use auto, shm, ib or tcp)", v));
     }
+  }
+  if (const char* v = envOrNull("RCOLL_SHM_DISABLE")) {
+    config.shm_disable = parseInt("RCOLL_SHM_DISABLE", v, 0, 1) == 1;
   }
   if (const char* v = envOrNull("RCOLL_IB_HCA")) config.ib_hca = v;
   if (const char* v = envOrNull("RCOLL_IB_GID_INDEX")) {

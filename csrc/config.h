@@ -24,7 +24,8 @@ struct Config {
   int pipeline_slots = 8;                // RCOLL_PIPELINE_SLOTS: staging segments in flight
   size_t socket_buffer_bytes = 0;        // RCOLL_SOCKET_BUFFER_BYTES: 0 = kernel autotuning
   std::string socket_ifname;             // RCOLL_SOCKET_IFNAME: interface for data sockets
-  std::string transport = "auto";        // RCOLL_TRANSPORT: auto|ib|tcp
+  std::string transport = "auto";        // RCOLL_TRANSPORT: auto|shm|ib|tcp
+  bool shm_disable = false;              // RCOLL_SHM_DISABLE=1: never shared memory
   std::string ib_hca;                    // RCOLL_IB_HCA: device/port filter (rdma/ib_device.h)
   int ib_gid_index = -1;                 // RCOLL_IB_GID_INDEX: -1 = choose automatically
   int ib_timeout = 16;                   // RCOLL_IB_TIMEOUT: RC ack timeout exponent

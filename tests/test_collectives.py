@@ -9,6 +9,14 @@ from conftest import SMALL_CHUNKS
 WORLDS = [1, 2, 3, 4, 8]
 
 
+# Local ranks use shared memory by default (RCOLL_TRANSPORT=auto); every matrix
+# also runs over TCP, the transport between hosts.
+@pytest.fixture(autouse=True, params=["shm", "tcp"])
+def transport(request, monkeypatch):
+    monkeypatch.setenv("RCOLL_TRANSPORT", request.param)
+    return request.param
+
+
 def _check(results):
     total = 0
     for rank, (cases, failures) in enumerate(results):

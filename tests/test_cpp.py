@@ -17,7 +17,8 @@ RDMA = (["rdma/ib_device.cc", "rdma/ibverbs_loader.cc", "rdma/mr_cache.cc", "rdm
         if HAVE_VERBS_HEADERS else ["rdma/verbs_unavailable.cc", "rdma/mr_cache.cc"])
 CORE = ["algorithms.cc", "communicator.cc", "config.cc", "dtype.cc", "error.cc", "log.cc", "p2p_engine.cc",
         "peer_listener.cc", "pipeline_executor.cc", "reduce_kernels.cc", "socket_util.cc", "tcp_store.cc",
-        "tcp_transport.cc", "timeline.cc", "wire.cc", "work.cc"] + RDMA
+        "tcp_transport.cc", "timeline.cc", "wire.cc", "work.cc", "shm/shm_setup.cc",
+        "shm/shm_transport.cc"] + RDMA
 UNITS = {
     "test_mr_cache": ["rdma/mr_cache.cc"],
     "test_reduce_kernels": ["reduce_kernels.cc", "dtype.cc", "error.cc"],

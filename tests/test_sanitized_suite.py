@@ -18,6 +18,7 @@ def _tool(name):
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ to build the sanitized module")
+@pytest.mark.timeout(2400)  # an ASan build plus the matrices over shm and TCP on 2 cores
 def test_multiprocess_suites_under_asan_and_ubsan(tmp_path):
     import pybind11
 

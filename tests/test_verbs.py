@@ -130,13 +130,15 @@ def test_transport_is_verbs(world):
     assert spawn.run(vw.transport_of, world, timeout=120, env=IB) == ["ib"] * world
 
 
+# All ranks share the guest, where auto would pick shared memory: RCOLL_SHM_DISABLE=1
+# makes auto choose between verbs and TCP, as across hosts.
 def test_auto_uses_verbs_when_every_rank_has_a_port():
-    env = {"RCOLL_TRANSPORT": "auto", "RCOLL_IB_HCA": ["rxe0", "rxe1"]}
+    env = {"RCOLL_TRANSPORT": "auto", "RCOLL_SHM_DISABLE": "1", "RCOLL_IB_HCA": ["rxe0", "rxe1"]}
     assert spawn.run(vw.transport_of, 2, timeout=120, env=env) == ["ib", "ib"]
 
 
 def test_auto_falls_back_to_tcp_when_a_rank_has_no_active_device():
-    env = {"RCOLL_TRANSPORT": "auto", "RCOLL_IB_HCA": ["rxe0", "no_such_device"]}
+    env = {"RCOLL_TRANSPORT": "auto", "RCOLL_SHM_DISABLE": "1", "RCOLL_IB_HCA": ["rxe0", "no_such_device"]}
     assert spawn.run(vw.transport_of, 2, timeout=120, env=env) == ["tcp", "tcp"]
 
 

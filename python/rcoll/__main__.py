@@ -46,7 +46,7 @@ def _info(_args) -> int:
 
 def _print_rdma(report) -> None:
     """The RDMA part of `info`: enough to diagnose a RoCE/InfiniBand set-up alone."""
-    transports = "tcp, ib (verbs)" if report["library_loaded"] else "tcp"
+    transports = "shm, tcp, ib (verbs)" if report["library_loaded"] else "shm, tcp"
     print(f"  transports  {transports}")
     print("rdma:")
     if not report["library_loaded"]:

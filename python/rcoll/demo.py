@@ -42,16 +42,19 @@ def demo_rank(rank, world, megabytes, iters):
         b.fill(7.0 if rank == 0 else -1.0)
         comm.broadcast(b, root=0)
     timed("broadcast", broadcast, n * 4, 1.0, lambda: bool((b == 7.0).all()))
+    transport = comm.transport
     comm.shutdown()
-    return rows
+    return transport, rows
 
 
 def run_demo(world_size, megabytes, iters, timeout) -> int:
     from rcoll import spawn
 
     print(f"rcoll demo: {world_size} local ranks, {megabytes} MiB float32 per rank, "
-          f"{iters} iterations per op (transport: tcp over 127.0.0.1)")
-    results = spawn.run(demo_rank, world_size, megabytes, iters, timeout=timeout)
+          f"{iters} iterations per op")
+    outcome = spawn.run(demo_rank, world_size, megabytes, iters, timeout=timeout)
+    results = [rows for _transport, rows in outcome]
+    print(f"transport: {outcome[0][0]} (RCOLL_TRANSPORT=tcp|shm|ib chooses; see python -m rcoll info)")
     print(f"{'op':<12}{'time (us)':>12}{'algbw (GB/s)':>15}{'busbw (GB/s)':>15}  correct on every rank")
     ok = True
     for i, (label, *_rest) in enumerate(results[0]):
