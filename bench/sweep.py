@@ -36,7 +36,14 @@ import traceback
 import numpy as np
 
 OPS = ("allreduce", "allgather", "broadcast", "reduce_scatter")
-BACKENDS = ("rcoll", "gloo")
+BACKENDS = ("rcoll", "gloo", "mpi", "mpi-shm")
+# Open MPI through mpi4py, started by mpirun (see run_mpi): "mpi" over TCP on loopback only
+# (the ob1 PML with the tcp BTL; vader, Open MPI's shared-memory BTL, is excluded so
+# that bytes really cross sockets, as rcoll's and gloo's do), "mpi-shm" over shared memory.
+MPI_BTL_ARGS = {
+    "mpi": ["--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"],
+    "mpi-shm": ["--mca", "pml", "ob1", "--mca", "btl", "vader,self"],
+}
 DTYPES = {  # name -> element size
     "float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8,
 }
@@ -214,11 +221,65 @@ class GlooRank:
         self.dist.destroy_process_group()
 
 
+class MpiRank:
+    """Open MPI through mpi4py (numpy buffers); only runs under mpirun (see run_mpi)."""
+    name = "mpi"
+    TYPES = {"float32": "FLOAT", "float64": "DOUBLE", "int32": "INT32_T", "int64": "INT64_T"}
+
+    def __init__(self, timeout):
+        from mpi4py import MPI  # MPI_Init happens here (mpi4py's default)
+        self.MPI = MPI
+        self.comm = MPI.COMM_WORLD
+        self.rank, self.world = self.comm.Get_rank(), self.comm.Get_size()
+        # MPI has no per-op timeout; run_mpi bounds the whole run (--timeout) instead
+
+    def setup(self, op, dtype, n_in, n_out):
+        MPI, comm = self.MPI, self.comm
+        if dtype not in self.TYPES:  # Open MPI 4.1 has no (portable) float16 / bfloat16 reductions
+            raise NotImplementedError(f"dtype {dtype} is not supported by the mpi backend "
+                                      f"(use one of {', '.join(self.TYPES)})")
+        mt = getattr(MPI, self.TYPES[dtype])
+        src = np.empty(n_in, np.dtype(dtype))
+        dst = src if op in ("allreduce", "broadcast") else np.empty(n_out, np.dtype(dtype))
+        s, d = [src, mt], [dst, mt]
+        if op == "allreduce":  # in place, as for the other backends
+            call = lambda a: (comm.Iallreduce if a else comm.Allreduce)(MPI.IN_PLACE, s, MPI.SUM)  # noqa: E731
+        elif op == "broadcast":
+            call = lambda a: (comm.Ibcast if a else comm.Bcast)(s, root=0)  # noqa: E731
+        elif op == "allgather":
+            call = lambda a: (comm.Iallgather if a else comm.Allgather)(s, d)  # noqa: E731
+        else:
+            call = lambda a: (comm.Ireduce_scatter_block if a else comm.Reduce_scatter_block)(s, d, MPI.SUM)  # noqa: E731
+
+        def fill():
+            src[...] = pattern(self.rank, n_in).astype(src.dtype)
+            if dst is not src:
+                dst[...] = 0
+        return call, fill, lambda: dst.astype(np.float64)
+
+    def run(self, call, iters, use_async):
+        if use_async:
+            self.MPI.Request.Waitall([call(True) for _ in range(iters)])
+        else:
+            for _ in range(iters):
+                call(False)
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def close(self):
+        pass  # mpi4py finalizes MPI at exit
+
+
+RANK_CLASSES = {"rcoll": RcollRank, "gloo": GlooRank, "mpi": MpiRank, "mpi-shm": MpiRank}
+
+
 def rank_main(rank, world, backend, cfg):
     """One rank of one backend: every (op, size). Module level, so spawned processes can import it."""
-    b = (RcollRank if backend == "rcoll" else GlooRank)(cfg["op_timeout"])
+    b = RANK_CLASSES[backend](cfg["op_timeout"])
     esize = DTYPES[cfg["dtype"]]
     rows = []
+    total = len(cfg["ops"]) * len(cfg["sizes"])
     try:
         for op in cfg["ops"]:
             for size in cfg["sizes"]:
@@ -253,8 +314,8 @@ def rank_main(rank, world, backend, cfg):
                     break
                 rows.append(row)
                 if rank == 0:
-                    print(f"[{backend} world {world}] {op:<14} {size_used:>10} B  {row['time_us']:10.1f} us "
-                          f"(rank 0, {iters} iters)", file=sys.stderr, flush=True)
+                    print(f"[{backend} world {world} {len(rows)}/{total}] {op:<14} {size_used:>10} B "
+                          f"{row['time_us']:10.1f} us (rank 0, {iters} iters)", file=sys.stderr, flush=True)
     finally:
         try:
             b.close()
@@ -382,6 +443,86 @@ def socket_ceiling(seconds=1.0, chunk=4 << 20, repeats=3):
 
 
 # ---------------------------------------------------------------------------------------------
+# outside launchers: mpirun (mpi, mpi-shm)
+# ---------------------------------------------------------------------------------------------
+class LauncherFailed(RuntimeError):
+    """Ranks started by an outside launcher (mpirun, ip netns exec) failed or did not report."""
+
+
+def mpi_missing():
+    """None if mpirun and mpi4py are usable, else a one-line reason."""
+    import importlib.util
+    import shutil
+    if shutil.which("mpirun") is None:
+        return "mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
+    if importlib.util.find_spec("mpi4py") is None:
+        return f"mpi4py is not installed for {sys.executable} (pip install mpi4py)"
+    return None
+
+
+def mpi_command(backend, world, cfg_path, out_dir, extra=()):
+    return (["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(world),
+             # like the spawned rcoll and gloo ranks: not pinned (Open MPI binds to cores by default)
+             "--bind-to", "none"]
+            + MPI_BTL_ARGS[backend] + list(extra)
+            + [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sweep_rank.py"),
+               "--cfg", cfg_path, "--out", out_dir, "--backend", backend, "--launcher", "mpi"])
+
+
+def collect_rank_files(out_dir, world, what):
+    """Per-rank rows from DIR/rank<r>.json (written by _sweep_rank.py); raises on missing or failed ranks."""
+    per_rank, failures = [], []
+    for r in range(world):
+        path = os.path.join(out_dir, f"rank{r}.json")
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as exc:
+            failures.append(f"--- rank {r}: no result ({exc})")
+            continue
+        if "error" in doc:
+            failures.append(f"--- rank {r}:\n{doc['error']}")
+        else:
+            per_rank.append(doc["rows"])
+    if failures:
+        raise LauncherFailed(f"{len(failures)} of {world} ranks of {what} failed:\n" + "\n".join(failures))
+    return per_rank
+
+
+def run_mpi(backend, world, cfg, timeout, extra=()):
+    """Runs sweep.rank_main under mpirun; returns (per-rank rows, the command line)."""
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="rcoll-sweep-mpi-") as tmp:
+        cfg_path = os.path.join(tmp, "cfg.json")
+        with open(cfg_path, "w") as f:
+            json.dump(cfg, f)
+        cmd = mpi_command(backend, world, cfg_path, tmp, extra)
+        print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+        env = dict(os.environ, OMPI_MCA_rmaps_base_oversubscribe="1")
+        # stdout/stderr of the ranks (progress lines of rank 0) pass through to our stderr
+        proc = subprocess.Popen(cmd, stdout=sys.stderr, stderr=sys.stderr, env=env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            import signal
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            raise LauncherFailed(f"mpirun did not finish within {timeout} s (killed)")
+        try:
+            per_rank = collect_rank_files(tmp, world, f"mpirun ({backend})")
+        except LauncherFailed as exc:
+            raise LauncherFailed(f"{exc}\nmpirun exit status {rc}") from None
+        if rc != 0:
+            raise LauncherFailed(f"mpirun exited with status {rc} although every rank reported")
+    return per_rank, cmd
+
+
+# ---------------------------------------------------------------------------------------------
 # parent: run, merge, print, save
 # ---------------------------------------------------------------------------------------------
 def merge(per_rank_rows, world):
@@ -404,6 +545,28 @@ def merge(per_rank_rows, world):
             row["busbw_GBps"] = algbw * bus_factor(row["op"], world)
         merged.append(row)
     return merged
+
+
+def load_snapshot():
+    """The 1/5/15-min load averages and how many qemu-system processes run (other work on this host)."""
+    qemu = 0
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    qemu += f.read().startswith("qemu-system")
+            except OSError:
+                pass
+    load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    return {"loadavg": load, "qemu_processes": qemu, "time": datetime.datetime.now().isoformat(timespec="seconds")}
+
+
+def load_line(before, after):
+    """'# host load: ...' for the end of a table (the figures depend on what else ran)."""
+    def one(s):
+        la = "/".join(f"{x:.1f}" for x in s["loadavg"]) if s.get("loadavg") else "?"
+        return f"load avg {la}, {s['qemu_processes']} qemu-system"
+    return f"# host load before: {one(before)}; after: {one(after)} (on {os.cpu_count()} cpus)"
 
 
 def machine_info():
@@ -438,6 +601,12 @@ def machine_info():
     return info
 
 
+def ratio_pairs(backends):
+    """(a, b) for each busbw-ratio column: rcoll against every other backend (else the first against the rest)."""
+    first = "rcoll" if "rcoll" in backends else (backends[0] if backends else None)
+    return [(first, b) for b in backends if b != first]
+
+
 def fmt_table(results, backends, world, args, ceiling):
     lines = []
     lines.append(f"# rcoll bench/sweep.py  world {world}  dtype {args.dtype}  "
@@ -457,10 +626,11 @@ def fmt_table(results, backends, world, args, ceiling):
         cols = f" |{'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"
         head += cols
         sub += f" |{b:^33}"
-    ratio = len(backends) >= 2
-    if ratio:
-        head += f" | {backends[0] + '/' + backends[1]:>11}"
-        sub += f" | {'busbw ratio':>11}"
+    pairs = ratio_pairs(backends)
+    for a, c in pairs:
+        w = max(11, len(a) + 1 + len(c))
+        head += f" | {a + '/' + c:>{w}}"
+        sub += f" | {'busbw ratio':>{w}}"
     lines.append(sub.rstrip())
     lines.append(head + "   (algbw, busbw in GB/s)")
     index = {b: {(r["op"], r["bytes"]): r for r in results.get(b, [])} for b in backends}
@@ -482,12 +652,13 @@ def fmt_table(results, backends, world, args, ceiling):
             else:
                 line += (f" |{r['time_us']:>10.1f} {r['algbw_GBps']:>7.3f} {r['busbw_GBps']:>7.3f} "
                          f"{r['wrong']:>6}")
-        if ratio:
-            a, c = index[backends[0]].get((op, nbytes)), index[backends[1]].get((op, nbytes))
+        for an, cn in pairs:
+            w = max(11, len(an) + 1 + len(cn))
+            a, c = index[an].get((op, nbytes)), index[cn].get((op, nbytes))
             if a and c and "busbw_GBps" in a and "busbw_GBps" in c and c["busbw_GBps"] > 0:
-                line += f" | {a['busbw_GBps'] / c['busbw_GBps']:>10.2f}x"
+                line += f" | {a['busbw_GBps'] / c['busbw_GBps']:>{w - 1}.2f}x"
             else:
-                line += f" | {'-':>11}"
+                line += f" | {'-':>{w}}"
         lines.append(line)
     # peak busbw per op and backend, as a fraction of the socket ceiling
     lines.append("# peak busbw per op (GB/s)" + (" and (% of the socket ceiling both ways at once per direction / % of one way)" if ceiling else ""))
@@ -552,7 +723,10 @@ def main(argv=None):
     p.add_argument("--warmup", "-w", type=int, default=None, help="warm-up iterations (default: adaptive)")
     p.add_argument("--world", "-g", type=int, default=2, help="number of local ranks")
     p.add_argument("--dtype", "-d", default="float32", choices=sorted(DTYPES))
-    p.add_argument("--backends", default="rcoll,gloo")
+    p.add_argument("--backends", default="rcoll,gloo",
+                   help="comma-separated subset of rcoll,gloo,mpi,mpi-shm (mpi: Open MPI over loopback TCP, "
+                        "mpi-shm: over shared memory; both need mpirun and mpi4py)")
+    p.add_argument("--mpi-args", default="", help="extra mpirun arguments for the mpi backends (one string)")
     p.add_argument("--async", dest="async_ops", action="store_true",
                    help="issue the timed iterations asynchronously and wait for them all at the end")
     p.add_argument("--socket-ceiling", action="store_true", help="measure raw loopback TCP throughput first")
@@ -595,6 +769,7 @@ def main(argv=None):
         return 2
 
     info = machine_info()
+    info["load_before"] = load_snapshot()
     if "gloo" in backends:
         try:
             import torch  # noqa: F401
@@ -604,6 +779,20 @@ def main(argv=None):
         except ImportError as exc:
             print(f"note: skipping the gloo backend: torch is not usable ({exc})", file=sys.stderr)
             backends.remove("gloo")
+    for b in [b for b in backends if b.startswith("mpi")]:
+        why = mpi_missing()
+        if why:
+            print(f"note: skipping the {b} backend: {why}", file=sys.stderr)
+            backends.remove(b)
+    if any(b.startswith("mpi") for b in backends):
+        try:
+            import subprocess
+            info["mpirun"] = subprocess.run(["mpirun", "--version"], capture_output=True, text=True,
+                                            timeout=30).stdout.splitlines()[0]
+        except Exception as exc:
+            info["mpirun"] = f"mpirun --version failed: {exc}"
+    if args.dtype not in MpiRank.TYPES and any(b.startswith("mpi") for b in backends):
+        print(f"note: the mpi backends do not support {args.dtype}; their rows will be errors", file=sys.stderr)
     if not backends:
         print("error: no backend left to run", file=sys.stderr)
         return 2
@@ -627,23 +816,30 @@ def main(argv=None):
     rank_env = {} if "RCOLL_CONNECT_TIMEOUT" in os.environ else {"RCOLL_CONNECT_TIMEOUT": str(int(args.connect_timeout))}
     info["rank_env"] = rank_env
     for b in backends:
-        print(f"=== {b}: world {args.world}, {len(ops)} ops x {len(sizes)} sizes", file=sys.stderr, flush=True)
+        print(f"=== {b} ({backends.index(b) + 1}/{len(backends)}): world {args.world}, "
+              f"{len(ops)} ops x {len(sizes)} sizes", file=sys.stderr, flush=True)
         t0 = time.monotonic()
         try:
-            per_rank = spawn.run(rank_main, args.world, b, cfg, timeout=args.timeout, env=rank_env)
+            if b.startswith("mpi"):
+                per_rank, cmd = run_mpi(b, args.world, cfg, args.timeout, args.mpi_args.split())
+                info.setdefault("mpi_commands", {})[b] = cmd
+            else:
+                per_rank = spawn.run(rank_main, args.world, b, cfg, timeout=args.timeout, env=rank_env)
             results[b] = merge(per_rank, args.world)
         except Exception as exc:
             msg = f"{type(exc).__name__}: {exc}"
             errors[b] = msg
             print(f"\nERROR: backend {b} failed (world {args.world}); its results are missing:\n{msg}\n",
                   file=sys.stderr, flush=True)
-            if not isinstance(exc, spawn.RankFailed):
+            if not isinstance(exc, (spawn.RankFailed, LauncherFailed)):
                 traceback.print_exc()
         durations[b] = time.monotonic() - t0
 
+    info["load_after"] = load_snapshot()
     shown = [b for b in backends if b in results]
     if shown:
         print(fmt_table(results, shown, args.world, args, ceiling))
+        print(load_line(info["load_before"], info["load_after"]))
     for b, msg in errors.items():
         print(f"# backend {b} FAILED: {msg.splitlines()[0]}")
     sys.stdout.flush()

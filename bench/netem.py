@@ -1,0 +1,553 @@
+#!/usr/bin/env python3
+"""Emulated multi-host benchmark: one rank per network namespace, shaped links.
+
+    sudo PYTHONPATH=python python3 bench/netem.py --worlds 2,4 --rates 10gbit,25gbit \\
+        --backends rcoll,gloo --min-bytes 1M --max-bytes 64M [--delay 50us] [--json out.json]
+
+Topology (created fresh for each run, everything named rcoll-bench-<pid>-*):
+
+    namespace rcoll-bench-<pid>-r<i>  (one per rank, i = 0..W-1)
+        eth0  198.18.0.<i+1>/24      veth; its peer v<i> sits in the switch namespace
+    namespace rcoll-bench-<pid>-sw
+        br0   a bridge enslaving v0 .. v<W-1>   (the "top-of-rack switch")
+
+Every link is shaped in both directions with a `tbf` qdisc at the link rate
+(rank -> switch on eth0, switch -> rank on v<i>), so each rank has a full-duplex
+port of that rate, as a host with one NIC in a rack would. With `--delay D` (default
+50us) a `netem` qdisc adds D of one-way latency per hop, if the kernel has sch_netem;
+if it does not (this project's Firecracker VMs do not), the script says so and runs
+without the added delay.
+
+Ranks are started with `ip netns exec <ns> python3 bench/_sweep_rank.py`, i.e. the
+same per-rank code as bench/sweep.py (warm-up, barrier, timed iterations, then one
+op checked element by element). Rank 0 hosts the rendezvous store (rcoll's, or
+torch's TCPStore for gloo): MASTER_ADDR is 198.18.0.1, the address of rank 0's
+namespace. RCOLL_SOCKET_IFNAME=eth0 and GLOO_SOCKET_IFNAME=eth0 make both backends
+put their data sockets on the veth (there is nothing else but lo in a namespace).
+The bytes counted on each eth0 before and after are reported next to the bytes
+the op must move, so that it is visible that the traffic crossed the shaped link.
+
+Before the collectives, a plain TCP stream rank 1 -> rank 0 for `--link-seconds`
+measures what the shaped link really carries ("link check"); busbw is reported as a
+percentage of the nominal rate (and in the JSON, of the measured one).
+
+Everything created is removed on exit: normal end, an exception, Ctrl-C, SIGTERM or
+SIGHUP (rank processes are killed first, then the namespaces deleted, which deletes
+their veths and the bridge). A run killed with SIGKILL cannot clean up: `--cleanup`
+deletes every namespace whose name starts with rcoll-bench- and exits.
+
+Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN for `ip netns`), iproute2 (`ip`, `tc`),
+veth, bridge and tbf support in the kernel; refuses to run otherwise, saying why.
+Note: on one machine every "host" still shares the same CPUs; with 2 cores the ranks
+and the kernel's veth/bridge forwarding compete for them, so a rate that the CPUs
+cannot move is not reached whatever the shaping (check the link-check line).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+try:
+    import sweep  # noqa: E402  (sizes, layout, merge, bus factors)
+except ImportError as _exc:  # reported by main() after the root check
+    sweep, _SWEEP_IMPORT_ERROR = None, _exc
+
+PREFIX = "rcoll-bench-"
+SUBNET = "198.18.0"  # 198.18.0.0/15 is reserved for benchmarking (RFC 2544); we use a /24 of it
+BACKENDS = ("rcoll", "gloo")
+
+
+def parse_rate(text: str) -> float:
+    """'10gbit' -> bits per second (tc's units: kbit, mbit, gbit, decimal); 'none' -> 0 (unshaped)."""
+    t = text.strip().lower()
+    if t in ("none", "0", "unshaped"):
+        return 0.0
+    for unit, mult in (("tbit", 1e12), ("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1.0)):
+        if t.endswith(unit):
+            return float(t[: -len(unit)]) * mult
+    raise ValueError(f"rate {text!r}: give it as tc does, e.g. 10gbit, 25gbit, 800mbit, or none")
+
+
+def parse_time_us(text: str) -> float:
+    t = text.strip().lower()
+    for unit, mult in (("us", 1.0), ("ms", 1e3), ("s", 1e6)):
+        if t.endswith(unit):
+            return float(t[: -len(unit)]) * mult
+    return float(t)
+
+
+def sh(*cmd, check=True, quiet=False):
+    """Runs a command (a list), returns its stdout; raises with its stderr on failure."""
+    r = subprocess.run(list(cmd), capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"`{' '.join(cmd)}` failed ({r.returncode}): {r.stderr.strip() or r.stdout.strip()}")
+    if not quiet and os.environ.get("RCOLL_BENCH_VERBOSE"):
+        print("+ " + " ".join(cmd), file=sys.stderr)
+    return r.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# preflight: refuse clearly
+# ---------------------------------------------------------------------------------------------
+def preflight():
+    """None if this can run, else why not."""
+    if os.geteuid() != 0:
+        return "needs root (ip netns, veth and tc need CAP_SYS_ADMIN and CAP_NET_ADMIN); run it as root"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` not found: install iproute2"
+    probe = f"{PREFIX}{os.getpid()}-probe"
+    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"`ip netns add` does not work here: {r.stderr.strip()}"
+    try:
+        for cmd, what in ((["ip", "-n", probe, "link", "add", "a0", "type", "veth", "peer", "name", "b0"], "veth"),
+                          (["ip", "-n", probe, "link", "add", "br0", "type", "bridge"], "bridge"),
+                          (["tc", "-n", probe, "qdisc", "add", "dev", "a0", "root", "tbf", "rate", "1gbit",
+                            "burst", "64kb", "latency", "1ms"], "the tbf qdisc")):
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                return f"the kernel lacks {what} support (`{' '.join(cmd)}`: {r.stderr.strip()})"
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+def netem_available():
+    probe = f"{PREFIX}{os.getpid()}-probe"
+    subprocess.run(["ip", "netns", "add", probe], capture_output=True, check=True)
+    try:
+        sh("ip", "-n", probe, "link", "add", "a0", "type", "veth", "peer", "name", "b0")
+        r = subprocess.run(["tc", "-n", probe, "qdisc", "add", "dev", "a0", "root", "netem", "delay", "50us"],
+                           capture_output=True, text=True)
+        return r.returncode == 0, r.stderr.strip()
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+
+
+def cleanup_leftovers():
+    names = [line.split()[0] for line in sh("ip", "netns", "list").splitlines() if line.startswith(PREFIX)]
+    for n in names:
+        pids = subprocess.run(["ip", "netns", "pids", n], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
+        subprocess.run(["ip", "netns", "del", n], capture_output=True)
+        print(f"deleted namespace {n}" + (f" (killed {len(pids)} processes in it)" if pids else ""))
+    if not names:
+        print(f"no namespace named {PREFIX}* found")
+
+
+# ---------------------------------------------------------------------------------------------
+# the emulated cluster
+# ---------------------------------------------------------------------------------------------
+class Cluster:
+    """W rank namespaces, each with a veth port to a bridge in a switch namespace; removed by close()."""
+
+    def __init__(self, world, mtu, use_netem):
+        self.world, self.mtu, self.use_netem = world, mtu, use_netem
+        self.tag = f"{PREFIX}{os.getpid()}"
+        self.switch = f"{self.tag}-sw"
+        self.ranks = [f"{self.tag}-r{i}" for i in range(world)]
+        self.created = []
+        self.procs = []
+
+    def addr(self, i):
+        return f"{SUBNET}.{i + 1}"
+
+    def create(self):
+        sh("ip", "netns", "add", self.switch)
+        self.created.append(self.switch)
+        sh("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
+        sh("ip", "-n", self.switch, "link", "set", "br0", "up")
+        for i, ns in enumerate(self.ranks):
+            sh("ip", "netns", "add", ns)
+            self.created.append(ns)
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+            # created inside the rank's namespace, its peer moved straight to the switch's
+            sh("ip", "-n", ns, "link", "add", "eth0", "mtu", str(self.mtu), "type", "veth",
+               "peer", "name", f"v{i}", "mtu", str(self.mtu), "netns", self.switch)
+            sh("ip", "-n", ns, "addr", "add", f"{self.addr(i)}/24", "dev", "eth0")
+            sh("ip", "-n", ns, "link", "set", "eth0", "up")
+            sh("ip", "-n", self.switch, "link", "set", f"v{i}", "master", "br0")
+            sh("ip", "-n", self.switch, "link", "set", f"v{i}", "up")
+
+    def shape(self, rate_bps, delay_us):
+        """tbf at rate_bps on both ends of every link (+ netem delay if asked and available); 0 = unshaped."""
+        for i, ns in enumerate(self.ranks):
+            for where, dev in ((ns, "eth0"), (self.switch, f"v{i}")):
+                subprocess.run(["tc", "-n", where, "qdisc", "del", "dev", dev, "root"], capture_output=True)
+                if not rate_bps and not (delay_us and self.use_netem):
+                    continue
+                parent = ["root"]
+                if delay_us and self.use_netem:
+                    sh("tc", "-n", where, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem",
+                       "delay", f"{delay_us:g}us", "limit", "100000")
+                    parent = ["parent", "1:1"]
+                if rate_bps:
+                    # burst: ~200 us at the rate (at least 256 KiB: several 64 KiB GSO segments);
+                    # latency: the queue may hold 5 ms at the rate before tbf drops
+                    burst = max(256 << 10, int(rate_bps / 8 * 200e-6))
+                    sh("tc", "-n", where, "qdisc", "add", "dev", dev, *parent, "handle", "10:", "tbf",
+                       "rate", f"{int(rate_bps)}bit", "burst", str(burst), "latency", "5ms")
+
+    def qdiscs(self):
+        return {ns: sh("tc", "-n", ns, "qdisc", "show", "dev", "eth0").strip() for ns in self.ranks}
+
+    def counters(self):
+        """{rank: (tx_bytes, rx_bytes)} of each rank's eth0."""
+        out = {}
+        for i, ns in enumerate(self.ranks):
+            doc = json.loads(sh("ip", "-n", ns, "-s", "-j", "link", "show", "eth0", quiet=True))[0]
+            st = doc.get("stats64") or doc.get("stats")
+            out[i] = (st["tx"]["bytes"], st["rx"]["bytes"])
+        return out
+
+    def popen(self, i, argv, env, **kw):
+        p = subprocess.Popen(["ip", "netns", "exec", self.ranks[i]] + argv, env=env, start_new_session=True, **kw)
+        self.procs.append(p)
+        return p
+
+    def kill_all(self):
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self.procs = []
+
+    def close(self):
+        self.kill_all()
+        for ns in reversed(self.created):
+            # anything still inside (it should not be) is killed, then the namespace goes,
+            # taking its veth ends and the bridge with it
+            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (OSError, ValueError):
+                    pass
+            r = subprocess.run(["ip", "netns", "del", ns], capture_output=True, text=True)
+            if r.returncode != 0:
+                print(f"warning: could not delete namespace {ns}: {r.stderr.strip()}", file=sys.stderr)
+        self.created = []
+
+
+# ---------------------------------------------------------------------------------------------
+# a raw TCP stream across the shaped link: what the link really carries
+# ---------------------------------------------------------------------------------------------
+_SINK = r"""
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); s.settimeout(30)
+print("ready", flush=True)
+c, _ = s.accept(); c.settimeout(30)
+buf = bytearray(4 << 20); mv = memoryview(buf); got = 0; t0 = None; tl = None
+while True:
+    n = c.recv_into(mv)
+    if n == 0:
+        break
+    now = time.perf_counter()
+    if t0 is None:
+        t0 = now
+    else:
+        got += n
+    tl = now
+print(got / max(tl - t0, 1e-9) if t0 is not None else 0.0, flush=True)
+"""
+_SOURCE = r"""
+import socket, sys, time
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30)
+buf = bytes(4 << 20); end = time.perf_counter() + float(sys.argv[3])
+while time.perf_counter() < end:
+    c.sendall(buf)
+c.shutdown(socket.SHUT_WR); c.recv(1); c.close()
+"""
+
+
+def link_check(cluster, seconds, env):
+    """Bytes/s of one TCP stream from rank 1's namespace to rank 0's (after the first read)."""
+    port = "29499"
+    sink = cluster.popen(0, [sys.executable, "-c", _SINK, cluster.addr(0), port], env,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        if sink.stdout.readline().strip() != "ready":
+            raise RuntimeError("link check: the receiver did not start")
+        src = cluster.popen(1, [sys.executable, "-c", _SOURCE, cluster.addr(0), port, str(seconds)], env)
+        src.wait(timeout=seconds + 60)
+        out, _ = sink.communicate(timeout=60)
+        return float(out.strip().splitlines()[-1])
+    finally:
+        cluster.kill_all()
+
+
+# ---------------------------------------------------------------------------------------------
+# one backend at one world size
+# ---------------------------------------------------------------------------------------------
+def run_backend(cluster, backend, world, cfg, timeout, base_env, port):
+    with tempfile.TemporaryDirectory(prefix="rcoll-netem-") as tmp:
+        cfg_path = os.path.join(tmp, "cfg.json")
+        with open(cfg_path, "w") as f:
+            json.dump(cfg, f)
+        before = cluster.counters()
+        procs = []
+        for r in range(world):
+            env = dict(base_env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                       MASTER_ADDR=cluster.addr(0), MASTER_PORT=str(port),
+                       RCOLL_SOCKET_IFNAME="eth0", GLOO_SOCKET_IFNAME="eth0")
+            procs.append(cluster.popen(r, [sys.executable, os.path.join(HERE, "_sweep_rank.py"), "--cfg", cfg_path,
+                                           "--out", tmp, "--backend", backend, "--launcher", "env"], env))
+        deadline = time.monotonic() + timeout
+        failed_at = None
+        while any(p.poll() is None for p in procs):
+            now = time.monotonic()
+            if failed_at is None and any(p.poll() not in (None, 0) for p in procs):
+                failed_at = now  # the others get 10 s to report their (usually consequential) errors
+            if now > deadline or (failed_at is not None and now > failed_at + 10):
+                break
+            time.sleep(0.2)
+        timed_out = any(p.poll() is None for p in procs)
+        cluster.kill_all()
+        after = cluster.counters()
+        try:
+            per_rank = sweep.collect_rank_files(tmp, world, f"{backend} world {world}")
+        except sweep.LauncherFailed as exc:
+            if timed_out and failed_at is None:
+                raise sweep.LauncherFailed(f"{backend} world {world} did not finish within {timeout} s\n{exc}") from None
+            raise
+    moved = {r: (after[r][0] - before[r][0], after[r][1] - before[r][1]) for r in range(world)}
+    return sweep.merge(per_rank, world), moved
+
+
+def expected_wire_bytes(rows, world):
+    """Payload bytes one rank must send (ring) for all the iterations of `rows` (timed + warm-up + check)."""
+    total = 0
+    for r in rows:
+        if "bytes" not in r or r.get("iters") is None:
+            continue
+        n_ops = r["iters"] + (r.get("warmup") or 0) + 1
+        total += n_ops * r["bytes"] * sweep.bus_factor(r["op"], world)
+    return total
+
+
+# ---------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------
+def fmt_rate(bps):
+    return "unshaped" if not bps else (f"{bps / 1e9:g}gbit" if bps >= 1e9 else f"{bps / 1e6:g}mbit")
+
+
+def print_table(records, backends):
+    lines = ["# bench/netem.py: one rank per network namespace, veth + bridge, tbf-shaped links; "
+             "time = slowest rank; busbw GB/s (10^9 B/s); %link = busbw / nominal link rate"]
+    head = f"{'link':>9} {'world':>5} {'op':>10} {'size(B)':>10}"
+    for b in backends:
+        head += f" | {b + ' us':>11} {'busbw':>6} {'%link':>5} {'#wrong':>6}"
+    if "rcoll" in backends and len(backends) > 1:
+        head += "".join(f" | {'rcoll/' + b:>10}" for b in backends if b != "rcoll")
+    lines.append(head)
+    for rec in records:
+        link_GBps = rec["rate_bps"] / 8e9
+        idx = {b: {(r["op"], r["bytes"]): r for r in rec["results"].get(b, [])} for b in backends}
+        keys = sorted({k for b in backends for k in idx[b]}, key=lambda k: (sweep.OPS.index(k[0]), k[1]))
+        for op, nbytes in keys:
+            line = f"{fmt_rate(rec['rate_bps']):>9} {rec['world']:>5} {op:>10} {nbytes:>10}"
+            for b in backends:
+                r = idx[b].get((op, nbytes))
+                if r is None or "busbw_GBps" not in r:
+                    line += f" | {('error' if r else '-'):>11} {'-':>6} {'-':>5} {'-':>6}"
+                else:
+                    pct = f"{100 * r['busbw_GBps'] / link_GBps:.0f}" if link_GBps else "-"
+                    line += f" | {r['time_us']:>11.0f} {r['busbw_GBps']:>6.3f} {pct:>5} {r['wrong']:>6}"
+            for b in backends:
+                if b == "rcoll" or "rcoll" not in backends:
+                    continue
+                a, c = idx["rcoll"].get((op, nbytes)), idx[b].get((op, nbytes))
+                if a and c and a.get("busbw_GBps") and c.get("busbw_GBps"):
+                    line += f" | {a['busbw_GBps'] / c['busbw_GBps']:>9.2f}x"
+                else:
+                    line += f" | {'-':>10}"
+            lines.append(line)
+    lines.append("# link check (one TCP stream rank 1 -> rank 0, GB/s) and bytes sent on eth0 vs ring payload:")
+    for rec in records:
+        parts = [f"{fmt_rate(rec['rate_bps'])} world {rec['world']}: stream "
+                 + (f"{rec['link_check_GBps']:.3f}" if rec.get("link_check_GBps") is not None else "-")]
+        for b in backends:
+            m = rec.get("wire", {}).get(b)
+            if m:
+                parts.append(f"{b} sent {m['sent_max'] / 1e6:.0f} MB/rank (payload {m['payload'] / 1e6:.0f} MB)")
+        lines.append("#   " + "; ".join(parts))
+    for rec in records:
+        for b, msg in rec["errors"].items():
+            lines.append(f"# {fmt_rate(rec['rate_bps'])} world {rec['world']} {b} FAILED: {msg.splitlines()[0]}")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--worlds", default="2,4", help="comma-separated world sizes (one namespace per rank, max 200)")
+    p.add_argument("--rates", default="10gbit,25gbit", help="link rates as tc writes them, or `none` for unshaped")
+    p.add_argument("--delay", default="50us", help="one-way delay per hop with netem, if the kernel has it (0: none)")
+    p.add_argument("--mtu", type=int, default=1500)
+    p.add_argument("--backends", default="rcoll,gloo")
+    p.add_argument("--ops", default="allreduce", help="subset of allreduce,allgather,broadcast,reduce_scatter")
+    p.add_argument("--min-bytes", default="1M")
+    p.add_argument("--max-bytes", default="64M")
+    p.add_argument("--factor", type=float, default=4.0)
+    p.add_argument("--iters", type=int, default=0, help="timed iterations (default: adaptive, as in sweep.py)")
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--dtype", default="float32", help="float32 (default), float64, float16, bfloat16, int32, int64")
+    p.add_argument("--link-seconds", type=float, default=1.0, help="length of the link check (0: skip it)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds one backend at one world size may take")
+    p.add_argument("--op-timeout", type=float, default=120.0)
+    p.add_argument("--json", help="write everything to this JSON file")
+    p.add_argument("--cleanup", action="store_true",
+                   help=f"delete leftover {PREFIX}* namespaces (of a run killed with SIGKILL) and exit")
+    args = p.parse_args(argv)
+
+    why = preflight()
+    if why:
+        print(f"error: bench/netem.py cannot run: {why}", file=sys.stderr)
+        return 2
+    if args.cleanup:
+        cleanup_leftovers()
+        return 0
+    if sweep is None:
+        print(f"error: cannot import bench/sweep.py ({_SWEEP_IMPORT_ERROR}); numpy is needed", file=sys.stderr)
+        return 2
+    if args.dtype not in sweep.DTYPES:
+        p.error(f"--dtype: choose from {', '.join(sorted(sweep.DTYPES))}")
+
+    worlds = sorted({int(w) for w in args.worlds.split(",") if w.strip()})
+    if not worlds or worlds[0] < 2 or worlds[-1] > 200:
+        p.error("--worlds: sizes from 2 to 200")
+    try:
+        rates = [parse_rate(r) for r in args.rates.split(",") if r.strip()]
+    except ValueError as exc:
+        p.error(str(exc))
+    delay_us = parse_time_us(args.delay)
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if [b for b in backends if b not in BACKENDS]:
+        p.error(f"--backends: choose from {', '.join(BACKENDS)}")
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    if [o for o in ops if o not in sweep.OPS]:
+        p.error(f"--ops: choose from {', '.join(sweep.OPS)}")
+    if "gloo" in backends:
+        try:
+            import torch.distributed as dist
+            if not dist.is_available() or not dist.is_gloo_available():
+                raise ImportError("no gloo in this torch build")
+        except ImportError as exc:
+            print(f"note: skipping the gloo backend: torch is not usable ({exc})", file=sys.stderr)
+            backends.remove("gloo")
+    if not backends:
+        print("error: no backend left to run", file=sys.stderr)
+        return 2
+    lo, hi = sweep.parse_size(args.min_bytes), sweep.parse_size(args.max_bytes)
+    sizes, s = [], lo
+    while s <= hi:
+        sizes.append(int(s))
+        s *= args.factor
+
+    use_netem = False
+    if delay_us > 0:
+        use_netem, err = netem_available()
+        if not use_netem:
+            print(f"note: --delay {args.delay} is not applied: this kernel has no netem qdisc ({err}); "
+                  f"links are rate-shaped with tbf only", file=sys.stderr)
+
+    # A clean exit from SIGTERM / SIGHUP too, so that `finally` removes what was created.
+    def _raise(signum, frame):
+        raise SystemExit(128 + signum)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise)
+
+    base_env = dict(os.environ)
+    base_env.setdefault("RCOLL_CONNECT_TIMEOUT", "60")
+    cfg = {"ops": ops, "sizes": sizes, "iters": args.iters, "warmup": args.warmup, "dtype": args.dtype,
+           "async": False, "op_timeout": args.op_timeout}
+    cluster = Cluster(max(worlds), args.mtu, use_netem)
+    records = []
+    port = 29600
+    t_start = time.monotonic()
+    load_before = sweep.load_snapshot()
+    try:
+        print(f"creating {max(worlds)} rank namespaces {cluster.ranks[0]}.. and the switch {cluster.switch}",
+              file=sys.stderr, flush=True)
+        cluster.create()
+        for rate in rates:
+            cluster.shape(rate, delay_us)
+            print(f"=== link {fmt_rate(rate)}" + (f", delay {delay_us:g} us per hop" if use_netem else "")
+                  + f"; eth0 qdisc of rank 0: {cluster.qdiscs()[cluster.ranks[0]] or 'default'}",
+                  file=sys.stderr, flush=True)
+            check = None
+            if args.link_seconds > 0:
+                try:
+                    check = link_check(cluster, args.link_seconds, base_env) / 1e9
+                    print(f"link check: one TCP stream rank 1 -> rank 0 carries {check:.3f} GB/s "
+                          f"(nominal {rate / 8e9:.3f} GB/s)" if rate else
+                          f"link check: one TCP stream rank 1 -> rank 0 carries {check:.3f} GB/s (unshaped)",
+                          file=sys.stderr, flush=True)
+                except Exception as exc:
+                    print(f"warning: link check failed: {exc}", file=sys.stderr)
+            for world in worlds:
+                rec = {"rate_bps": rate, "world": world, "link_check_GBps": check, "results": {}, "errors": {},
+                       "wire": {}, "per_rank_wire_bytes": {}}
+                for b in backends:
+                    port += 1
+                    print(f"--- {b}, world {world}, link {fmt_rate(rate)}", file=sys.stderr, flush=True)
+                    try:
+                        rows, moved = run_backend(cluster, b, world, cfg, args.timeout, base_env, port)
+                        rec["results"][b] = rows
+                        rec["per_rank_wire_bytes"][b] = moved
+                        rec["wire"][b] = {"sent_max": max(v[0] for v in moved.values()),
+                                          "payload": expected_wire_bytes(rows, world)}
+                    except Exception as exc:
+                        rec["errors"][b] = f"{type(exc).__name__}: {exc}"
+                        print(f"ERROR: {b} world {world}: {exc}", file=sys.stderr, flush=True)
+                records.append(rec)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        cluster.close()
+        left = [n for n in sh("ip", "netns", "list").split() if n.startswith(cluster.tag)]
+        print("removed the namespaces, veths and bridge" if not left else f"WARNING: left behind: {left}",
+              file=sys.stderr, flush=True)
+
+    load_after = sweep.load_snapshot()
+    print(print_table(records, backends))
+    print(sweep.load_line(load_before, load_after))
+    if args.json:
+        doc = {"args": vars(args), "sizes": sizes, "netem_delay_applied": use_netem, "records": records,
+               "load_before": load_before, "load_after": load_after,
+               "machine": sweep.machine_info(), "duration_s": time.monotonic() - t_start,
+               "created": datetime.datetime.now().isoformat(timespec="seconds")}
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"results written to {args.json}", file=sys.stderr)
+    bad = any(rec["errors"] for rec in records) or any(
+        r.get("wrong") for rec in records for rows in rec["results"].values() for r in rows)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
