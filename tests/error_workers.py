@@ -101,10 +101,20 @@ def abort_from_thread(rank, world):
 
 
 def late_rank(rank, world, delay):
-    """The last rank joins late, so that strays can knock on rank 0's door first."""
-    if rank == world - 1:
-        time.sleep(delay)
-    comm = rcoll.init()
+    """The last rank is late to connect (after every rank agreed on the transport
+    and the others opened their listeners), so strays knock on rank 0's door first."""
+    import os
+
+    from collective_workers import DuckStore
+
+    class LateStore(DuckStore):
+        def get(self, key):
+            if rank == world - 1 and "/addr/" in key:
+                time.sleep(delay)
+            return super().get(key)
+
+    store = LateStore("127.0.0.1", int(os.environ["MASTER_PORT"]), rank)
+    comm = rcoll.Communicator(rank, world, store=store)
     x = np.arange(1000, dtype=np.float32) * (rank + 1)
     comm.allreduce(x)
     return bool(np.array_equal(x, np.arange(1000, dtype=np.float32) * sum(range(1, world + 1))))
