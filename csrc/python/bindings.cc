@@ -16,7 +16,6 @@
 #include "dtype.h"
 #include "error.h"
 #include "rdma/ib_device.h"
-#include "rdma/ibverbs_loader.h"
 #include "socket_util.h"
 #include "tcp_store.h"
 #include "work.h"
@@ -168,15 +167,6 @@ PYBIND11_MODULE(_core, m) {
     return address.empty() ? std::string("127.0.0.1") : address;
   }, "The local IPv4 address that routes to `host` (127.0.0.1 if none does).");
 
-  m.def("probe_ibverbs", [] {
-    IbverbsProbe probe = probeIbverbs();
-    py::dict d;
-    d["loaded"] = probe.loaded;
-    d["library"] = probe.library;
-    d["error"] = probe.error;
-    d["devices"] = probe.devices;
-    return d;
-  }, "Tries to dlopen libibverbs and lists the RDMA devices it reports.");
   m.def("rdma_report", [] {
     RdmaReport r = describeRdma(Config::fromEnvironment());
     py::dict d;

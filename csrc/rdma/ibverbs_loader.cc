@@ -1,8 +1,10 @@
-#include "rdma/ibverbs_loader.h"
-
+// Run-time loading of libibverbs (ibv_api.h): no link-time dependency, so the
+// module imports on machines without rdma-core. RCOLL_IBVERBS_LIB first, then
+// libibverbs.so.1, then libibverbs.so; only the entry points rcoll uses are resolved.
 #include <dlfcn.h>
 
 #include <cstdlib>
+#include <vector>
 
 #include "rdma/ibv_api.h"
 
@@ -92,23 +94,6 @@ const IbvApi* ibvApi(std::string* why) {
   const Loaded& l = loaded();
   if (!l.ok && why != nullptr) *why = l.error;
   return l.ok ? &l.api : nullptr;
-}
-
-IbverbsProbe probeIbverbs() {
-  IbverbsProbe probe;
-  const IbvApi* api = ibvApi(&probe.error);
-  if (api == nullptr) return probe;
-  probe.loaded = true;
-  probe.library = api->library;
-  int count = 0;
-  ibv_device** list = api->get_device_list(&count);
-  if (list == nullptr) {
-    probe.error = "ibv_get_device_list failed (is the RDMA kernel driver loaded?)";
-    return probe;
-  }
-  for (int i = 0; i < count; ++i) probe.devices.emplace_back(api->get_device_name(list[i]));
-  api->free_device_list(list);
-  return probe;
 }
 
 }  // namespace rcoll

@@ -2,19 +2,12 @@
 // answer says so, and `auto` falls back to TCP.
 #include "error.h"
 #include "rdma/ib_device.h"
-#include "rdma/ibverbs_loader.h"
 #include "rdma/verbs_factory.h"
 
 namespace rcoll {
 
 namespace {
 const char* kNotBuilt = "this rcoll was built without the ibverbs transport (rdma-core headers were missing at build time)";
-}
-
-IbverbsProbe probeIbverbs() {
-  IbverbsProbe probe;
-  probe.error = kNotBuilt;
-  return probe;
 }
 
 RdmaReport describeRdma(const Config&) {
