@@ -105,6 +105,69 @@ void buildRingAllreduce(Schedule& s, const RingContext& ctx, const char* send, c
   }
 }
 
+void buildRecursiveDoublingAllreduce(Schedule& s, const RingContext& ctx, const char* send, char* recv,
+                                     size_t count) {
+  const int P = ctx.size, r = ctx.rank;
+  const size_t es = s.elem_size;
+  const bool avg = s.op.reduce_op == ReduceOp::kAvg;
+  int pof2 = 1;
+  while (pof2 * 2 <= P) pof2 *= 2;
+  const int rem = P - pof2;
+  const size_t seg = ctx.segmenter.segmentElems(count);
+  const size_t nseg = numSegments(count, seg);
+  auto segLen = [&](size_t k) { return std::min(seg, count - k * seg); };
+
+  // Fold: among the first 2*rem ranks, each even rank hands its input to the
+  // odd rank above it and waits for the result.
+  if (r < 2 * rem && r % 2 == 0) {
+    for (size_t k = 0; k < nseg; ++k) s.sends.push_back({r + 1, send + k * seg * es, k * seg, segLen(k), -1});
+    for (size_t k = 0; k < nseg; ++k) {
+      s.recvs.push_back({r + 1, k * seg, segLen(k), recv + k * seg * es, nullptr, nullptr, false});
+    }
+    return;
+  }
+  const bool folded = r < 2 * rem;  // odd: holds its lower neighbour's input too
+  const int newrank = folded ? r / 2 : r - rem;
+  auto rankOf = [&](int nr) { return nr < rem ? nr * 2 + 1 : nr + rem; };
+  int prev_first = -1;  // first receive of the previous exchange: what the next one forwards
+  if (folded) {
+    prev_first = static_cast<int>(s.recvs.size());
+    for (size_t k = 0; k < nseg; ++k) {
+      RecvStep step{r - 1, k * seg, segLen(k), nullptr, recv + k * seg * es, send + k * seg * es, false};
+      step.staged_first = true;  // rank r-1 is the lower one
+      s.recvs.push_back(step);
+    }
+  }
+  for (int mask = 1; mask < pof2; mask <<= 1) {
+    const int partner_new = newrank ^ mask;
+    const int partner = rankOf(partner_new);
+    const bool last = mask * 2 == pof2;
+    // Until something was received the partial result is this rank's input.
+    const char* acc = prev_first < 0 ? send : recv;
+    const int first_send = static_cast<int>(s.sends.size());
+    for (size_t k = 0; k < nseg; ++k) {
+      s.sends.push_back({partner, acc + k * seg * es, k * seg, segLen(k),
+                         prev_first < 0 ? -1 : prev_first + static_cast<int>(k)});
+    }
+    const int first = static_cast<int>(s.recvs.size());
+    for (size_t k = 0; k < nseg; ++k) {
+      RecvStep step{partner, k * seg, segLen(k), nullptr, recv + k * seg * es, acc + k * seg * es, avg && last};
+      step.staged_first = partner_new < newrank;
+      // The send above reads what this reduction overwrites (in place, or the
+      // partial result in recv): it must be gone first.
+      step.reduce_after_send = first_send + static_cast<int>(k);
+      s.recvs.push_back(step);
+    }
+    prev_first = first;
+  }
+  if (folded) {  // hand the result back to the even rank below
+    for (size_t k = 0; k < nseg; ++k) {
+      s.sends.push_back({r - 1, recv + k * seg * es, k * seg, segLen(k),
+                         prev_first < 0 ? -1 : prev_first + static_cast<int>(k)});
+    }
+  }
+}
+
 void buildRingReduceScatter(Schedule& s, const RingContext& ctx, const char* send, char* recv, char* scratch,
                             size_t count) {
   const size_t es = s.elem_size;

@@ -35,6 +35,16 @@ struct RingContext {
 // that completes a block divides it before passing it on.
 void buildRingAllreduce(Schedule& s, const RingContext& ctx, const char* send, char* recv, size_t count);
 
+// Recursive-doubling allreduce for small buffers: log2(P) exchanges of the
+// whole buffer instead of the ring's 2(P-1) steps, so latency, not bandwidth,
+// sets its cost. With P not a power of two, the first 2*(P - 2^k) ranks pair
+// up: the even one folds its input into the odd one, sits the exchanges out
+// and receives the result at the end (MPICH's scheme). Messages are segmented
+// like the ring's. Partial results are always combined lower ranks first, so
+// every rank ends with the same bits. `send` may equal `recv`.
+void buildRecursiveDoublingAllreduce(Schedule& s, const RingContext& ctx, const char* send, char* recv,
+                                     size_t count);
+
 // Ring reduce-scatter: `send` holds size*count elements, rank r ends with block r
 // in `recv` (count elements). Partial sums of other blocks go to `scratch`
 // (size*count elements; only the blocks of other ranks are touched).

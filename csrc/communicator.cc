@@ -48,6 +48,7 @@ struct JobInfo {
   uint32_t size;
   uint64_t chunk_bytes;
   uint64_t min_chunk_bytes;
+  uint64_t allreduce_rd_bytes;
 };
 #pragma pack(pop)
 
@@ -138,6 +139,7 @@ void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
     job.size = static_cast<uint32_t>(size_);
     job.chunk_bytes = config_.chunk_bytes;
     job.min_chunk_bytes = config_.min_chunk_bytes;
+    job.allreduce_rd_bytes = config_.allreduce_rd_bytes;
     std::vector<uint8_t> bytes(sizeof(job));
     std::memcpy(bytes.data(), &job, sizeof(job));
     store.set(prefix + "job", bytes);
@@ -159,6 +161,11 @@ void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
                  static_cast<unsigned long long>(job.min_chunk_bytes));
       config_.chunk_bytes = job.chunk_bytes;
       config_.min_chunk_bytes = job.min_chunk_bytes;
+    }
+    if (job.allreduce_rd_bytes != config_.allreduce_rd_bytes) {
+      RCOLL_WARN("RCOLL_ALLREDUCE_RD_BYTES differs from rank 0's (%llu); using rank 0's",
+                 static_cast<unsigned long long>(job.allreduce_rd_bytes));
+      config_.allreduce_rd_bytes = job.allreduce_rd_bytes;
     }
   }
   std::memcpy(info_.token, job.token, sizeof(info_.token));
@@ -274,7 +281,7 @@ bool Communicator::agreeOnVerbs(Store& store, const std::string& prefix, Deadlin
 
 std::shared_ptr<Work> Communicator::enqueue(OpKind kind, DataType dtype, ReduceOp op, int root, size_t count,
                                             const void* send, void* recv, std::chrono::milliseconds timeout,
-                                            std::vector<uint64_t> counts) {
+                                            Launch launch, std::vector<uint64_t> counts) {
   OpDesc desc;
   desc.kind = kind;
   desc.dtype = dtype;
@@ -321,63 +328,86 @@ std::shared_ptr<Work> Communicator::enqueue(OpKind kind, DataType dtype, ReduceO
     desc.seq = next_seq_;
     throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: %s: %s", rank_, describeOp(desc).c_str(), bad.c_str()));
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   if (stopping_ || closed_) {
     throwError(ErrorKind::kAborted, strFormat("rank %d: %s called after shutdown()", rank_, describeOp(desc).c_str()));
   }
   desc.seq = next_seq_++;
   auto work = std::make_shared<Work>(desc.seq);
-  queue_.push_back({desc, static_cast<const char*>(send), static_cast<char*>(recv),
-                    timeout.count() > 0 ? timeout : timeout_, work, std::move(counts),
-                    std::chrono::steady_clock::now()});
+  Op op{desc, static_cast<const char*>(send), static_cast<char*>(recv), timeout.count() > 0 ? timeout : timeout_,
+        work, std::move(counts), std::chrono::steady_clock::now()};
+  // A caller that is about to wait runs the op itself when nothing is queued
+  // or running: no hand-off to the progress thread and back, which costs two
+  // thread wake-ups (tens of microseconds each on a loaded or virtual machine)
+  // per small op. Issue order is kept: nothing else can start meanwhile.
+  if (launch == Launch::kCallerWaits && queue_.empty() && !running_op_ && !abort_flag_.load()) {
+    running_op_ = true;
+    lock.unlock();
+    ExecutorRelease release{this};
+    executeOp(op);
+    return work;
+  }
+  work->setInlineRunner(weak_from_this());  // empty unless a shared_ptr owns this communicator
+  queue_.push_back(std::move(op));
   queue_cv_.notify_one();
   return work;
 }
 
+void Communicator::runInline(const Work& work) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (running_op_ || queue_.empty() || queue_.front().work.get() != &work || abort_flag_.load()) return;
+  Op op = std::move(queue_.front());
+  queue_.pop_front();
+  running_op_ = true;
+  lock.unlock();
+  ExecutorRelease release{this};
+  executeOp(op);
+}
+
 std::shared_ptr<Work> Communicator::allreduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
-                                              std::chrono::milliseconds timeout) {
-  return enqueue(OpKind::kAllreduce, dtype, op, 0, count, send, recv, timeout);
+                                              std::chrono::milliseconds timeout, Launch launch) {
+  return enqueue(OpKind::kAllreduce, dtype, op, 0, count, send, recv, timeout, launch);
 }
 
 std::shared_ptr<Work> Communicator::allgather(const void* send, void* recv, size_t count, DataType dtype,
-                                              std::chrono::milliseconds timeout) {
-  return enqueue(OpKind::kAllgather, dtype, ReduceOp::kSum, 0, count, send, recv, timeout);
+                                              std::chrono::milliseconds timeout, Launch launch) {
+  return enqueue(OpKind::kAllgather, dtype, ReduceOp::kSum, 0, count, send, recv, timeout, launch);
 }
 
 std::shared_ptr<Work> Communicator::reduceScatter(const void* send, void* recv, size_t count, DataType dtype,
-                                                  ReduceOp op, std::chrono::milliseconds timeout) {
-  return enqueue(OpKind::kReduceScatter, dtype, op, 0, count, send, recv, timeout);
+                                                  ReduceOp op, std::chrono::milliseconds timeout, Launch launch) {
+  return enqueue(OpKind::kReduceScatter, dtype, op, 0, count, send, recv, timeout, launch);
 }
 
 std::shared_ptr<Work> Communicator::broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
-                                              std::chrono::milliseconds timeout) {
-  return enqueue(OpKind::kBroadcast, dtype, ReduceOp::kSum, root, count, send, recv, timeout);
+                                              std::chrono::milliseconds timeout, Launch launch) {
+  return enqueue(OpKind::kBroadcast, dtype, ReduceOp::kSum, root, count, send, recv, timeout, launch);
 }
 
-std::shared_ptr<Work> Communicator::barrier(std::chrono::milliseconds timeout) {
-  return enqueue(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, 0, nullptr, nullptr, timeout);
+std::shared_ptr<Work> Communicator::barrier(std::chrono::milliseconds timeout, Launch launch) {
+  return enqueue(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, 0, nullptr, nullptr, timeout, launch);
 }
 
 std::shared_ptr<Work> Communicator::reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
-                                           int root, std::chrono::milliseconds timeout) {
-  return enqueue(OpKind::kReduce, dtype, op, root, count, send, recv, timeout);
+                                           int root, std::chrono::milliseconds timeout, Launch launch) {
+  return enqueue(OpKind::kReduce, dtype, op, root, count, send, recv, timeout, launch);
 }
 
 std::shared_ptr<Work> Communicator::gather(const void* send, void* recv, size_t count, DataType dtype, int root,
-                                           std::chrono::milliseconds timeout) {
-  return enqueue(OpKind::kGather, dtype, ReduceOp::kSum, root, count, send, recv, timeout);
+                                           std::chrono::milliseconds timeout, Launch launch) {
+  return enqueue(OpKind::kGather, dtype, ReduceOp::kSum, root, count, send, recv, timeout, launch);
 }
 
 std::shared_ptr<Work> Communicator::scatter(const void* send, void* recv, size_t count, DataType dtype, int root,
-                                            std::chrono::milliseconds timeout) {
-  return enqueue(OpKind::kScatter, dtype, ReduceOp::kSum, root, count, send, recv, timeout);
+                                            std::chrono::milliseconds timeout, Launch launch) {
+  return enqueue(OpKind::kScatter, dtype, ReduceOp::kSum, root, count, send, recv, timeout, launch);
 }
 
 std::shared_ptr<Work> Communicator::allToAll(const void* send, void* recv, const std::vector<int64_t>& send_counts,
                                              const std::vector<int64_t>& send_displs,
                                              const std::vector<int64_t>& recv_counts,
                                              const std::vector<int64_t>& recv_displs, DataType dtype,
-                                             std::chrono::milliseconds timeout) {
+                                             std::chrono::milliseconds timeout, Launch launch) {
   const size_t P = static_cast<size_t>(size_);
   const uint64_t es = elementSize(dtype);
   auto invalid = [&](const std::string& why) {
@@ -433,7 +463,7 @@ std::shared_ptr<Work> Communicator::allToAll(const void* send, void* recv, const
     uintptr_t r0 = reinterpret_cast<uintptr_t>(recv) + lo[1] * es, r1 = reinterpret_cast<uintptr_t>(recv) + hi[1] * es;
     if (s0 < r1 && r0 < s1) invalid("the send and receive buffers overlap: alltoall cannot run in place");
   }
-  return enqueue(OpKind::kAllToAll, dtype, ReduceOp::kSum, 0, static_cast<size_t>(totals[0]), send, recv, timeout,
+  return enqueue(OpKind::kAllToAll, dtype, ReduceOp::kSum, 0, static_cast<size_t>(totals[0]), send, recv, timeout, launch,
                  std::move(packed));
 }
 
@@ -455,7 +485,13 @@ void Communicator::runOp(const Op& op) {
         if (d.reduce_op == ReduceOp::kAvg) scaleDivide(op.recv, d.count, d.dtype, 1);
         return;
       }
-      buildRingAllreduce(schedule_, ctx, op.send, op.recv, d.count);
+      // Below the switch-over (measured: bench/sweep.py) latency dominates,
+      // and recursive doubling needs log2(P) message latencies to the ring's 2(P-1).
+      if (d.count > 0 && bytes <= config_.allreduce_rd_bytes) {
+        buildRecursiveDoublingAllreduce(schedule_, ctx, op.send, op.recv, d.count);
+      } else {
+        buildRingAllreduce(schedule_, ctx, op.send, op.recv, d.count);
+      }
       break;
     case OpKind::kAllgather: {
       char* own = op.recv + static_cast<size_t>(rank_) * bytes;
@@ -549,8 +585,7 @@ void Communicator::recordFailure(ErrorKind kind, const std::string& message) {
 }
 
 void Communicator::tellPeers() {
-  if (peers_told_) return;
-  peers_told_ = true;
+  if (peers_told_.exchange(true)) return;
   ErrorKind kind;
   std::string message;
   {
@@ -563,82 +598,94 @@ void Communicator::tellPeers() {
   if (transport_) transport_->abortPeers(kind, message);
 }
 
+// The progress thread runs queued ops in issue order. It owns the executor
+// (running_op_) while it runs one, and waits while a caller thread runs an op
+// inline (enqueue with Launch::kCallerWaits), so ops never overlap.
 void Communicator::progressLoop() {
   for (;;) {
     Op op;
     bool have_op = false;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      queue_cv_.wait(lock, [&] { return !queue_.empty() || stopping_ || (abort_flag_.load() && !peers_told_); });
+      queue_cv_.wait(lock, [&] { return !running_op_ && (!queue_.empty() || stopping_ || abortPending()); });
       if (!queue_.empty()) {
         op = std::move(queue_.front());
         queue_.pop_front();
         have_op = true;
-        running_op_ = true;
       } else if (stopping_ && !abort_flag_.load()) {
         return;
       }
+      running_op_ = true;
     }
+    ExecutorRelease release{this};
     if (abort_flag_.load()) tellPeers();
-    // Whatever happens to this op below, shutdown() learns when it is over.
-    struct OpEnd {
-      Communicator* self;
-      bool active;
-      ~OpEnd() {
-        if (!active) return;
-        {
-          std::lock_guard<std::mutex> lock(self->mutex_);
-          self->running_op_ = false;
-        }
-        self->idle_cv_.notify_all();
-      }
-    } op_end{this, have_op};
     if (!have_op) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (stopping_ && queue_.empty()) return;
       continue;
     }
-    std::string earlier;
-    ErrorKind earlier_kind;
+    executeOp(op);
+  }
+}
+
+bool Communicator::abortPending() const { return abort_flag_.load() && !peers_told_.load(); }
+
+// Gives the executor back. The progress thread is woken only when it has
+// something to do: waking it costs tens of microseconds on a busy or virtual
+// machine, which is what the inline path exists to avoid.
+Communicator::ExecutorRelease::~ExecutorRelease() {
+  bool wake;
+  {
+    std::lock_guard<std::mutex> lock(self->mutex_);
+    self->running_op_ = false;
+    wake = !self->queue_.empty() || self->stopping_ || self->abortPending();
+  }
+  self->idle_cv_.notify_all();
+  if (wake) self->queue_cv_.notify_all();
+}
+
+// Runs one op on the calling thread (which owns the executor) and completes its Work.
+void Communicator::executeOp(const Op& op) {
+  std::string earlier;
+  ErrorKind earlier_kind;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    earlier = poison_message_;
+    earlier_kind = poison_kind_;
+  }
+  if (!earlier.empty()) {
+    op.work->markFailed(earlier_kind, strFormat("rank %d: %s (op #%llu) was not run because the communicator "
+                                                "failed earlier: %s",
+                                                rank_, describeOp(op.desc).c_str(),
+                                                static_cast<unsigned long long>(op.desc.seq), earlier.c_str()));
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    runOp(op);
+    if (timeline_) recordTimeline(op, start, "done");
+    op.work->markDone();
+  } catch (const std::exception& e) {
+    if (timeline_) recordTimeline(op, start, "failed");
+    const auto* rcoll_error = dynamic_cast<const RcollError*>(&e);
+    ErrorKind kind = rcoll_error ? rcoll_error->kind() : ErrorKind::kGeneric;
+    std::string message = rcoll_error ? std::string(e.what())
+                                      : strFormat("rank %d: %s (op #%llu) failed: %s", rank_,
+                                                  describeOp(op.desc).c_str(),
+                                                  static_cast<unsigned long long>(op.desc.seq), e.what());
+    recordFailure(kind, message);
     {
+      // Stopped by a failure recorded elsewhere (abort(), the p2p engine):
+      // report that cause, not a bare "aborted".
       std::lock_guard<std::mutex> lock(mutex_);
-      earlier = poison_message_;
-      earlier_kind = poison_kind_;
-    }
-    if (!earlier.empty()) {
-      op.work->markFailed(earlier_kind, strFormat("rank %d: %s (op #%llu) was not run because the communicator "
-                                                  "failed earlier: %s",
-                                                  rank_, describeOp(op.desc).c_str(),
-                                                  static_cast<unsigned long long>(op.desc.seq), earlier.c_str()));
-      continue;
-    }
-    const auto start = std::chrono::steady_clock::now();
-    try {
-      runOp(op);
-      if (timeline_) recordTimeline(op, start, "done");
-      op.work->markDone();
-    } catch (const std::exception& e) {
-      if (timeline_) recordTimeline(op, start, "failed");
-      const auto* rcoll_error = dynamic_cast<const RcollError*>(&e);
-      ErrorKind kind = rcoll_error ? rcoll_error->kind() : ErrorKind::kGeneric;
-      std::string message = rcoll_error ? std::string(e.what())
-                                        : strFormat("rank %d: %s (op #%llu) failed: %s", rank_,
-                                                    describeOp(op.desc).c_str(),
-                                                    static_cast<unsigned long long>(op.desc.seq), e.what());
-      recordFailure(kind, message);
-      {
-        // Stopped by a failure recorded elsewhere (abort(), the p2p engine):
-        // report that cause, not a bare "aborted".
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (kind == ErrorKind::kAborted && poison_message_ != message) {
-          kind = poison_kind_;
-          message = strFormat("rank %d: %s (op #%llu) failed: %s", rank_, describeOp(op.desc).c_str(),
-                              static_cast<unsigned long long>(op.desc.seq), poison_message_.c_str());
-        }
+      if (kind == ErrorKind::kAborted && poison_message_ != message) {
+        kind = poison_kind_;
+        message = strFormat("rank %d: %s (op #%llu) failed: %s", rank_, describeOp(op.desc).c_str(),
+                            static_cast<unsigned long long>(op.desc.seq), poison_message_.c_str());
       }
-      tellPeers();
-      op.work->markFailed(kind, message);
     }
+    tellPeers();
+    op.work->markFailed(kind, message);
   }
 }
 

@@ -42,7 +42,12 @@ struct CommunicatorOptions {
   std::string bind_hint;         // address to bind data sockets to when RCOLL_SOCKET_IFNAME is unset
 };
 
-class Communicator {
+// How an op starts: queued for the progress thread, or run on the calling
+// thread when the caller will wait for it at once and nothing is queued ahead
+// (the Work is then complete when the call returns).
+enum class Launch { kQueued, kCallerWaits };
+
+class Communicator : public InlineRunner, public std::enable_shared_from_this<Communicator> {
  public:
   // Rendezvous and connection set-up; blocks until every rank has joined (or
   // RCOLL_CONNECT_TIMEOUT passes). Call without holding the GIL.
@@ -64,30 +69,30 @@ class Communicator {
 
   // `timeout` 0 = the communicator's default. `send` may equal `recv`.
   std::shared_ptr<Work> allreduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
-                                  std::chrono::milliseconds timeout = {});
+                                  std::chrono::milliseconds timeout = {}, Launch launch = Launch::kQueued);
   // `send`: count elements; `recv`: size*count elements (in place when send == recv + rank*count).
   std::shared_ptr<Work> allgather(const void* send, void* recv, size_t count, DataType dtype,
-                                  std::chrono::milliseconds timeout = {});
+                                  std::chrono::milliseconds timeout = {}, Launch launch = Launch::kQueued);
   // `send`: size*count elements; `recv`: count elements, block `rank` of the reduction.
   std::shared_ptr<Work> reduceScatter(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
-                                      std::chrono::milliseconds timeout = {});
+                                      std::chrono::milliseconds timeout = {}, Launch launch = Launch::kQueued);
   // The root's `send` reaches every rank's `recv` (the root's too).
   std::shared_ptr<Work> broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
-                                  std::chrono::milliseconds timeout = {});
-  std::shared_ptr<Work> barrier(std::chrono::milliseconds timeout = {});
+                                  std::chrono::milliseconds timeout = {}, Launch launch = Launch::kQueued);
+  std::shared_ptr<Work> barrier(std::chrono::milliseconds timeout = {}, Launch launch = Launch::kQueued);
   // The reduction of every rank's `send` (count elements) lands in the root's
   // `recv` only (`recv` may equal `send`; it is not used, and may be null,
   // elsewhere).
   std::shared_ptr<Work> reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op, int root,
-                               std::chrono::milliseconds timeout = {});
+                               std::chrono::milliseconds timeout = {}, Launch launch = Launch::kQueued);
   // `send`: count elements; the root's `recv`: size*count elements, block r from
   // rank r (in place when send == recv + root*count). `recv` may be null elsewhere.
   std::shared_ptr<Work> gather(const void* send, void* recv, size_t count, DataType dtype, int root,
-                               std::chrono::milliseconds timeout = {});
+                               std::chrono::milliseconds timeout = {}, Launch launch = Launch::kQueued);
   // The root's `send`: size*count elements; rank r's `recv` gets block r (in
   // place on the root when recv == send + root*count). `send` may be null elsewhere.
   std::shared_ptr<Work> scatter(const void* send, void* recv, size_t count, DataType dtype, int root,
-                                std::chrono::milliseconds timeout = {});
+                                std::chrono::milliseconds timeout = {}, Launch launch = Launch::kQueued);
   // alltoallv: send_counts[p] elements from send + send_displs[p] go to rank p,
   // which receives them at recv + recv_displs[rank] (its recv_counts[rank] must
   // be the same number). Every vector has one entry per rank, in elements; the
@@ -96,7 +101,7 @@ class Communicator {
   std::shared_ptr<Work> allToAll(const void* send, void* recv, const std::vector<int64_t>& send_counts,
                                  const std::vector<int64_t>& send_displs, const std::vector<int64_t>& recv_counts,
                                  const std::vector<int64_t>& recv_displs, DataType dtype,
-                                 std::chrono::milliseconds timeout = {});
+                                 std::chrono::milliseconds timeout = {}, Launch launch = Launch::kQueued);
 
   // Point-to-point: outside the collective order (see p2p_engine.h); messages
   // between two ranks match in issue order, and their tags must agree.
@@ -104,6 +109,10 @@ class Communicator {
                              std::chrono::milliseconds timeout = {});
   std::shared_ptr<Work> recv(void* data, size_t count, DataType dtype, int peer, int tag,
                              std::chrono::milliseconds timeout = {});
+
+  // Runs `work`'s op on this thread if it is next in the queue and nothing
+  // runs (the untimed Work::wait() of a queued op calls it).
+  void runInline(const Work& work) override;
 
   // Fails the running and every queued op at once, tells the peers, and makes
   // the communicator unusable. Safe from any thread; returns without waiting.
@@ -132,10 +141,17 @@ class Communicator {
   bool agreeOnVerbs(Store& store, const std::string& prefix, Deadline deadline, IbPortChoice* port);
   void rendezvous(Store& store, const std::string& bind_hint);
   std::shared_ptr<Work> enqueue(OpKind kind, DataType dtype, ReduceOp op, int root, size_t count,
-                                const void* send, void* recv, std::chrono::milliseconds timeout,
+                                const void* send, void* recv, std::chrono::milliseconds timeout, Launch launch,
                                 std::vector<uint64_t> counts = {});
   void progressLoop();
+  void executeOp(const Op& op);
   void runOp(const Op& op);
+  bool abortPending() const;  // with mutex_ held: an abort the peers were not told of yet
+  // Whoever runs an op owns the executor (running_op_); this gives it back.
+  struct ExecutorRelease {
+    Communicator* self;
+    ~ExecutorRelease();
+  };
   void recordTimeline(const Op& op, std::chrono::steady_clock::time_point start, const char* outcome);
   // Thread-safe: records the first failure (sticky), fails the p2p engine with
   // it and wakes the collective thread, which tells its peers (tellPeers).
@@ -153,7 +169,7 @@ class Communicator {
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<P2PEngine> p2p_;   // own sockets and thread; none in a world of size 1
-  bool peers_told_ = false;          // collective thread only
+  std::atomic<bool> peers_told_{false};  // set by whoever owns the executor
   Schedule schedule_;                // reused by every op on the progress thread
   std::vector<char> scratch_;        // reduce-scatter and reduce partial sums, grown on demand
 

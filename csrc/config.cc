@@ -35,6 +35,11 @@ const std::vector<ConfigVar>& configVars() {
       {"RCOLL_IBVERBS_LIB", "", "libibverbs to dlopen (default: libibverbs.so.1, then libibverbs.so)"},
       {"RCOLL_TIMELINE", "", "write a Chrome trace of every op (queue, wait for peers, transfer, reduce) to "
                              "<value>.rank<N>.json; open in chrome://tracing or ui.perfetto.dev"},
+      {"RCOLL_ALLREDUCE_RD_BYTES", "4K", "allreduce buffers up to this size use recursive doubling "
+                                         "(log2(P) exchanges of the whole buffer) instead of the ring; "
+                                         "0 always uses the ring; rank 0's value is used by every rank"},
+      {"RCOLL_SPIN_US", "50", "microseconds a waiting rank busy-polls its connections (yielding the core "
+                              "between polls) before it sleeps; 0 sleeps at once (lowest CPU use, higher latency)"},
       {"RCOLL_SHUTDOWN_TIMEOUT", "10", "seconds shutdown() lets pending operations finish before aborting them"},
   };
   return vars;
@@ -95,6 +100,12 @@ Config Config::fromEnvironment() {
   }
   if (const char* v = envOrNull("RCOLL_PIPELINE_SLOTS")) {
     config.pipeline_slots = static_cast<int>(parseInt("RCOLL_PIPELINE_SLOTS", v, 1, 256));
+  }
+  if (const char* v = envOrNull("RCOLL_ALLREDUCE_RD_BYTES")) {
+    config.allreduce_rd_bytes = parseByteSize("RCOLL_ALLREDUCE_RD_BYTES", v);
+  }
+  if (const char* v = envOrNull("RCOLL_SPIN_US")) {
+    config.spin = std::chrono::microseconds(parseInt("RCOLL_SPIN_US", v, 0, 1000000));
   }
   if (const char* v = envOrNull("RCOLL_SOCKET_BUFFER_BYTES")) {
     config.socket_buffer_bytes = parseByteSize("RCOLL_SOCKET_BUFFER_BYTES", v);

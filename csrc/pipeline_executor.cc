@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <set>
 
 #include "error.h"
@@ -117,9 +118,19 @@ bool PipelineExecutor::harvest(const Schedule& schedule, size_t* sends_done, siz
     if (f.request->state == Request::State::kFailed) fail(schedule, transport_.failure(f.request));
     const RecvStep& step = schedule.recvs[static_cast<size_t>(f.index)];
     if (first_completion_ == std::chrono::steady_clock::time_point{}) first_completion_ = std::chrono::steady_clock::now();
+    if (f.slot != nullptr && step.reduce_after_send >= 0 && !send_done_[static_cast<size_t>(step.reduce_after_send)]) {
+      ++i;  // arrived, but a send still reads what the reduction would overwrite
+      continue;
+    }
     if (f.slot != nullptr) {
       const auto reduce_start = timeline_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-      reduceInto(step.reduce_out, step.reduce_in, f.slot, step.count, schedule.op.dtype, schedule.op.reduce_op);
+      if (step.staged_first) {
+        // Reduced in the slot, then copied: the kernels let `out` alias only the first operand.
+        reduceInto(f.slot, f.slot, step.reduce_in, step.count, schedule.op.dtype, schedule.op.reduce_op);
+        std::memcpy(step.reduce_out, f.slot, step.count * schedule.elem_size);
+      } else {
+        reduceInto(step.reduce_out, step.reduce_in, f.slot, step.count, schedule.op.dtype, schedule.op.reduce_op);
+      }
       if (step.divide_after) scaleDivide(step.reduce_out, step.count, schedule.op.dtype, static_cast<size_t>(size_));
       free_slots_.push_back(f.slot);
       if (timeline_ != nullptr) {
@@ -142,6 +153,7 @@ bool PipelineExecutor::harvest(const Schedule& schedule, size_t* sends_done, siz
     }
     if (f.request->state == Request::State::kFailed) fail(schedule, transport_.failure(f.request));
     if (first_completion_ == std::chrono::steady_clock::time_point{}) first_completion_ = std::chrono::steady_clock::now();
+    send_done_[static_cast<size_t>(f.index)] = 1;
     ++*sends_done;
     transport_.release(f.request);
     f = sends_in_flight_.back();
@@ -157,6 +169,7 @@ void PipelineExecutor::run(const Schedule& schedule, Deadline deadline, std::chr
   const size_t n_sends = schedule.sends.size();
   const size_t n_recvs = schedule.recvs.size();
   recv_done_.assign(n_recvs, 0);
+  send_done_.assign(n_sends, 0);
   first_completion_ = {};
   // Whole-buffer registrations for transports that need them, released however run() ends.
   struct Registrations {

@@ -6,6 +6,9 @@
 // reduces segment k: the network and the arithmetic overlap. A staging slot is
 // freed the moment its segment is reduced (the result lives in the destination
 // buffer), so slots never wait on sends and the ring cannot deadlock on them.
+// The one exception, recursive doubling, holds a slot until the send that reads
+// the reduction's destination is gone; that send depends only on receives
+// posted earlier, which hold slots of their own, so it cannot deadlock either.
 #pragma once
 
 #include <atomic>
@@ -69,6 +72,7 @@ class PipelineExecutor {
   std::vector<InFlight> sends_in_flight_;
   std::vector<InFlight> recvs_in_flight_;
   std::vector<uint8_t> recv_done_;
+  std::vector<uint8_t> send_done_;
 };
 
 }  // namespace rcoll

@@ -33,6 +33,13 @@ struct RecvStep {
   char* reduce_out;
   const char* reduce_in;
   bool divide_after;   // avg: divide reduce_out by the world size once reduced
+  // The received operand comes first: reduce_out = staged (op) reduce_in. Lets
+  // every rank combine partial results in one canonical order, so that results
+  // are bit-identical across ranks even where (op) is not (min/max of +0 and -0).
+  bool staged_first = false;
+  // The reduction waits for this send (index into Schedule::sends) to finish,
+  // when that send reads the memory the reduction overwrites. -1: none.
+  int reduce_after_send = -1;
 };
 
 struct Schedule {

@@ -2,6 +2,7 @@
 
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -326,7 +327,18 @@ bool TcpTransport::driveAll() {
 }
 
 void TcpTransport::progress(std::chrono::milliseconds timeout) {
-  Deadline deadline = std::chrono::steady_clock::now() + timeout;
+  const auto start = std::chrono::steady_clock::now();
+  Deadline deadline = start + timeout;
+  // Spin a little before sleeping in poll(): an answer that comes within
+  // microseconds is then taken without a wake-up, which costs tens of
+  // microseconds on a virtual or busy machine (RCOLL_SPIN_US, as shm does).
+  // sched_yield() keeps the spin polite: it hands the core to any runnable
+  // thread, often the very peer this rank waits for.
+  const auto spin_until = start + std::min<std::chrono::microseconds>(config_.spin, timeout);
+  while (std::chrono::steady_clock::now() < spin_until) {
+    if (driveAll()) return;
+    sched_yield();
+  }
   std::vector<pollfd> fds;
   for (;;) {
     if (driveAll()) return;

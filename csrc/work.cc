@@ -3,6 +3,10 @@
 namespace rcoll {
 
 bool Work::wait(std::chrono::milliseconds timeout) {
+  if (timeout.count() < 0) {
+    // Bounded waits never run the op: it could outlast their bound.
+    if (auto runner = runner_.lock()) runner->runInline(*this);
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   if (timeout.count() < 0) {
     done_cv_.wait(lock, [&] { return done_; });

@@ -28,13 +28,27 @@ class CompletionQueue {
   std::deque<uint64_t> tokens_;
 };
 
+class Work;
+
+// Whoever can run a queued op on the thread that waits for it (the
+// communicator: see Communicator::runInline). Does nothing if the op is not
+// next in line or something else runs.
+class InlineRunner {
+ public:
+  virtual ~InlineRunner() = default;
+  virtual void runInline(const Work& work) = 0;
+};
+
 class Work {
  public:
   explicit Work(uint64_t seq) : seq_(seq) {}
 
   // Waits until the op finished; returns false if `timeout` passed first
-  // (negative = wait forever). Throws the op's RcollError if it failed.
+  // (negative = wait forever). Throws the op's RcollError if it failed. An
+  // untimed wait first offers to run the op itself (setInlineRunner): a
+  // waiter has nothing better to do, and it saves two thread wake-ups.
   bool wait(std::chrono::milliseconds timeout);
+  void setInlineRunner(std::weak_ptr<InlineRunner> runner) { runner_ = std::move(runner); }
   bool isCompleted() const;
   bool failed() const;
   ErrorKind errorKind() const;
@@ -59,6 +73,7 @@ class Work {
   std::string message_;
   std::shared_ptr<CompletionQueue> queue_;
   uint64_t token_ = 0;
+  std::weak_ptr<InlineRunner> runner_;  // set before the Work is shared, then read only
 };
 
 }  // namespace rcoll

@@ -433,3 +433,23 @@ def point_to_point(rank, world):
             if not same(y, make_input(7, peer, dtype, n, "max")):
                 failures.append(f"p2p {dtype} n={n}")
     return 1, failures
+
+
+def allreduce_bits(rank, world, seed=11):
+    """Results of float allreduces whose bits depend on the combining order
+    (arbitrary values, signed zeros and NaNs): every rank must end with the
+    same bytes, whichever algorithm ran. Returns the result bytes per case."""
+    comm = rcoll.init()
+    rng = np.random.default_rng([seed, rank])
+    out = []
+    for dtype in (np.float16, np.float32, np.float64):
+        for op in ("sum", "prod", "min", "max", "avg"):
+            for n in (1, 5, 333, 2000):
+                x = rng.standard_normal(n).astype(dtype)
+                if op in ("min", "max"):
+                    x[rng.random(n) < 0.3] = 0.0
+                    x[rng.random(n) < 0.3] = -0.0
+                    x[rng.random(n) < 0.05] = np.nan
+                comm.allreduce(x, op)
+                out.append(x.tobytes())
+    return out

@@ -33,6 +33,29 @@ def test_allreduce_matrix(world, chunks):
     _check(spawn.run(w.allreduce_sweep, world, timeout=240, env=env))
 
 
+# Both allreduce algorithms over the whole matrix: recursive doubling forced for
+# every size (world sizes that are not powers of two fold ranks in and out), and
+# the ring forced for the small sizes that would otherwise take recursive doubling.
+ALGORITHMS = {"recursive_doubling": "1G", "ring": "0"}
+
+
+@pytest.mark.parametrize("algorithm,world", [("recursive_doubling", n) for n in (2, 3, 5, 6, 7, 8)] +
+                         [("ring", 3), ("ring", 8)])
+def test_allreduce_algorithms(world, algorithm):
+    env = dict(SMALL_CHUNKS, RCOLL_ALLREDUCE_RD_BYTES=ALGORITHMS[algorithm])
+    _check(spawn.run(w.allreduce_sweep, world, timeout=240, env=env))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 6])
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_allreduce_same_bits_on_every_rank(world, algorithm):
+    env = dict(SMALL_CHUNKS, RCOLL_ALLREDUCE_RD_BYTES=ALGORITHMS[algorithm])
+    results = spawn.run(w.allreduce_bits, world, timeout=240, env=env)
+    for rank in range(1, world):
+        for case, (mine, first) in enumerate(zip(results[rank], results[0])):
+            assert mine == first, f"rank {rank} and rank 0 differ in case {case}"
+
+
 @pytest.mark.parametrize("world", WORLDS)
 def test_reduce_scatter_matrix(world):
     _check(spawn.run(w.reduce_scatter_sweep, world, timeout=240, env=SMALL_CHUNKS))

@@ -22,8 +22,24 @@
 
 namespace py = pybind11;
 using namespace rcoll;
+using namespace pybind11::literals;
 
 namespace {
+
+// Collectives run with the GIL released: a blocking one may run inline (below).
+const py::call_guard<py::gil_scoped_release> kReleaseGil{};
+
+Launch launchFor(bool blocking) { return blocking ? Launch::kCallerWaits : Launch::kQueued; }
+
+// numpy's array object starts with PyObject_HEAD and the data pointer: that
+// prefix is numpy's stable ABI (PyArray_DATA reads it) in 1.x and 2.x. Reading
+// it costs nanoseconds where `__array_interface__` builds a dict (microseconds,
+// a real share of a small op's latency).
+struct NumpyArrayPrefix {
+  PyObject_HEAD
+  char* data;
+};
+PyTypeObject* g_ndarray_type = nullptr;
 
 // Python exception classes, created at import, indexed by ErrorKind.
 PyObject* g_errors[7] = {};
@@ -121,6 +137,12 @@ void* mptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "rcoll C++ core (internal: use the rcoll package)";
+
+  g_ndarray_type = reinterpret_cast<PyTypeObject*>(py::object(py::module_::import("numpy").attr("ndarray")).release().ptr());
+  m.def("array_address", [](py::handle array) -> uintptr_t {
+    if (!PyObject_TypeCheck(array.ptr(), g_ndarray_type)) throw py::type_error("array_address: not a numpy array");
+    return reinterpret_cast<uintptr_t>(reinterpret_cast<NumpyArrayPrefix*>(array.ptr())->data);
+  }, "The data pointer of a numpy array (its first element).");
 
   PyObject* base = makeError(m, "RcollError", PyExc_RuntimeError,
                              nullptr, "Base class of every error raised by rcoll.");
@@ -304,42 +326,55 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("transport", &Communicator::transportName)
       .def_property_readonly("timeout", [](const Communicator& c) { return c.defaultTimeout().count() / 1000.0; })
       .def_property_readonly("chunk_bytes", [](const Communicator& c) { return c.config().chunk_bytes; })
+      // The collectives validate and enqueue. With blocking=True the caller is
+      // about to wait, so the op may run right here (Launch::kCallerWaits): the
+      // GIL is released for the call either way.
       .def("allreduce", [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op,
-                           double timeout) {
-             return c.allreduce(ptr(send), mptr(recv), count, toDataType(dtype), toReduceOp(op), toMillis(timeout));
-           })
-      .def("allgather", [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, double timeout) {
-             return c.allgather(ptr(send), mptr(recv), count, toDataType(dtype), toMillis(timeout));
-           })
+                           double timeout, bool blocking) {
+             return c.allreduce(ptr(send), mptr(recv), count, toDataType(dtype), toReduceOp(op), toMillis(timeout),
+                                launchFor(blocking));
+           }, "send"_a, "recv"_a, "count"_a, "dtype"_a, "op"_a, "timeout"_a, "blocking"_a = false, kReleaseGil)
+      .def("allgather", [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, double timeout,
+                           bool blocking) {
+             return c.allgather(ptr(send), mptr(recv), count, toDataType(dtype), toMillis(timeout), launchFor(blocking));
+           }, "send"_a, "recv"_a, "count"_a, "dtype"_a, "timeout"_a, "blocking"_a = false, kReleaseGil)
       .def("reduce_scatter", [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op,
-                                double timeout) {
+                                double timeout, bool blocking) {
              return c.reduceScatter(ptr(send), mptr(recv), count, toDataType(dtype), toReduceOp(op),
-                                    toMillis(timeout));
-           })
+                                    toMillis(timeout), launchFor(blocking));
+           }, "send"_a, "recv"_a, "count"_a, "dtype"_a, "op"_a, "timeout"_a, "blocking"_a = false, kReleaseGil)
       .def("broadcast", [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int root,
-                           double timeout) {
-             return c.broadcast(ptr(send), mptr(recv), count, toDataType(dtype), root, toMillis(timeout));
-           })
-      .def("barrier", [](Communicator& c, double timeout) { return c.barrier(toMillis(timeout)); })
+                           double timeout, bool blocking) {
+             return c.broadcast(ptr(send), mptr(recv), count, toDataType(dtype), root, toMillis(timeout),
+                                launchFor(blocking));
+           }, "send"_a, "recv"_a, "count"_a, "dtype"_a, "root"_a, "timeout"_a, "blocking"_a = false, kReleaseGil)
+      .def("barrier", [](Communicator& c, double timeout, bool blocking) {
+             return c.barrier(toMillis(timeout), launchFor(blocking));
+           }, "timeout"_a, "blocking"_a = false, kReleaseGil)
       .def("reduce", [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op, int root,
-                        double timeout) {
-             return c.reduce(ptr(send), mptr(recv), count, toDataType(dtype), toReduceOp(op), root, toMillis(timeout));
-           })
+                        double timeout, bool blocking) {
+             return c.reduce(ptr(send), mptr(recv), count, toDataType(dtype), toReduceOp(op), root, toMillis(timeout),
+                             launchFor(blocking));
+           }, "send"_a, "recv"_a, "count"_a, "dtype"_a, "op"_a, "root"_a, "timeout"_a, "blocking"_a = false,
+           kReleaseGil)
       .def("gather", [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int root,
-                        double timeout) {
-             return c.gather(ptr(send), mptr(recv), count, toDataType(dtype), root, toMillis(timeout));
-           })
+                        double timeout, bool blocking) {
+             return c.gather(ptr(send), mptr(recv), count, toDataType(dtype), root, toMillis(timeout),
+                             launchFor(blocking));
+           }, "send"_a, "recv"_a, "count"_a, "dtype"_a, "root"_a, "timeout"_a, "blocking"_a = false, kReleaseGil)
       .def("scatter", [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int root,
-                         double timeout) {
-             return c.scatter(ptr(send), mptr(recv), count, toDataType(dtype), root, toMillis(timeout));
-           })
+                         double timeout, bool blocking) {
+             return c.scatter(ptr(send), mptr(recv), count, toDataType(dtype), root, toMillis(timeout),
+                              launchFor(blocking));
+           }, "send"_a, "recv"_a, "count"_a, "dtype"_a, "root"_a, "timeout"_a, "blocking"_a = false, kReleaseGil)
       .def("alltoall", [](Communicator& c, uintptr_t send, uintptr_t recv, const std::vector<int64_t>& send_counts,
                           const std::vector<int64_t>& send_displs, const std::vector<int64_t>& recv_counts,
-                          const std::vector<int64_t>& recv_displs, int dtype, double timeout) {
-             // Validation and enqueueing only: the op runs on the progress thread.
+                          const std::vector<int64_t>& recv_displs, int dtype, double timeout, bool blocking) {
              return c.allToAll(ptr(send), mptr(recv), send_counts, send_displs, recv_counts, recv_displs,
-                               toDataType(dtype), toMillis(timeout));
-           }, "alltoallv: counts and displacements in elements, one per rank (lists of ints).")
+                               toDataType(dtype), toMillis(timeout), launchFor(blocking));
+           }, "send"_a, "recv"_a, "send_counts"_a, "send_displs"_a, "recv_counts"_a, "recv_displs"_a, "dtype"_a,
+           "timeout"_a, "blocking"_a = false, kReleaseGil,
+           "alltoallv: counts and displacements in elements, one per rank (lists of ints).")
       .def("send", [](Communicator& c, uintptr_t data, size_t count, int dtype, int peer, int tag, double timeout) {
              return c.send(ptr(data), count, toDataType(dtype), peer, tag, toMillis(timeout));
            })

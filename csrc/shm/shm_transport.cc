@@ -22,9 +22,6 @@ static_assert(sizeof(WireHeader) == shm::kHeaderBytes, "a ring record starts wit
 
 constexpr size_t kMaxAbortMessage = 4096;
 constexpr auto kAbortLinger = std::chrono::seconds(2);
-// Poll the rings this long after the last byte moved before sleeping: an
-// active peer answers well within it, without a wake-up on either side.
-constexpr auto kSpin = std::chrono::microseconds(50);
 // Largest copy between two publications of head or tail: the other side starts
 // on a piece while the next one is copied, and the piece stays in cache.
 constexpr uint64_t kPiece = 64 << 10;
@@ -433,7 +430,9 @@ void ShmTransport::progress(std::chrono::milliseconds timeout) {
       last_move = now;
       continue;
     }
-    if (now - last_move < kSpin) {
+    // Poll the rings for RCOLL_SPIN_US after the last byte moved before
+    // sleeping: an active peer answers well within it, without a wake-up on either side.
+    if (now - last_move < config_.spin) {
       // sched_yield(), not a pause loop: on a core with nothing else to run it
       // returns at once (the spin stays a spin), and on an oversubscribed host
       // it hands the core to whoever is runnable, often the very peer this rank

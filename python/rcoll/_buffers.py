@@ -14,6 +14,9 @@ from . import _core
 # numpy extension dtype that calls itself "bfloat16").
 _CODES = dict(_core.DTYPES)
 REDUCE_OPS = dict(_core.REDUCE_OPS)
+# The same keyed by dtype object: hashing a dtype is ~50x cheaper than dtype.name
+# (a Python-level property), which matters on the small-op path.
+_CODES_BY_DTYPE = {np.dtype(name): code for name, code in _CODES.items() if name in np.sctypeDict}
 
 
 def as_array(obj, rank: int, opname: str, what: str, writable: bool) -> np.ndarray:
@@ -39,7 +42,10 @@ def as_array(obj, rank: int, opname: str, what: str, writable: bool) -> np.ndarr
 
 
 def dtype_code(arr: np.ndarray, rank: int, opname: str) -> int:
-    code = _CODES.get(arr.dtype.name)
+    code = _CODES_BY_DTYPE.get(arr.dtype)
+    if code is not None:
+        return code
+    code = _CODES.get(arr.dtype.name)  # bfloat16 and other extension dtypes
     if code is None:
         supported = ", ".join(sorted(_CODES))
         raise _core.InvalidArgumentError(
@@ -55,5 +61,4 @@ def reduce_op_code(op, rank: int, opname: str) -> int:
         f"rank {rank}: {opname}: unknown reduce op {op!r} (use one of {', '.join(REDUCE_OPS)})")
 
 
-def address(arr: np.ndarray) -> int:
-    return arr.__array_interface__["data"][0]
+address = _core.array_address  # the data pointer of an ndarray (as_array() made every input one)

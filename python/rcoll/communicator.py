@@ -125,7 +125,7 @@ class Communicator:
         dst = src if out is None else as_array(out, self.rank, name, "out", writable=True)
         self._same_layout(src, dst, name, src.size)
         work = self._comm.allreduce(address(src), address(dst), src.size, dtype_code(src, self.rank, name),
-                                    reduce_op_code(op, self.rank, name), float(timeout or 0))
+                                    reduce_op_code(op, self.rank, name), float(timeout or 0), not async_op)
         return self._run(work, out if out is not None else array, (src, dst), async_op)
 
     def allgather(self, array, *, out=None, async_op=False, timeout=None):
@@ -141,7 +141,7 @@ class Communicator:
         dst = as_array(out, self.rank, name, "out", writable=True)
         self._same_layout(src, dst, name, src.size * self.size)
         work = self._comm.allgather(address(src), address(dst), src.size, dtype_code(src, self.rank, name),
-                                    float(timeout or 0))
+                                    float(timeout or 0), not async_op)
         return self._run(work, out, (src, dst), async_op)
 
     def reduce_scatter(self, array, op="sum", *, out=None, async_op=False, timeout=None):
@@ -155,7 +155,7 @@ class Communicator:
         dst = as_array(out, self.rank, name, "out", writable=True)
         self._same_layout(src, dst, name, n)
         work = self._comm.reduce_scatter(address(src), address(dst), n, dtype_code(src, self.rank, name),
-                                         reduce_op_code(op, self.rank, name), float(timeout or 0))
+                                         reduce_op_code(op, self.rank, name), float(timeout or 0), not async_op)
         return self._run(work, out, (src, dst), async_op)
 
     def broadcast(self, array, root: int = 0, *, out=None, async_op=False, timeout=None):
@@ -166,7 +166,7 @@ class Communicator:
         dst = src if out is None else as_array(out, self.rank, name, "out", writable=True)
         self._same_layout(src, dst, name, src.size)
         work = self._comm.broadcast(address(src), address(dst), src.size, dtype_code(src, self.rank, name),
-                                    int(root), float(timeout or 0))
+                                    int(root), float(timeout or 0), not async_op)
         return self._run(work, out if out is not None else array, (src, dst), async_op)
 
     # -- point to point ----------------------------------------------------------------
@@ -190,7 +190,7 @@ class Communicator:
 
     def barrier(self, *, async_op=False, timeout=None):
         """Returns once every rank has entered the barrier."""
-        return self._run(self._comm.barrier(float(timeout or 0)), None, None, async_op)
+        return self._run(self._comm.barrier(float(timeout or 0), not async_op), None, None, async_op)
 
     def reduce(self, array, op="sum", root: int = 0, *, out=None, async_op=False, timeout=None):
         """Reduces `array` across ranks with `op` (as allreduce); only the root receives the result.
@@ -209,7 +209,7 @@ class Communicator:
             self._same_layout(src, dst, name, src.size)
         work = self._comm.reduce(address(src), 0 if dst is None else address(dst), src.size,
                                  dtype_code(src, self.rank, name), reduce_op_code(op, self.rank, name), int(root),
-                                 float(timeout or 0))
+                                 float(timeout or 0), not async_op)
         result = (array if out is None else out) if is_root else None
         return self._run(work, result, (src, dst), async_op)
 
@@ -232,7 +232,7 @@ class Communicator:
         else:
             out = None
         work = self._comm.gather(address(src), 0 if dst is None else address(dst), src.size,
-                                 dtype_code(src, self.rank, name), int(root), float(timeout or 0))
+                                 dtype_code(src, self.rank, name), int(root), float(timeout or 0), not async_op)
         return self._run(work, out, (src, dst), async_op)
 
     def scatter(self, array=None, root: int = 0, *, out=None, async_op=False, timeout=None):
@@ -263,7 +263,7 @@ class Communicator:
             dst = as_array(out, self.rank, name, "out", writable=True)
             n = dst.size
         work = self._comm.scatter(0 if src is None else address(src), address(dst), n,
-                                  dtype_code(dst, self.rank, name), int(root), float(timeout or 0))
+                                  dtype_code(dst, self.rank, name), int(root), float(timeout or 0), not async_op)
         return self._run(work, out, (src, dst), async_op)
 
     def alltoall(self, array, *, out=None, send_counts=None, recv_counts=None, async_op=False, timeout=None):
@@ -308,7 +308,7 @@ class Communicator:
         send_displs = [0] + list(np.cumsum(send_counts[:-1], dtype=np.int64).tolist())
         recv_displs = [0] + list(np.cumsum(recv_counts[:-1], dtype=np.int64).tolist())
         work = self._comm.alltoall(address(src), address(dst), send_counts, send_displs, recv_counts, recv_displs,
-                                   dtype_code(src, self.rank, name), float(timeout or 0))
+                                   dtype_code(src, self.rank, name), float(timeout or 0), not async_op)
         return self._run(work, out, (src, dst), async_op)
 
     # -- life cycle ---------------------------------------------------------------------
