@@ -36,7 +36,7 @@ import traceback
 import numpy as np
 
 OPS = ("allreduce", "allgather", "broadcast", "reduce_scatter")
-BACKENDS = ("rcoll", "gloo", "mpi", "mpi-shm")
+BACKENDS = ("rcoll", "torch-rcoll", "gloo", "mpi", "mpi-shm")
 # Open MPI through mpi4py, started by mpirun (see run_mpi): "mpi" over TCP on loopback only
 # (the ob1 PML with the tcp BTL; vader, Open MPI's shared-memory BTL, is excluded so
 # that bytes really cross sockets, as rcoll's and gloo's do), "mpi-shm" over shared memory.
@@ -172,13 +172,16 @@ class RcollRank:
 
 
 class GlooRank:
+    """torch.distributed on CPU tensors: Gloo, or rcoll's torch backend (TorchRcollRank)."""
     name = "gloo"
 
     def __init__(self, timeout):
         import torch
         import torch.distributed as dist
         self.torch, self.dist = torch, dist
-        dist.init_process_group("gloo", init_method="env://",
+        if self.name == "torch-rcoll":
+            import rcoll.torch_backend  # noqa: F401 - registers the backend (the entry point does it too)
+        dist.init_process_group(self.name.replace("torch-", ""), init_method="env://",
                                 timeout=datetime.timedelta(seconds=timeout))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         # the non-deprecated names in recent torch, the older ones otherwise
@@ -219,6 +222,11 @@ class GlooRank:
 
     def close(self):
         self.dist.destroy_process_group()
+
+
+class TorchRcollRank(GlooRank):
+    """The same torch.distributed calls with backend="rcoll": what users of the torch backend see."""
+    name = "torch-rcoll"
 
 
 class MpiRank:
@@ -271,7 +279,7 @@ class MpiRank:
         pass  # mpi4py finalizes MPI at exit
 
 
-RANK_CLASSES = {"rcoll": RcollRank, "gloo": GlooRank, "mpi": MpiRank, "mpi-shm": MpiRank}
+RANK_CLASSES = {"rcoll": RcollRank, "torch-rcoll": TorchRcollRank, "gloo": GlooRank, "mpi": MpiRank, "mpi-shm": MpiRank}
 
 
 def rank_main(rank, world, backend, cfg):
@@ -604,7 +612,10 @@ def machine_info():
 def ratio_pairs(backends):
     """(a, b) for each busbw-ratio column: rcoll against every other backend (else the first against the rest)."""
     first = "rcoll" if "rcoll" in backends else (backends[0] if backends else None)
-    return [(first, b) for b in backends if b != first]
+    pairs = [(first, b) for b in backends if b != first]
+    if first != "torch-rcoll" and "torch-rcoll" in backends and "gloo" in backends:
+        pairs.append(("torch-rcoll", "gloo"))  # the torch backend against torch's own, same API
+    return pairs
 
 
 def fmt_table(results, backends, world, args, ceiling):
@@ -770,15 +781,15 @@ def main(argv=None):
 
     info = machine_info()
     info["load_before"] = load_snapshot()
-    if "gloo" in backends:
+    for b in [b for b in backends if b in ("gloo", "torch-rcoll")]:
         try:
             import torch  # noqa: F401
             import torch.distributed as dist
             if not dist.is_available() or not dist.is_gloo_available():
                 raise ImportError("torch.distributed with gloo is not available in this torch build")
         except ImportError as exc:
-            print(f"note: skipping the gloo backend: torch is not usable ({exc})", file=sys.stderr)
-            backends.remove("gloo")
+            print(f"note: skipping the {b} backend: torch is not usable ({exc})", file=sys.stderr)
+            backends.remove(b)
     for b in [b for b in backends if b.startswith("mpi")]:
         why = mpi_missing()
         if why:
