@@ -22,7 +22,7 @@ struct Config {
   size_t chunk_bytes = 1 << 20;          // RCOLL_CHUNK_BYTES: largest pipeline segment
   size_t min_chunk_bytes = 64 << 10;     // RCOLL_MIN_CHUNK_BYTES: smallest segment worth pipelining
   int pipeline_slots = 8;                // RCOLL_PIPELINE_SLOTS: staging segments in flight
-  size_t allreduce_rd_bytes = 4 << 10;   // RCOLL_ALLREDUCE_RD_BYTES: recursive doubling up to this size
+  size_t allreduce_rd_bytes = 32 << 10;  // RCOLL_ALLREDUCE_RD_BYTES: recursive doubling up to this size
   std::chrono::microseconds spin{50};    // RCOLL_SPIN_US: busy-poll this long before sleeping
   size_t socket_buffer_bytes = 0;        // RCOLL_SOCKET_BUFFER_BYTES: 0 = kernel autotuning
   std::string socket_ifname;             // RCOLL_SOCKET_IFNAME: interface for data sockets
