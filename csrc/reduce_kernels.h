@@ -28,4 +28,8 @@ void reduceInto(void* out, const void* a, const void* b, size_t count,
 // float16/bfloat16 divide in float32 and round once.
 void scaleDivide(void* buf, size_t count, DataType dtype, size_t divisor);
 
+// Tests only: true makes float16/bfloat16 reductions take the portable code
+// even where the CPU has AVX2 and F16C, so that both paths can be compared.
+void forcePortableHalfKernels(bool portable);
+
 }  // namespace rcoll

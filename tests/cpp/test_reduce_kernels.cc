@@ -637,6 +637,42 @@ void testScaleDivide() {
   check(throwsOn(DataType::kFloat32, 0), "scaleDivide refuses divisor 0");
 }
 
+// The float16/bfloat16 kernels have a portable path and, on x86-64 with AVX2
+// and F16C, a vectorized one: every 16-bit value against a spread of partners,
+// for every op, must give the same bits on both.
+void testHalfPathsAgree() {
+  std::mt19937 rng(7);
+  const size_t n = 65536 * 4;
+  std::vector<uint16_t> a(n), b(n), portable(n), fast(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = static_cast<uint16_t>(i);  // every value, four times
+    b[i] = static_cast<uint16_t>(rng());
+  }
+  for (DataType dtype : {DataType::kFloat16, DataType::kBFloat16}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg}) {
+      forcePortableHalfKernels(true);
+      reduceInto(portable.data(), a.data(), b.data(), n, dtype, op);
+      forcePortableHalfKernels(false);
+      reduceInto(fast.data(), a.data(), b.data(), n, dtype, op);
+      // IEEE 754 leaves open which payload a NaN op NaN returns, and the
+      // compiler may swap the operands of a commutative add or multiply: only
+      // there may the two paths differ, and then only in the payload.
+      auto isNan = [dtype](uint16_t v) {
+        return dtype == DataType::kFloat16 ? (v & 0x7fffu) > 0x7c00u : (v & 0x7fffu) > 0x7f80u;
+      };
+      size_t bad = 0;
+      for (size_t i = 0; i < n; ++i) {
+        if (portable[i] == fast[i]) continue;
+        if (isNan(a[i]) && isNan(b[i]) && isNan(portable[i]) && isNan(fast[i])) continue;
+        ++bad;
+        if (bad <= 3) std::fprintf(stderr, "  %04x op %04x: portable %04x fast %04x\n", a[i], b[i], portable[i], fast[i]);
+      }
+      check(bad == 0, std::string("half paths differ: ") + dataTypeName(dtype) + " " + reduceOpName(op) + ": " +
+                          std::to_string(bad) + " elements");
+    }
+  }
+}
+
 void runAll() {
   testHalfExhaustive();
   testBf16Exhaustive();
@@ -655,6 +691,10 @@ int main() {
   // The references rely on nearbyint rounding to nearest-even.
   std::fesetround(FE_TONEAREST);
   try {
+    testHalfPathsAgree();
+    forcePortableHalfKernels(true);  // every check once on the portable code...
+    runAll();
+    forcePortableHalfKernels(false);  // ...and once on the fastest this CPU has
     runAll();
   } catch (const std::exception& e) {
     check(false, std::string("unexpected exception: ") + e.what());
