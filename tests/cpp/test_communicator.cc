@@ -43,8 +43,10 @@ void runWorld(int world, const std::string& name, int port,
         options.name = name;
         options.timeout = milliseconds(20000);
         options.bind_hint = "127.0.0.1";
-        Communicator comm(store, rank, world, options);
-        body(rank, comm);
+        // Owned by a shared_ptr, as the Python binding owns it: untimed waits
+        // may then run queued ops on the waiting thread (Communicator::runInline).
+        auto comm = std::make_shared<Communicator>(store, rank, world, options);
+        body(rank, *comm);
       } catch (const std::exception& e) {
         check(false, std::string("unexpected exception: ") + e.what(), rank);
       }
@@ -115,6 +117,37 @@ void collectives(int rank, Communicator& comm) {
   check(x[0] == static_cast<float>(P), "allreduce beside send/recv", rank);
 }
 
+// Ops run by the caller (Launch::kCallerWaits), by an untimed waiter and by the
+// progress thread, interleaved: issue order must hold and every result be right.
+// A second thread waits on the same queued works meanwhile, so two waiters and
+// the progress thread race for each op.
+void inlineMix(int rank, Communicator& comm) {
+  const int P = comm.size();
+  const size_t sizes[] = {1, 7, 1000, 20000};  // recursive doubling and the ring
+  for (int round = 0; round < 20; ++round) {
+    std::vector<std::vector<float>> bufs;
+    std::vector<std::shared_ptr<Work>> works;
+    for (int i = 0; i < 6; ++i) {
+      const size_t n = sizes[(round + i) % 4];
+      bufs.emplace_back(n, static_cast<float>(rank + i));
+      const Launch launch = i % 3 == 2 ? Launch::kCallerWaits : Launch::kQueued;
+      works.push_back(comm.allreduce(bufs.back().data(), bufs.back().data(), n, DataType::kFloat32, ReduceOp::kSum,
+                                     milliseconds(0), launch));
+    }
+    std::thread second_waiter([&] {
+      for (auto it = works.rbegin(); it != works.rend(); ++it) (*it)->wait(milliseconds(-1));
+    });
+    for (auto& w : works) w->wait(milliseconds(-1));
+    second_waiter.join();
+    for (int i = 0; i < 6; ++i) {
+      const float expected = static_cast<float>(P * (P - 1) / 2 + P * i);
+      bool ok = true;
+      for (float v : bufs[static_cast<size_t>(i)]) ok &= v == expected;
+      check(ok, "inline mix round " + std::to_string(round) + " op " + std::to_string(i), rank);
+    }
+  }
+}
+
 // Rank 0 aborts from another thread while its op waits for a rank that never
 // joins; every rank's pending work must fail promptly, nothing may hang.
 void abortRace(int rank, Communicator& comm) {
@@ -166,6 +199,7 @@ int main() {
   TcpStoreServer server("127.0.0.1", 0);
   runWorld(3, "collectives", server.port(), collectives);
   runWorld(1, "single", server.port(), collectives);
+  runWorld(3, "inline", server.port(), inlineMix);
   runWorld(3, "abort", server.port(), abortRace);
   if (g_failures.load() != 0) {
     std::fprintf(stderr, "test_communicator: %d failures\n", g_failures.load());
