@@ -105,6 +105,11 @@ class Communicator:
 
     # -- collectives --------------------------------------------------------------------
     def _run(self, work, result, keepalive, async_op):
+        if not async_op and self._registrations is None:
+            # The small-op path: a blocking op has usually run inline already,
+            # and nothing needs releasing, so no Handle. wait() raises its error.
+            work.wait(None)
+            return result
         on_release = None
         if self._registrations is not None and keepalive is not None:  # the transport caches registrations
             arrays = keepalive if isinstance(keepalive, (tuple, list)) else (keepalive,)
