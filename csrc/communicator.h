@@ -22,6 +22,8 @@
 #include <vector>
 
 #include "config.h"
+#include "device_runtime.h"
+#include "device_staging_executor.h"
 #include "rdma/ib_device.h"
 #include "dtype.h"
 #include "p2p_engine.h"
@@ -40,6 +42,12 @@ struct CommunicatorOptions {
   std::string name = "default";  // store namespace; communicators on one store need distinct names
   std::chrono::milliseconds timeout{0};  // per-op default; 0 = RCOLL_TIMEOUT or 30 min
   std::string bind_hint;         // address to bind data sockets to when RCOLL_SOCKET_IFNAME is unset
+};
+
+// Where the buffers of a device op live, and the caller's stream that wrote them.
+struct DeviceOpArgs {
+  int device = 0;
+  void* stream = nullptr;  // the op waits for work queued here before it (null: legacy default stream)
 };
 
 class Communicator {
@@ -98,6 +106,16 @@ class Communicator {
                                  const std::vector<int64_t>& recv_displs, DataType dtype,
                                  std::chrono::milliseconds timeout = {});
 
+  // A collective on device (GPU) buffers, through the installed device API
+  // (device_api.h): allreduce, allgather, reduce_scatter, broadcast, reduce,
+  // gather or scatter, with the arguments of the host versions above. The op
+  // starts after the work queued on `device.stream` before this call (an
+  // event, no host wait); its Work carries a completion event
+  // (Work::deviceCompletion). A communicator serves one device.
+  std::shared_ptr<Work> deviceCollective(OpKind kind, const void* send, void* recv, size_t count, DataType dtype,
+                                         ReduceOp op, int root, const DeviceOpArgs& device,
+                                         std::chrono::milliseconds timeout = {});
+
   // Point-to-point: outside the collective order (see p2p_engine.h); messages
   // between two ranks match in issue order, and their tags must agree.
   std::shared_ptr<Work> send(const void* data, size_t count, DataType dtype, int peer, int tag,
@@ -126,6 +144,9 @@ class Communicator {
     // copied: the caller's vectors are gone by the time the op runs.
     std::vector<uint64_t> counts;
     std::chrono::steady_clock::time_point enqueued;
+    // Device ops only: the device (-1: host memory) and the caller's stream's event.
+    int device = -1;
+    std::shared_ptr<DeviceEvent> ready;
   };
 
   bool agreeOnSharedMemory(Store& store, const std::string& prefix, Deadline deadline);
@@ -133,9 +154,10 @@ class Communicator {
   void rendezvous(Store& store, const std::string& bind_hint);
   std::shared_ptr<Work> enqueue(OpKind kind, DataType dtype, ReduceOp op, int root, size_t count,
                                 const void* send, void* recv, std::chrono::milliseconds timeout,
-                                std::vector<uint64_t> counts = {});
+                                std::vector<uint64_t> counts = {}, const DeviceOpArgs* device = nullptr);
   void progressLoop();
   void runOp(const Op& op);
+  void runDeviceOp(const Op& op);
   void recordTimeline(const Op& op, std::chrono::steady_clock::time_point start, const char* outcome);
   // Thread-safe: records the first failure (sticky), fails the p2p engine with
   // it and wakes the collective thread, which tells its peers (tellPeers).
@@ -153,6 +175,10 @@ class Communicator {
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<P2PEngine> p2p_;   // own sockets and thread; none in a world of size 1
+  // Device ops: created by the first one, on the progress thread; destroyed
+  // before the transport it registered its staging memory with.
+  std::unique_ptr<DeviceStagingExecutor> device_executor_;
+  int device_ = -1;                  // the device this communicator serves (set by the first device op)
   bool peers_told_ = false;          // collective thread only
   Schedule schedule_;                // reused by every op on the progress thread
   std::vector<char> scratch_;        // reduce-scatter and reduce partial sums, grown on demand

@@ -36,6 +36,8 @@ const std::vector<ConfigVar>& configVars() {
       {"RCOLL_TIMELINE", "", "write a Chrome trace of every op (queue, wait for peers, transfer, reduce) to "
                              "<value>.rank<N>.json; open in chrome://tracing or ui.perfetto.dev"},
       {"RCOLL_SHUTDOWN_TIMEOUT", "10", "seconds shutdown() lets pending operations finish before aborting them"},
+      {"RCOLL_TESTING_EMULATE_DEVICE", "0", "tests only: 1 runs GPU-buffer collectives on a host-memory emulation "
+                                            "of the device runtime (checks rcoll's staging, not CUDA)"},
   };
   return vars;
 }
