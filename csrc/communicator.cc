@@ -281,7 +281,7 @@ bool Communicator::agreeOnVerbs(Store& store, const std::string& prefix, Deadlin
 
 std::shared_ptr<Work> Communicator::enqueue(OpKind kind, DataType dtype, ReduceOp op, int root, size_t count,
                                             const void* send, void* recv, std::chrono::milliseconds timeout,
-                                            Launch launch, std::vector<uint64_t> counts) {
+                                            Launch launch, std::vector<uint64_t> counts, const DeviceOpArgs* device) {
   OpDesc desc;
   desc.kind = kind;
   desc.dtype = dtype;
@@ -328,19 +328,45 @@ std::shared_ptr<Work> Communicator::enqueue(OpKind kind, DataType dtype, ReduceO
     desc.seq = next_seq_;
     throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: %s: %s", rank_, describeOp(desc).c_str(), bad.c_str()));
   }
+  std::shared_ptr<DeviceEvent> ready, completion;
+  if (device != nullptr) {
+    desc.seq = next_seq_;  // for the messages; taken for real below
+    const std::string what = strFormat("rank %d: %s on device %d", rank_, describeOp(desc).c_str(), device->device);
+    const DeviceApi* api = installedDeviceApi();
+    if (api == nullptr) {
+      throwError(ErrorKind::kInvalidArgument, what + ": no device runtime is installed (rcoll.cuda's module was not "
+                                                     "loaded; is this a CUDA build of rcoll?)");
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (device_ >= 0 && device_ != device->device) {
+        throwError(ErrorKind::kInvalidArgument,
+                   strFormat("%s: this communicator already serves device %d; a communicator uses one device "
+                             "(create one per device)", what.c_str(), device_));
+      }
+      device_ = device->device;
+    }
+    // Recorded now, on the caller's thread: the op must see what the caller
+    // queued on its stream before this call, and nothing queued after it.
+    ready = std::make_shared<DeviceEvent>(*api, device->device, what);
+    ready->record(device->stream, what);
+    completion = std::make_shared<DeviceEvent>(*api, device->device, what);
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   if (stopping_ || closed_) {
     throwError(ErrorKind::kAborted, strFormat("rank %d: %s called after shutdown()", rank_, describeOp(desc).c_str()));
   }
   desc.seq = next_seq_++;
   auto work = std::make_shared<Work>(desc.seq);
+  if (completion) work->setDeviceCompletion(completion);
   Op op{desc, static_cast<const char*>(send), static_cast<char*>(recv), timeout.count() > 0 ? timeout : timeout_,
-        work, std::move(counts), std::chrono::steady_clock::now()};
+        work, std::move(counts), std::chrono::steady_clock::now(), device != nullptr ? device->device : -1,
+        std::move(ready)};
   // A caller that is about to wait runs the op itself when nothing is queued
   // or running: no hand-off to the progress thread and back, which costs two
   // thread wake-ups (tens of microseconds each on a loaded or virtual machine)
   // per small op. Issue order is kept: nothing else can start meanwhile.
-  if (launch == Launch::kCallerWaits && queue_.empty() && !running_op_ && !abort_flag_.load()) {
+  if (launch == Launch::kCallerWaits && device == nullptr && queue_.empty() && !running_op_ && !abort_flag_.load()) {
     running_op_ = true;
     lock.unlock();
     ExecutorRelease release{this};
@@ -355,7 +381,11 @@ std::shared_ptr<Work> Communicator::enqueue(OpKind kind, DataType dtype, ReduceO
 
 void Communicator::runInline(const Work& work) {
   std::unique_lock<std::mutex> lock(mutex_);
-  if (running_op_ || queue_.empty() || queue_.front().work.get() != &work || abort_flag_.load()) return;
+  // Device ops stay on the progress thread, which holds the device's context.
+  if (running_op_ || queue_.empty() || queue_.front().work.get() != &work || queue_.front().device >= 0 ||
+      abort_flag_.load()) {
+    return;
+  }
   Op op = std::move(queue_.front());
   queue_.pop_front();
   running_op_ = true;
@@ -382,6 +412,27 @@ std::shared_ptr<Work> Communicator::reduceScatter(const void* send, void* recv, 
 std::shared_ptr<Work> Communicator::broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
                                               std::chrono::milliseconds timeout, Launch launch) {
   return enqueue(OpKind::kBroadcast, dtype, ReduceOp::kSum, root, count, send, recv, timeout, launch);
+}
+
+std::shared_ptr<Work> Communicator::deviceCollective(OpKind kind, const void* send, void* recv, size_t count,
+                                                     DataType dtype, ReduceOp op, int root, const DeviceOpArgs& device,
+                                                     std::chrono::milliseconds timeout) {
+  switch (kind) {
+    case OpKind::kAllreduce:
+    case OpKind::kAllgather:
+    case OpKind::kReduceScatter:
+    case OpKind::kBroadcast:
+    case OpKind::kReduce:
+    case OpKind::kGather:
+    case OpKind::kScatter:
+      break;
+    default:
+      throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: %s is not supported on device buffers (copy "
+                                                        "them to the host)", rank_, opKindName(kind)));
+  }
+  if (kind != OpKind::kAllreduce && kind != OpKind::kReduceScatter && kind != OpKind::kReduce) op = ReduceOp::kSum;
+  if (kind == OpKind::kAllreduce || kind == OpKind::kAllgather || kind == OpKind::kReduceScatter) root = 0;
+  return enqueue(kind, dtype, op, root, count, send, recv, timeout, Launch::kQueued, {}, &device);
 }
 
 std::shared_ptr<Work> Communicator::barrier(std::chrono::milliseconds timeout, Launch launch) {
@@ -468,6 +519,7 @@ std::shared_ptr<Work> Communicator::allToAll(const void* send, void* recv, const
 }
 
 void Communicator::runOp(const Op& op) {
+  if (op.device >= 0) return runDeviceOp(op);
   const OpDesc& d = op.desc;
   const size_t es = elementSize(d.dtype);
   const size_t bytes = d.count * es;
@@ -568,6 +620,85 @@ void Communicator::runOp(const Op& op) {
       return;
   }
   executor_->run(schedule_, deadline, op.timeout, abort_flag_);
+}
+
+// The device twin of runOp(): the same schedules, with the local steps done
+// on the device and the segments staged through pinned host memory
+// (device_staging_executor.h).
+void Communicator::runDeviceOp(const Op& op) {
+  const OpDesc& d = op.desc;
+  const size_t es = elementSize(d.dtype);
+  const size_t bytes = d.count * es;
+  const auto deadline = std::chrono::steady_clock::now() + op.timeout;
+  const std::string context =
+      strFormat("rank %d: %s (op #%llu) on device %d", rank_, describeOp(d).c_str(),
+                static_cast<unsigned long long>(d.seq), op.device);
+  if (!device_executor_) {
+    try {
+      device_executor_ = std::make_unique<DeviceStagingExecutor>(
+          transport_.get(), *installedDeviceApi(), op.device, rank_, size_, info_.comm_id,
+          config_.chunk_bytes + 8, config_.pipeline_slots);
+    } catch (const RcollError& e) {
+      throwError(e.kind(), context + ": " + e.what());
+    }
+  }
+  DeviceStagingExecutor& ex = *device_executor_;
+  const RingContext ctx{rank_, size_,
+                        Segmenter{std::max<size_t>(1, config_.chunk_bytes / es),
+                                  std::max<size_t>(1, config_.min_chunk_bytes / es)}};
+  schedule_.reset(d, es);
+  const int root = static_cast<int>(d.root);
+  const bool avg = d.reduce_op == ReduceOp::kAvg;
+  try {
+    ex.begin(op.ready.get(), context);
+    bool exchange = size_ > 1;
+    switch (d.kind) {
+      case OpKind::kAllreduce:
+      case OpKind::kReduceScatter:
+        if (size_ == 1) {
+          ex.localCopy(op.recv, op.send, bytes);
+          if (avg) ex.localScaleDivide(op.recv, d.count, d.dtype, 1);
+        } else if (d.kind == OpKind::kAllreduce) {
+          buildRingAllreduce(schedule_, ctx, op.send, op.recv, d.count);
+        } else {
+          buildRingReduceScatter(schedule_, ctx, op.send, op.recv, ex.scratch(bytes * static_cast<size_t>(size_)),
+                                 d.count);
+        }
+        break;
+      case OpKind::kAllgather:
+        ex.localCopy(op.recv + static_cast<size_t>(rank_) * bytes, op.send, bytes);
+        if (exchange) buildRingAllgather(schedule_, ctx, op.recv, d.count);
+        break;
+      case OpKind::kBroadcast:
+        if (rank_ == root) ex.localCopy(op.recv, op.send, bytes);
+        if (exchange) buildChainBroadcast(schedule_, ctx, op.recv, d.count, root);
+        break;
+      case OpKind::kReduce:
+        if (size_ == 1) {
+          ex.localCopy(op.recv, op.send, bytes);
+          if (avg) ex.localScaleDivide(op.recv, d.count, d.dtype, 1);
+        } else {
+          char* partial = rank_ != root && bytes > 0 ? ex.scratch(bytes) : nullptr;
+          buildChainReduce(schedule_, ctx, op.send, op.recv, partial, d.count, root);
+        }
+        break;
+      case OpKind::kGather:
+        if (rank_ == root) ex.localCopy(op.recv + static_cast<size_t>(root) * bytes, op.send, bytes);
+        if (exchange) buildDirectGather(schedule_, ctx, op.send, op.recv, d.count, root);
+        break;
+      case OpKind::kScatter:
+        if (rank_ == root) ex.localCopy(op.recv, op.send + static_cast<size_t>(root) * bytes, bytes);
+        if (exchange) buildDirectScatter(schedule_, ctx, op.send, op.recv, d.count, root);
+        break;
+      default:  // refused by deviceCollective()
+        throwError(ErrorKind::kInvalidArgument, context + ": not supported on device buffers");
+    }
+    if (exchange) ex.run(schedule_, deadline, op.timeout, abort_flag_);
+    ex.finish(op.work->deviceCompletion().get(), deadline, op.timeout, abort_flag_);
+  } catch (...) {
+    ex.abandon();  // no copy may still touch the slots or the caller's memory
+    throw;
+  }
 }
 
 void Communicator::recordFailure(ErrorKind kind, const std::string& message) {
@@ -700,7 +831,9 @@ void Communicator::recordTimeline(const Op& op, std::chrono::steady_clock::time_
   timeline_->slice(0, strFormat("%s #%llu", opKindName(op.desc.kind), static_cast<unsigned long long>(op.desc.seq)),
                    "op", op.enqueued, end, args);
   timeline_->slice(0, "queue", "queue", op.enqueued, start);
-  const auto first = executor_ ? executor_->firstCompletion() : std::chrono::steady_clock::time_point{};
+  const auto first = op.device >= 0 ? (device_executor_ ? device_executor_->firstCompletion()
+                                                         : std::chrono::steady_clock::time_point{})
+                    : executor_ ? executor_->firstCompletion() : std::chrono::steady_clock::time_point{};
   if (first > start && first <= end) {
     timeline_->slice(0, "wait for peers", "wait", start, first);
     timeline_->slice(0, "transfer", "transfer", first, end);

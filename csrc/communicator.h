@@ -22,6 +22,8 @@
 #include <vector>
 
 #include "config.h"
+#include "device_runtime.h"
+#include "device_staging_executor.h"
 #include "rdma/ib_device.h"
 #include "dtype.h"
 #include "p2p_engine.h"
@@ -46,6 +48,12 @@ struct CommunicatorOptions {
 // thread when the caller will wait for it at once and nothing is queued ahead
 // (the Work is then complete when the call returns).
 enum class Launch { kQueued, kCallerWaits };
+
+// Where the buffers of a device op live, and the caller's stream that wrote them.
+struct DeviceOpArgs {
+  int device = 0;
+  void* stream = nullptr;  // the op waits for work queued here before it (null: legacy default stream)
+};
 
 class Communicator : public InlineRunner, public std::enable_shared_from_this<Communicator> {
  public:
@@ -103,6 +111,16 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
                                  const std::vector<int64_t>& recv_displs, DataType dtype,
                                  std::chrono::milliseconds timeout = {}, Launch launch = Launch::kQueued);
 
+  // A collective on device (GPU) buffers, through the installed device API
+  // (device_api.h): allreduce, allgather, reduce_scatter, broadcast, reduce,
+  // gather or scatter, with the arguments of the host versions above. The op
+  // starts after the work queued on `device.stream` before this call (an
+  // event, no host wait); its Work carries a completion event
+  // (Work::deviceCompletion). A communicator serves one device.
+  std::shared_ptr<Work> deviceCollective(OpKind kind, const void* send, void* recv, size_t count, DataType dtype,
+                                         ReduceOp op, int root, const DeviceOpArgs& device,
+                                         std::chrono::milliseconds timeout = {});
+
   // Point-to-point: outside the collective order (see p2p_engine.h); messages
   // between two ranks match in issue order, and their tags must agree.
   std::shared_ptr<Work> send(const void* data, size_t count, DataType dtype, int peer, int tag,
@@ -135,6 +153,9 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
     // copied: the caller's vectors are gone by the time the op runs.
     std::vector<uint64_t> counts;
     std::chrono::steady_clock::time_point enqueued;
+    // Device ops only: the device (-1: host memory) and the caller's stream's event.
+    int device = -1;
+    std::shared_ptr<DeviceEvent> ready;
   };
 
   bool agreeOnSharedMemory(Store& store, const std::string& prefix, Deadline deadline);
@@ -142,7 +163,7 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   void rendezvous(Store& store, const std::string& bind_hint);
   std::shared_ptr<Work> enqueue(OpKind kind, DataType dtype, ReduceOp op, int root, size_t count,
                                 const void* send, void* recv, std::chrono::milliseconds timeout, Launch launch,
-                                std::vector<uint64_t> counts = {});
+                                std::vector<uint64_t> counts = {}, const DeviceOpArgs* device = nullptr);
   void progressLoop();
   void executeOp(const Op& op);
   void runOp(const Op& op);
@@ -152,6 +173,7 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
     Communicator* self;
     ~ExecutorRelease();
   };
+  void runDeviceOp(const Op& op);
   void recordTimeline(const Op& op, std::chrono::steady_clock::time_point start, const char* outcome);
   // Thread-safe: records the first failure (sticky), fails the p2p engine with
   // it and wakes the collective thread, which tells its peers (tellPeers).
@@ -169,6 +191,10 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<P2PEngine> p2p_;   // own sockets and thread; none in a world of size 1
+  // Device ops: created by the first one, on the progress thread; destroyed
+  // before the transport it registered its staging memory with.
+  std::unique_ptr<DeviceStagingExecutor> device_executor_;
+  int device_ = -1;                  // the device this communicator serves (set by the first device op)
   std::atomic<bool> peers_told_{false};  // set by whoever owns the executor
   Schedule schedule_;                // reused by every op on the progress thread
   std::vector<char> scratch_;        // reduce-scatter and reduce partial sums, grown on demand

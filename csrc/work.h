@@ -13,6 +13,8 @@
 
 namespace rcoll {
 
+class DeviceEvent;  // device_runtime.h
+
 // Where finished works announce themselves, for a consumer thread that must not
 // be the progress thread (torch futures run user callbacks inline: completing
 // them on the progress thread would deadlock a callback that waits on another op).
@@ -59,6 +61,12 @@ class Work {
   // nothing) if it has finished already.
   bool notifyOnCompletion(std::shared_ptr<CompletionQueue> queue, uint64_t token);
 
+  // Ops on device memory: the event recorded after the op's last copy or
+  // kernel, for callers that order their own stream after the op
+  // (torch's work.wait()). Set once, before the work is handed out.
+  void setDeviceCompletion(std::shared_ptr<DeviceEvent> event) { device_completion_ = std::move(event); }
+  const std::shared_ptr<DeviceEvent>& deviceCompletion() const { return device_completion_; }
+
   // Called by the progress thread, exactly once.
   void markDone();
   void markFailed(ErrorKind kind, const std::string& message);
@@ -74,6 +82,7 @@ class Work {
   std::shared_ptr<CompletionQueue> queue_;
   uint64_t token_ = 0;
   std::weak_ptr<InlineRunner> runner_;  // set before the Work is shared, then read only
+  std::shared_ptr<DeviceEvent> device_completion_;
 };
 
 }  // namespace rcoll

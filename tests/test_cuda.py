@@ -197,6 +197,53 @@ def test_without_a_gpu_launches_fail_cleanly():
         module.device_capability(0)
 
 
+def test_core_does_not_link_cuda():
+    """The device data path reaches CUDA only through rcoll._cuda's table (csrc/device_api.h)."""
+    import rcoll._core
+
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("readelf is not installed")
+    dynamic = subprocess.run([readelf, "-d", rcoll._core.__file__], capture_output=True, text=True).stdout
+    assert "NEEDED" in dynamic, dynamic
+    assert "libcuda" not in dynamic, dynamic
+
+
+def test_device_api_table_without_a_gpu_fails_device_ops_cleanly():
+    """rcoll._cuda's table installs in the core; without a GPU a collective on a
+    (fake) GPU buffer fails before any transfer, naming the rank, op and reason."""
+    module = cuda_module()
+    if module.device_count() > 0:
+        pytest.skip("a GPU is present (tests/test_cuda_collectives.py covers it)")
+    code = (
+        "import rcoll, rcoll._core as core, rcoll._cuda as cu\n"
+        "core.set_device_api(cu.device_api_capsule())\n"
+        "assert core.device_api_name() == 'cuda', core.device_api_name()\n"
+        "try:\n"
+        "    core._testing_use_emulated_device_api()\n"
+        "    raise SystemExit('a second device runtime was accepted')\n"
+        "except rcoll.ConfigError as e:\n"
+        "    assert 'already installed' in str(e), e\n"
+        "class Fake:\n"
+        "    __cuda_array_interface__ = {'version': 3, 'shape': (4,), 'typestr': '<f4', 'data': (4096, False),\n"
+        "                                'strides': None, 'stream': None}\n"
+        "comm = rcoll.init(rank=0, world_size=1, master_port=int(__import__('sys').argv[1]))\n"
+        "try:\n"
+        "    comm.allreduce(Fake())\n"
+        "    raise SystemExit('a device op ran without a GPU')\n"
+        "except rcoll.RcollError as e:\n"
+        "    print(e)\n"
+        "    assert str(e).startswith('rank 0: ') and 'allreduce' in str(e), e\n"
+        "comm.allreduce(__import__('numpy').ones(3))  # host ops are unaffected\n"
+        "comm.shutdown()\n"
+    )
+    from rcoll import spawn
+
+    run = subprocess.run([sys.executable, "-c", code, str(spawn.free_port())], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+
+
 def test_cpu_tensors_are_refused_without_loading_cuda():
     torch = pytest.importorskip("torch")
     import rcoll

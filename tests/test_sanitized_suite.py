@@ -1,7 +1,8 @@
 """The multi-process suites against a core built with AddressSanitizer and
 UndefinedBehaviorSanitizer: every rank process runs the instrumented module, so
 memory errors and UB anywhere in the C++ (transport, executor, kernels, p2p)
-under real multi-process traffic, failures included, fail this test."""
+under real multi-process traffic, failures included, fail this test. The
+device-buffer suite runs too, on the core's emulated device runtime."""
 import glob
 import os
 import shutil
@@ -52,7 +53,9 @@ def test_multiprocess_suites_under_asan_and_ubsan(tmp_path):
                # Python itself is not leak-clean; the C++ leak check is the TSan/ASan unit tests' job.
                ASAN_OPTIONS="detect_leaks=0:abort_on_error=1",
                UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
-    suites = [os.path.join(ROOT, "tests", f) for f in ("test_collectives.py", "test_errors.py")]
+    # test_device_collectives.py: the GPU staging executor on the emulated device runtime.
+    suites = [os.path.join(ROOT, "tests", f)
+              for f in ("test_collectives.py", "test_errors.py", "test_device_collectives.py")]
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *suites,
                           "-k", "not large_buffers and not [8]"],
                          capture_output=True, text=True, timeout=1800, env=env, cwd=str(tmp_path))

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cuda_reduce.h"
+#include "device_api.h"
 #include "dtype.h"
 
 namespace py = pybind11;
@@ -126,6 +127,15 @@ PYBIND11_MODULE(_cuda, m) {
         return std::make_pair(runtime, driver);
       },
       "(CUDA runtime built with, driver's CUDA version or 0), as 1000*major + 10*minor.");
+
+  m.def(
+      "device_api_capsule",
+      [] {
+        // A static table: the capsule needs no destructor.
+        return py::capsule(static_cast<const void*>(rcollCudaDeviceApi()), RCOLL_DEVICE_API_CAPSULE);
+      },
+      "The device API table (csrc/device_api.h) for rcoll._core.set_device_api(): how the core stages "
+      "GPU buffers through pinned host memory without linking CUDA itself.");
 
   m.def("built_archs", [] { return splitCommas(rcollCudaBuiltArchs()); },
         "Code compiled in: 'sm_XY' machine code, 'compute_XY' PTX (JIT-compiled on newer GPUs).");

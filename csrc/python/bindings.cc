@@ -13,8 +13,10 @@
 
 #include "communicator.h"
 #include "config.h"
+#include "device_runtime.h"
 #include "dtype.h"
 #include "error.h"
+#include "testing/emulated_device_api.h"
 #include "rdma/ib_device.h"
 #include "socket_util.h"
 #include "tcp_store.h"
@@ -130,6 +132,17 @@ class PythonStore : public Store {
   py::object store_;
 };
 
+OpKind deviceOpKind(const std::string& name) {
+  static const std::pair<const char*, OpKind> kKinds[] = {
+      {"allreduce", OpKind::kAllreduce}, {"allgather", OpKind::kAllgather},
+      {"reduce_scatter", OpKind::kReduceScatter}, {"broadcast", OpKind::kBroadcast},
+      {"reduce", OpKind::kReduce}, {"gather", OpKind::kGather}, {"scatter", OpKind::kScatter}};
+  for (const auto& kind : kKinds) {
+    if (name == kind.first) return kind.second;
+  }
+  throwError(ErrorKind::kInvalidArgument, "device_collective: unknown collective '" + name + "'");
+}
+
 const void* ptr(uintptr_t address) { return reinterpret_cast<const void*>(address); }
 void* mptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
@@ -242,6 +255,46 @@ PYBIND11_MODULE(_core, m) {
   }, "Everything known about RDMA here: library, devices, ports, GID tables, the port and GID rcoll "
      "would use and why, and GPUDirect RDMA support.");
 
+  // The device runtime (device_api.h): _core never loads CUDA itself; rcoll._cuda
+  // hands its table over as a capsule.
+  m.def("set_device_api", [](py::capsule capsule) {
+    if (std::string(capsule.name() ? capsule.name() : "") != RCOLL_DEVICE_API_CAPSULE) {
+      throwError(ErrorKind::kConfig, std::string("set_device_api: expected a capsule named ") +
+                                         RCOLL_DEVICE_API_CAPSULE + ", got '" +
+                                         (capsule.name() ? capsule.name() : "") + "'");
+    }
+    installDeviceApi(capsule.get_pointer<const DeviceApi>());
+  }, py::arg("capsule"), "Installs the device runtime's function table (a capsule from rcoll._cuda).");
+  m.def("device_api_name", []() -> std::optional<std::string> {
+    const DeviceApi* api = installedDeviceApi();
+    return api != nullptr ? std::optional<std::string>(api->name) : std::nullopt;
+  }, "Name of the installed device runtime, or None.");
+  m.def("device_of_pointer", [](uintptr_t address) {
+    const DeviceApi* api = installedDeviceApi();
+    if (api == nullptr) throwError(ErrorKind::kInvalidArgument, "device_of_pointer: no device runtime is installed");
+    int device = -1;
+    deviceCheck(*api, api->pointer_device(ptr(address), &device), "device_of_pointer");
+    return device;
+  }, py::arg("address"), "The device that owns device memory at `address`.");
+  // FOR TESTS ONLY (csrc/testing/emulated_device_api.h): device ops on host
+  // memory, to check the orchestration on machines without a GPU.
+  m.def("_testing_use_emulated_device_api", [] { installDeviceApi(testing::emulatedDeviceApi()); });
+  m.def("_testing_emulated_stream_create", [] {
+    void* stream = nullptr;
+    const DeviceApi* api = testing::emulatedDeviceApi();
+    deviceCheck(*api, api->stream_create(0, &stream), "emulated stream");
+    return reinterpret_cast<uintptr_t>(stream);
+  });
+  m.def("_testing_emulated_stream_destroy", [](uintptr_t stream) {
+    py::gil_scoped_release release;
+    testing::emulatedDeviceApi()->stream_destroy(mptr(stream));
+  });
+  m.def("_testing_emulated_delayed_copy", [](uintptr_t stream, uintptr_t dst, uintptr_t src, size_t bytes,
+                                             double delay) {
+    deviceCheck(*testing::emulatedDeviceApi(),
+                testing::emulatedDelayedCopy(mptr(stream), mptr(dst), ptr(src), bytes, delay), "delayed copy");
+  }, "On emulated `stream`, after `delay` seconds, copy `bytes` from src to dst.");
+
   m.attr("COMPILER") = py::str(
 #if defined(__clang__)
       "clang " __clang_version__
@@ -305,6 +358,17 @@ PYBIND11_MODULE(_core, m) {
              py::gil_scoped_release release;
              return w.wait(limit);
            }, py::arg("timeout") = py::none())
+      .def("stream_wait", [](Work& w, uintptr_t stream) {
+             if (!w.deviceCompletion()) return false;
+             w.deviceCompletion()->streamWait(mptr(stream), strFormat("op #%llu",
+                                                                      static_cast<unsigned long long>(w.seq())));
+             return true;
+           }, py::arg("stream"),
+           "Device ops: work queued on `stream` after this call waits for the op's completion event (no host "
+           "wait). False for host ops, which have no event.")
+      .def_property_readonly("device", [](const Work& w) {
+             return w.deviceCompletion() ? w.deviceCompletion()->device() : -1;
+           }, "The device of a device op, -1 for host ops.")
       .def("is_completed", &Work::isCompleted)
       .def("failed", &Work::failed)
       .def("error_message", &Work::errorMessage)
@@ -375,6 +439,18 @@ PYBIND11_MODULE(_core, m) {
            }, "send"_a, "recv"_a, "send_counts"_a, "send_displs"_a, "recv_counts"_a, "recv_displs"_a, "dtype"_a,
            "timeout"_a, "blocking"_a = false, kReleaseGil,
            "alltoallv: counts and displacements in elements, one per rank (lists of ints).")
+      .def("device_collective", [](Communicator& c, const std::string& kind, uintptr_t send, uintptr_t recv,
+                                   size_t count, int dtype, int op, int root, double timeout, int device,
+                                   uintptr_t stream) {
+             DeviceOpArgs args;
+             args.device = device;
+             args.stream = mptr(stream);
+             return c.deviceCollective(deviceOpKind(kind), ptr(send), mptr(recv), count, toDataType(dtype),
+                                       toReduceOp(op), root, args, toMillis(timeout));
+           }, py::arg("kind"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+           py::arg("root"), py::arg("timeout"), py::arg("device"), py::arg("stream"),
+           "A collective on device buffers (allreduce, allgather, reduce_scatter, broadcast, reduce, gather, "
+           "scatter), ordered after the work queued on `stream` (0: the legacy default stream).")
       .def("send", [](Communicator& c, uintptr_t data, size_t count, int dtype, int peer, int tag, double timeout) {
              return c.send(ptr(data), count, toDataType(dtype), peer, tag, toMillis(timeout));
            })

@@ -7,7 +7,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import _core
+from . import _core, _device
 from ._registrations import RegistrationTracker
 from ._buffers import address, as_array, dtype_code, reduce_op_code
 from ._environment import resolve
@@ -126,6 +126,11 @@ class Communicator:
         In place unless `out` is given. Returns the result (or a Handle with async_op=True).
         """
         name = "allreduce"
+        if self._on_device(array, out):
+            src, dst = self._device_pair(array, out, name, writable_src=out is None)
+            self._same_device_layout(src, dst, name, src.size)
+            return self._device_run("allreduce", src, dst, src.size, reduce_op_code(op, self.rank, name), 0,
+                                    timeout, out if out is not None else array, async_op)
         src = as_array(array, self.rank, name, "the input", writable=out is None)
         dst = src if out is None else as_array(out, self.rank, name, "out", writable=True)
         self._same_layout(src, dst, name, src.size)
@@ -140,6 +145,12 @@ class Communicator:
         slot of `out` (in place).
         """
         name = "allgather"
+        if self._on_device(array, out):
+            if out is None:
+                out = self._device_empty(array, (self.size,) + tuple(array.shape), name)
+            src, dst = self._device_pair(array, out, name, writable_src=False)
+            self._same_device_layout(src, dst, name, src.size * self.size)
+            return self._device_run("allgather", src, dst, src.size, 0, 0, timeout, out, async_op)
         src = as_array(array, self.rank, name, "the input", writable=False)
         if out is None:
             out = np.empty((self.size,) + src.shape, dtype=src.dtype)
@@ -155,6 +166,21 @@ class Communicator:
         The result has shape array.shape[1:] when array is (size, ...) with ndim >= 2, else (n,).
         """
         name = "reduce_scatter"
+        if self._on_device(array, out):
+            total = _device.DeviceBuffer(array, self.rank, name, "the input", writable=False).size
+            if total % self.size != 0:
+                raise _core.InvalidArgumentError(
+                    f"rank {self.rank}: {name}: the input has {total} elements, not a multiple of the world "
+                    f"size {self.size}")
+            n = total // self.size
+            if out is None:
+                shape = tuple(array.shape)
+                out = self._device_empty(array, shape[1:] if len(shape) >= 2 and shape[0] == self.size else (n,),
+                                         name)
+            src, dst = self._device_pair(array, out, name, writable_src=False)
+            self._same_device_layout(src, dst, name, n)
+            return self._device_run("reduce_scatter", src, dst, n, reduce_op_code(op, self.rank, name), 0, timeout,
+                                    out, async_op)
         src = as_array(array, self.rank, name, "the input", writable=False)
         n, out = self._block_output(src, out, name)
         dst = as_array(out, self.rank, name, "out", writable=True)
@@ -167,12 +193,73 @@ class Communicator:
         """Copies the root's `array` to every rank: in place, or into `out` when given."""
         name = "broadcast"
         self._check_root(root, name)
+        if self._on_device(array, out):
+            src, dst = self._device_pair(array, out, name, writable_src=out is None and self.rank != root)
+            self._same_device_layout(src, dst, name, src.size)
+            return self._device_run("broadcast", src, dst, src.size, 0, int(root), timeout,
+                                    out if out is not None else array, async_op)
         src = as_array(array, self.rank, name, "the input", writable=out is None and self.rank != root)
         dst = src if out is None else as_array(out, self.rank, name, "out", writable=True)
         self._same_layout(src, dst, name, src.size)
         work = self._comm.broadcast(address(src), address(dst), src.size, dtype_code(src, self.rank, name),
                                     int(root), float(timeout or 0), not async_op)
         return self._run(work, out if out is not None else array, (src, dst), async_op)
+
+    # -- device buffers (__cuda_array_interface__) --------------------------------------
+    @staticmethod
+    def _on_device(array, out) -> bool:
+        return _device.is_device_buffer(array) or _device.is_device_buffer(out)
+
+    def _device_pair(self, array, out, name, writable_src):
+        """Checked device views of the input and the output (the input itself when
+        out is None; with array None, (None, out))."""
+        _device.ensure_runtime(self.rank, name)
+        for obj, what in ((array, "the input"), (out, "out")):
+            if obj is not None and not _device.is_device_buffer(obj):
+                raise _core.InvalidArgumentError(
+                    f"rank {self.rank}: {name}: {what} is in host memory but the other buffer is on a GPU; pass "
+                    f"both on the GPU or both on the host")
+        src = None if array is None else _device.DeviceBuffer(array, self.rank, name, "the input",
+                                                               writable=writable_src)
+        dst = src if out is None else _device.DeviceBuffer(out, self.rank, name, "out", writable=True)
+        return src, dst
+
+    def _device_empty(self, like, shape, name):
+        """A new device array like `like` (torch tensors only: rcoll allocates no GPU memory of its own)."""
+        try:
+            import torch
+        except ImportError:
+            torch = None
+        if torch is not None and isinstance(like, torch.Tensor):
+            return torch.empty(shape, dtype=like.dtype, device=like.device)
+        raise _core.InvalidArgumentError(
+            f"rank {self.rank}: {name}: pass out= for GPU buffers that are not torch tensors (rcoll does not "
+            f"allocate GPU memory for other array types)")
+
+    def _same_device_layout(self, src, dst, name, dst_elements):
+        if dst.dtype_name != src.dtype_name:
+            raise _core.InvalidArgumentError(
+                f"rank {self.rank}: {name}: out has dtype {dst.dtype_name} but the input has {src.dtype_name}")
+        if dst.size != dst_elements:
+            raise _core.InvalidArgumentError(
+                f"rank {self.rank}: {name}: out has {dst.size} elements, expected {dst_elements}")
+
+    def _device_run(self, kind, src, dst, count, op, root, timeout, result, async_op):
+        # The op waits for the producer's stream (the input's, else the output's);
+        # Handle.wait() returns once the result is in place on the device.
+        # src or dst is None where this rank does not use it (rooted ops).
+        stream = (src.stream if src is not None else 0) or (dst.stream if dst is not None else 0)
+        device = _device.device_of((src, dst), self.rank, kind)
+        code = (src if src is not None else dst).code
+        work = self._comm.device_collective(kind, src.address if src is not None else 0,
+                                            dst.address if dst is not None else 0, count, code, op, root,
+                                            float(timeout or 0), device, stream)
+        return self._run_device(work, result, (src and src.obj, dst and dst.obj), async_op)
+
+    def _run_device(self, work, result, keepalive, async_op):
+        # No RDMA registration tracking: device memory never reaches the transport.
+        handle = Handle(work, result, keepalive)
+        return handle if async_op else handle.wait()
 
     # -- point to point ----------------------------------------------------------------
     def send(self, array, dst: int, *, tag: int = 0, async_op=False, timeout=None):
@@ -207,6 +294,12 @@ class Communicator:
         name = "reduce"
         self._check_root(root, name)
         is_root = self.rank == root
+        if self._on_device(array, out if is_root else None):
+            src, dst = self._device_pair(array, out if is_root else None, name, writable_src=is_root and out is None)
+            self._same_device_layout(src, dst, name, src.size)
+            result = (array if out is None else out) if is_root else None
+            return self._device_run("reduce", src, dst if is_root else None, src.size,
+                                    reduce_op_code(op, self.rank, name), int(root), timeout, result, async_op)
         src = as_array(array, self.rank, name, "the input", writable=is_root and out is None)
         dst = None
         if is_root:
@@ -227,6 +320,17 @@ class Communicator:
         """
         name = "gather"
         self._check_root(root, name)
+        if self._on_device(array, out if self.rank == root else None):
+            dst = None
+            if self.rank == root:
+                if out is None:
+                    out = self._device_empty(array, (self.size,) + tuple(array.shape), name)
+                src, dst = self._device_pair(array, out, name, writable_src=False)
+                self._same_device_layout(src, dst, name, src.size * self.size)
+            else:
+                src, _ = self._device_pair(array, None, name, writable_src=False)
+                out = None
+            return self._device_run("gather", src, dst, src.size, 0, int(root), timeout, out, async_op)
         src = as_array(array, self.rank, name, "the input", writable=False)
         dst = None
         if self.rank == root:
@@ -251,6 +355,19 @@ class Communicator:
         """
         name = "scatter"
         self._check_root(root, name)
+        if self._on_device(array if self.rank == root else None, out):
+            if out is None:
+                raise _core.InvalidArgumentError(
+                    f"rank {self.rank}: {name}: pass out= (this rank's block) for GPU buffers")
+            _, dst = self._device_pair(None, out, name, writable_src=False)
+            src = None
+            if self.rank == root:
+                src, _ = self._device_pair(array, None, name, writable_src=False)
+                if src.dtype_name != dst.dtype_name or src.size != dst.size * self.size:
+                    raise _core.InvalidArgumentError(
+                        f"rank {self.rank}: {name}: the input has {src.size} {src.dtype_name} elements, expected "
+                        f"{dst.size * self.size} {dst.dtype_name} (world size x out)")
+            return self._device_run("scatter", src, dst, dst.size, 0, int(root), timeout, out, async_op)
         src = None
         if self.rank == root:
             if array is None:

@@ -33,7 +33,7 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
-from . import _core
+from . import _core, _device
 from ._registrations import RegistrationTracker
 
 BACKEND_NAME = "rcoll"
@@ -80,6 +80,14 @@ class _Completer:
         self._tokens = itertools.count(1)
         self._thread = None
 
+    def keep_until_done(self, core_work, objects) -> None:
+        """Holds `objects` (GPU tensors an op reads or writes) until core_work ends,
+        however early its Work is dropped: their memory must not go back to
+        torch's caching allocator while rcoll's streams still use it."""
+        keeper = _Keeper(objects)
+        if not self.watch(core_work, keeper):
+            keeper.objects = None
+
     def watch(self, core_work, work: "RcollWork") -> bool:
         """Arranges for work._fire() when core_work ends; False if it already has."""
         token = next(self._tokens)
@@ -105,6 +113,16 @@ class _Completer:
                 work._on_core_done()
 
 
+class _Keeper:
+    __slots__ = ("objects",)
+
+    def __init__(self, objects):
+        self.objects = objects
+
+    def _on_core_done(self):
+        self.objects = None
+
+
 _COMPLETER = _Completer()
 
 
@@ -127,6 +145,14 @@ class RcollWork(dist._Work):
         self._base_future = None
         self._future = None
         self._remaining = len(self._core_works)
+        # GPU ops: the caller's stream at issue time. The core orders the op
+        # after it; wait() orders the caller's current stream after the op.
+        self._device = next((w.device for w in self._core_works if w.device >= 0), -1)
+        self._stream = None
+        if self._device >= 0:
+            self._stream = torch.cuda.current_stream(self._device)
+            for w in self._core_works:
+                _COMPLETER.keep_until_done(w, keepalive)
 
     # -- completion -----------------------------------------------------------------
     def _settle(self) -> None:
@@ -139,7 +165,15 @@ class RcollWork(dist._Work):
                 for w in self._core_works:
                     w.wait(0)  # raises the op's error, if any
                 if self._finish is not None:
-                    self._finish()
+                    if self._stream is not None:
+                        # Copies into the caller's tensors go on the caller's
+                        # issue-time stream, after the op's completion event.
+                        with torch.cuda.stream(self._stream):
+                            for w in self._core_works:
+                                w.stream_wait(self._stream.cuda_stream)
+                            self._finish()
+                    else:
+                        self._finish()
             except BaseException as exc:  # noqa: BLE001 - handed to wait()/the future
                 self._error = exc
             self._keepalive = None
@@ -169,6 +203,15 @@ class RcollWork(dist._Work):
         self._settle()
         if self._error is not None:
             raise self._error
+        if self._stream is not None:
+            # As with NCCL: the caller's current stream waits for the op's
+            # completion event (and for copy-backs on the issue stream); the
+            # host never synchronises the device here.
+            current = torch.cuda.current_stream(self._device)
+            for w in self._core_works:
+                w.stream_wait(current.cuda_stream)
+            if current != self._stream:
+                current.wait_stream(self._stream)
         return True
 
     def is_completed(self) -> bool:
@@ -191,7 +234,9 @@ class RcollWork(dist._Work):
         with self._lock:
             if self._future is not None:
                 return self._future
-            base = torch.futures.Future()
+            # A CUDA-aware future for GPU results (torch refuses CUDA values otherwise).
+            base = (torch.futures.Future(devices=[torch.device("cuda", self._device)]) if self._device >= 0
+                    else torch.futures.Future())
             self._base_future = base
             self._future = base.then(self._value)
             future = self._future
@@ -228,10 +273,9 @@ def _check_tensor(t: torch.Tensor, rank: int, opname: str) -> int:
         raise _core.InvalidArgumentError(f"rank {rank}: {opname}: expected a tensor, got {type(t).__name__}")
     if t.layout != torch.strided:
         raise _core.InvalidArgumentError(f"rank {rank}: {opname}: {t.layout} tensors are not supported")
-    if t.device.type != "cpu":
+    if t.device.type not in ("cpu", "cuda"):
         raise _core.InvalidArgumentError(
-            f"rank {rank}: {opname}: {t.device.type} tensors are not supported by this rcoll build "
-            f"(CPU tensors only for now)")
+            f"rank {rank}: {opname}: {t.device.type} tensors are not supported (CPU and CUDA tensors are)")
     code = _DTYPE_CODES.get(t.dtype)
     if code is None:
         supported = ", ".join(str(d).replace("torch.", "") for d in _DTYPE_CODES)
@@ -264,6 +308,49 @@ def _copy_backs(staged: List[_Staged]):
         for s in pending:
             s.copy_back()
     return finish
+
+
+class _DeviceCalls:
+    """The core's collective calls, with their host signatures, for CUDA tensors:
+    each enqueues a device op ordered after the caller's current stream."""
+
+    _KINDS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter")
+
+    def __init__(self, comm, rank: int, device: torch.device):
+        self._comm = comm
+        self._rank = rank
+        self._device = device
+
+    def _call(self, kind, send, recv, count, dtype, op, root, timeout):
+        stream = torch.cuda.current_stream(self._device).cuda_stream
+        return self._comm.device_collective(kind, send, recv, count, dtype, op, root, timeout, self._device.index,
+                                            stream)
+
+    def allreduce(self, send, recv, count, dtype, op, timeout):
+        return self._call("allreduce", send, recv, count, dtype, op, 0, timeout)
+
+    def allgather(self, send, recv, count, dtype, timeout):
+        return self._call("allgather", send, recv, count, dtype, 0, 0, timeout)
+
+    def reduce_scatter(self, send, recv, count, dtype, op, timeout):
+        return self._call("reduce_scatter", send, recv, count, dtype, op, 0, timeout)
+
+    def broadcast(self, send, recv, count, dtype, root, timeout):
+        return self._call("broadcast", send, recv, count, dtype, 0, root, timeout)
+
+    def reduce(self, send, recv, count, dtype, op, root, timeout):
+        return self._call("reduce", send, recv, count, dtype, op, root, timeout)
+
+    def gather(self, send, recv, count, dtype, root, timeout):
+        return self._call("gather", send, recv, count, dtype, 0, root, timeout)
+
+    def scatter(self, send, recv, count, dtype, root, timeout):
+        return self._call("scatter", send, recv, count, dtype, 0, root, timeout)
+
+    def __getattr__(self, name):  # alltoall, send, recv: not on GPU tensors yet
+        raise _core.InvalidArgumentError(
+            f"rank {self._rank}: {name}: CUDA tensors are not supported by rcoll for this call yet; copy them to "
+            f"the CPU (collectives supported on CUDA: {', '.join(self._KINDS)})")
 
 
 def _flat(tensors: List[torch.Tensor]) -> torch.Tensor:
@@ -306,10 +393,27 @@ class RcollProcessGroup(dist.ProcessGroup):
                                if self._comm.caches_registrations else None)
 
     # -- identity -----------------------------------------------------------------
+    def _on(self, *tensors):
+        """Where the op runs: the host calls, or the device calls for CUDA tensors
+        (every tensor of one op on one device)."""
+        if not any(t is not None and t.is_cuda for t in tensors):
+            return self._comm  # the CPU path: nothing else to decide
+        devices = {t.device for t in tensors if t is not None}
+        if len(devices) > 1:
+            raise _core.InvalidArgumentError(
+                f"rank {self._rank}: the tensors of one call are on different devices "
+                f"({', '.join(sorted(str(d) for d in devices))})")
+        device = devices.pop() if devices else torch.device("cpu")
+        if device.type != "cuda":
+            return self._comm
+        _device.ensure_runtime(self._rank, "collective on CUDA tensors")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return _DeviceCalls(self._comm, self._rank, torch.device("cuda", index))
+
     def _addr(self, t: torch.Tensor) -> int:
-        """The tensor's address for the core; with RDMA, its storage is watched so that
-        cached registrations of it go when it is freed (_registrations.py)."""
-        if self._registrations is not None:
+        """The tensor's address for the core; with RDMA, host tensors' storage is
+        watched so that cached registrations go when it is freed."""
+        if self._registrations is not None and t.device.type == "cpu":
             self._registrations.track(t)
         return t.data_ptr()
 
@@ -363,7 +467,7 @@ class RcollProcessGroup(dist.ProcessGroup):
             op = self._op(opts, "allreduce")
             s = _Staged(t)
             staged.append(s)
-            works.append(self._comm.allreduce(self._addr(s.buffer), self._addr(s.buffer), s.buffer.numel(), code, op, timeout))
+            works.append(self._on(s.buffer).allreduce(self._addr(s.buffer), self._addr(s.buffer), s.buffer.numel(), code, op, timeout))
         return RcollWork(works, list(tensors), _copy_backs(staged), staged)
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -376,7 +480,7 @@ class RcollProcessGroup(dist.ProcessGroup):
         op = self._op(opts, "allreduce_coalesced")
         # One fused op over a flat copy: far fewer messages for many small tensors.
         flat = _flat(tensors)
-        work = self._comm.allreduce(self._addr(flat), self._addr(flat), flat.numel(), code, op, _timeout_seconds(opts))
+        work = self._on(flat).allreduce(self._addr(flat), self._addr(flat), flat.numel(), code, op, _timeout_seconds(opts))
 
         def finish():
             offset = 0
@@ -395,7 +499,7 @@ class RcollProcessGroup(dist.ProcessGroup):
             code = _check_tensor(t, self._rank, "broadcast")
             s = _Staged(t)
             staged.append(s)
-            works.append(self._comm.broadcast(self._addr(s.buffer), self._addr(s.buffer), s.buffer.numel(), code, root, timeout))
+            works.append(self._on(s.buffer).broadcast(self._addr(s.buffer), self._addr(s.buffer), s.buffer.numel(), code, root, timeout))
         return RcollWork(works, list(tensors), _copy_backs(staged), staged)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -406,8 +510,8 @@ class RcollProcessGroup(dist.ProcessGroup):
             code = _check_tensor(inp, self._rank, "allgather")
             self._check_outputs(outs, inp, "allgather")
             src = inp.contiguous()
-            flat = torch.empty(self._size * src.numel(), dtype=src.dtype)
-            works.append(self._comm.allgather(self._addr(src), self._addr(flat), src.numel(), code, timeout))
+            flat = torch.empty(self._size * src.numel(), dtype=src.dtype, device=src.device)
+            works.append(self._on(src, flat).allgather(self._addr(src), self._addr(flat), src.numel(), code, timeout))
             keep.append((src, flat))
             finishes.append(self._scatter_into(flat, outs))
         return RcollWork(works, output_tensors, lambda: [f() for f in finishes], keep)
@@ -422,8 +526,8 @@ class RcollProcessGroup(dist.ProcessGroup):
             if _check_tensor(t, self._rank, "allgather_coalesced") != code:
                 raise _core.InvalidArgumentError(f"rank {self._rank}: allgather_coalesced: inputs differ in dtype")
         flat_in = _flat(input_list)
-        flat_out = torch.empty(self._size * flat_in.numel(), dtype=flat_in.dtype)
-        work = self._comm.allgather(self._addr(flat_in), self._addr(flat_out), flat_in.numel(), code, _timeout_seconds(opts))
+        flat_out = torch.empty(self._size * flat_in.numel(), dtype=flat_in.dtype, device=flat_in.device)
+        work = self._on(flat_in, flat_out).allgather(self._addr(flat_in), self._addr(flat_out), flat_in.numel(), code, _timeout_seconds(opts))
 
         def finish():
             offset = 0
@@ -444,7 +548,7 @@ class RcollProcessGroup(dist.ProcessGroup):
                 f"expected {self._size * input.numel()} {input.dtype}")
         src = input.contiguous()
         dst = _Staged(output)
-        work = self._comm.allgather(self._addr(src), self._addr(dst.buffer), src.numel(), code, _timeout_seconds(opts))
+        work = self._on(src, dst.buffer).allgather(self._addr(src), self._addr(dst.buffer), src.numel(), code, _timeout_seconds(opts))
         return RcollWork([work], [output], _copy_backs([dst]), (src, dst))
 
     _allgather_base = all_gather_single
@@ -469,7 +573,7 @@ class RcollProcessGroup(dist.ProcessGroup):
             s = _Staged(out)
             staged.append(s)
             keep.append(flat)
-            works.append(self._comm.reduce_scatter(self._addr(flat), self._addr(s.buffer), out.numel(), code, op, timeout))
+            works.append(self._on(flat, s.buffer).reduce_scatter(self._addr(flat), self._addr(s.buffer), out.numel(), code, op, timeout))
         return RcollWork(works, output_tensors, _copy_backs(staged), (staged, keep))
 
     def reduce_scatter_single(self, output, input, opts=None):
@@ -483,7 +587,7 @@ class RcollProcessGroup(dist.ProcessGroup):
                 f"expected {self._size * output.numel()} {output.dtype}")
         src = input.contiguous()
         dst = _Staged(output)
-        work = self._comm.reduce_scatter(self._addr(src), self._addr(dst.buffer), output.numel(), code, op,
+        work = self._on(src, dst.buffer).reduce_scatter(self._addr(src), self._addr(dst.buffer), output.numel(), code, op,
                                          _timeout_seconds(opts))
         return RcollWork([work], [output], _copy_backs([dst]), (src, dst))
 
@@ -521,7 +625,7 @@ class RcollProcessGroup(dist.ProcessGroup):
             staged.append(s)
             # Only the root's tensor receives the result; the others stay as they were.
             recv = self._addr(s.buffer) if self._rank == root else 0
-            works.append(self._comm.reduce(self._addr(s.buffer), recv, s.buffer.numel(), code, op, root, timeout))
+            works.append(self._on(s.buffer).reduce(self._addr(s.buffer), recv, s.buffer.numel(), code, op, root, timeout))
         return RcollWork(works, list(tensors), _copy_backs(staged), staged)
 
     def gather(self, output_tensors, input_tensors, opts=None):
@@ -535,9 +639,9 @@ class RcollProcessGroup(dist.ProcessGroup):
         if self._rank == root:
             outs = output_tensors[0]
             self._check_outputs(outs, inp, "gather")
-            flat = torch.empty(self._size * src.numel(), dtype=src.dtype)
+            flat = torch.empty(self._size * src.numel(), dtype=src.dtype, device=src.device)
             finish = self._scatter_into(flat, outs)
-        work = self._comm.gather(self._addr(src), self._addr(flat) if flat is not None else 0, src.numel(), code, root,
+        work = self._on(src, flat).gather(self._addr(src), self._addr(flat) if flat is not None else 0, src.numel(), code, root,
                                  _timeout_seconds(opts))
         return RcollWork([work], output_tensors, finish, (src, flat))
 
@@ -552,7 +656,7 @@ class RcollProcessGroup(dist.ProcessGroup):
             self._check_outputs(ins, out, "scatter")
             flat = _flat(ins)
         dst = _Staged(out)
-        work = self._comm.scatter(self._addr(flat) if flat is not None else 0, self._addr(dst.buffer), out.numel(), code,
+        work = self._on(flat, dst.buffer).scatter(self._addr(flat) if flat is not None else 0, self._addr(dst.buffer), out.numel(), code,
                                   root, _timeout_seconds(opts))
         return RcollWork([work], output_tensors, _copy_backs([dst]), (flat, dst))
 
@@ -569,8 +673,8 @@ class RcollProcessGroup(dist.ProcessGroup):
         send_counts = [t.numel() for t in input_tensors]
         recv_counts = [t.numel() for t in output_tensors]
         flat_in = _flat(input_tensors)
-        flat_out = torch.empty(sum(recv_counts), dtype=flat_in.dtype)
-        work = self._comm.alltoall(self._addr(flat_in), self._addr(flat_out), send_counts, _prefix(send_counts), recv_counts,
+        flat_out = torch.empty(sum(recv_counts), dtype=flat_in.dtype, device=flat_in.device)
+        work = self._on(flat_in, flat_out).alltoall(self._addr(flat_in), self._addr(flat_out), send_counts, _prefix(send_counts), recv_counts,
                                    _prefix(recv_counts), code, _timeout_seconds(opts))
 
         def finish():
@@ -589,7 +693,7 @@ class RcollProcessGroup(dist.ProcessGroup):
         recv_counts = self._split_counts(output, output_split_sizes, "output")
         src = input.contiguous()
         dst = _Staged(output)
-        work = self._comm.alltoall(self._addr(src), self._addr(dst.buffer), send_counts, _prefix(send_counts), recv_counts,
+        work = self._on(src, dst.buffer).alltoall(self._addr(src), self._addr(dst.buffer), send_counts, _prefix(send_counts), recv_counts,
                                    _prefix(recv_counts), code, _timeout_seconds(opts))
         return RcollWork([work], [output], _copy_backs([dst]), (src, dst))
 
@@ -616,14 +720,14 @@ class RcollProcessGroup(dist.ProcessGroup):
         t = tensors[0]
         code = _check_tensor(t, self._rank, "send")
         src = t.contiguous()
-        return RcollWork([self._comm.send(self._addr(src), src.numel(), code, dst_rank, tag, 0.0)], list(tensors),
+        return RcollWork([self._on(src).send(self._addr(src), src.numel(), code, dst_rank, tag, 0.0)], list(tensors),
                          None, src)
 
     def recv(self, tensors, src_rank, tag=0):
         t = tensors[0]
         code = _check_tensor(t, self._rank, "recv")
         dst = _Staged(t)
-        work = self._comm.recv(self._addr(dst.buffer), dst.buffer.numel(), code, src_rank, tag, 0.0)
+        work = self._on(dst.buffer).recv(self._addr(dst.buffer), dst.buffer.numel(), code, src_rank, tag, 0.0)
         return RcollWork([work], list(tensors), _copy_backs([dst]), dst)
 
     def recv_anysource(self, tensors, tag=0):

@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""GPU benchmarks: rcoll's reduction kernels, and allreduce of CUDA tensors at world 2.
+
+    PYTHONPATH=python python3 bench/gpu_bench.py [--kernels] [--allreduce]
+        [--min-bytes 4K] [--max-bytes 256M] [--factor 4] [--iters 20] [--json out.json]
+
+1. Kernels (one process): for each size, the bandwidth of rcoll.cuda.reduce
+   (sum and max, float32 and bfloat16; 3 x size bytes moved: two reads, one
+   write) as a fraction of the device-to-device copy bandwidth measured in the
+   same run (2 x size bytes), and next to torch.add(out=) / torch.maximum(out=)
+   on the same tensors. CUDA events time every run.
+2. allreduce of CUDA tensors at world 2 (two local processes; they may share
+   one GPU): backend "rcoll" (pinned host staging, GPU reductions) against
+   torch's Gloo on the same CUDA tensors, in the same run, with nccl-tests'
+   definitions: algbw = size / time, busbw = algbw * 2(n-1)/n. Every size's
+   result is checked.
+
+Without a GPU (or without rcoll._cuda, or with a CPU build of torch) it says
+so and exits with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+
+def parse_bytes(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().rstrip("B")
+    return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
+
+
+def gpu_or_exit():
+    try:
+        import torch
+    except ImportError:
+        sys.exit("gpu_bench: torch is not installed")
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        print(f"gpu_bench: no GPU here (torch {torch.__version__}, {build}, sees no CUDA device); nothing to "
+              f"measure", file=sys.stderr)
+        sys.exit(2)
+    import rcoll.cuda
+
+    ok, reason = rcoll.cuda.available()
+    if not ok:
+        print(f"gpu_bench: rcoll's CUDA module cannot run here: {reason}", file=sys.stderr)
+        sys.exit(2)
+    return torch
+
+
+def sizes(lo: int, hi: int, factor: int):
+    out, n = [], lo
+    while n <= hi:
+        out.append(n)
+        n *= factor
+    return out
+
+
+def time_gpu(torch, fn, iters: int) -> float:
+    """Seconds per call, from CUDA events around `iters` calls after a warm-up."""
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1000.0 / iters
+
+
+def kernels(torch, byte_sizes, iters):
+    import rcoll.cuda
+
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        es = torch.empty(0, dtype=dtype).element_size()
+        for nbytes in byte_sizes:
+            n = max(1, nbytes // es)
+            a = torch.randn(n, device="cuda").to(dtype)
+            b = torch.randn(n, device="cuda").to(dtype)
+            dst = torch.empty_like(a)
+            copy = time_gpu(torch, lambda: dst.copy_(a), iters)
+            copy_bw = 2 * n * es / copy
+            for op, torch_fn in (("sum", lambda: torch.add(a, b, out=dst)),
+                                 ("max", lambda: torch.maximum(a, b, out=dst))):
+                ours = time_gpu(torch, lambda: rcoll.cuda.reduce(dst, a, b, op), iters)
+                theirs = time_gpu(torch, torch_fn, iters)
+                bw, torch_bw = 3 * n * es / ours, 3 * n * es / theirs
+                rows.append({"dtype": str(dtype).replace("torch.", ""), "op": op, "bytes": n * es,
+                             "rcoll_GBps": bw / 1e9, "copy_GBps": copy_bw / 1e9, "torch_GBps": torch_bw / 1e9,
+                             "fraction_of_copy": bw / copy_bw, "vs_torch": bw / torch_bw})
+                r = rows[-1]
+                print(f"{r['dtype']:>9} {op:>4} {r['bytes']:>11} B  rcoll {r['rcoll_GBps']:8.1f} GB/s  "
+                      f"copy {r['copy_GBps']:8.1f}  ({r['fraction_of_copy']:5.2f} of copy)  "
+                      f"torch {r['torch_GBps']:8.1f}  ({r['vs_torch']:5.2f} x torch)", flush=True)
+    return rows
+
+
+def _allreduce_rank(rank, world, byte_sizes, iters):
+    """One rank: the same CUDA tensors through rcoll (default group) and Gloo (a second group)."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    import rcoll.torch_backend  # noqa: F401
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("rcoll", init_method="env://", timeout=timedelta(seconds=300))
+    groups = {"rcoll": None, "gloo": dist.new_group(backend="gloo")}
+    rows = []
+    for nbytes in byte_sizes:
+        n = max(1, nbytes // 4)
+        t = torch.empty(n, device="cuda")
+        for name, group in groups.items():
+            reps = max(2, min(iters, (64 << 20) // max(nbytes, 1)))
+            for _ in range(2):
+                dist.all_reduce(t, group=group)
+            dist.barrier()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(reps):
+                dist.all_reduce(t, group=group)
+            torch.cuda.synchronize()
+            seconds = (time.perf_counter() - start) / reps
+            t.fill_(rank + 1.0)
+            dist.all_reduce(t, group=group)
+            wrong = int((t != world * (world + 1) / 2).sum().item())
+            algbw = n * 4 / seconds
+            rows.append({"backend": name, "bytes": n * 4, "time_us": seconds * 1e6, "algbw_GBps": algbw / 1e9,
+                         "busbw_GBps": algbw * 2 * (world - 1) / world / 1e9, "wrong": wrong})
+    dist.destroy_process_group()
+    return rows
+
+
+def allreduce(byte_sizes, iters):
+    from rcoll import spawn
+
+    results = spawn.run(_allreduce_rank, 2, byte_sizes, iters, timeout=1800)
+    rows = []
+    for i, row in enumerate(results[0]):  # the slower rank's time, as nccl-tests reports
+        row = dict(row)
+        row["time_us"] = max(r[i]["time_us"] for r in results)
+        row["algbw_GBps"] = row["bytes"] / (row["time_us"] / 1e6) / 1e9
+        row["busbw_GBps"] = row["algbw_GBps"] * 2 * (2 - 1) / 2
+        row["wrong"] = sum(r[i]["wrong"] for r in results)
+        rows.append(row)
+    print(f"{'size':>11} {'backend':>7} {'time us':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>6}")
+    for r in rows:
+        print(f"{r['bytes']:>11} {r['backend']:>7} {r['time_us']:>10.1f} {r['algbw_GBps']:>8.2f} "
+              f"{r['busbw_GBps']:>8.2f} {r['wrong']:>6}")
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kernels", action="store_true", help="only the kernel benchmark")
+    p.add_argument("--allreduce", action="store_true", help="only the world-2 allreduce benchmark")
+    p.add_argument("--min-bytes", default="4K")
+    p.add_argument("--max-bytes", default="256M")
+    p.add_argument("--factor", type=int, default=4)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--json", help="write every row here")
+    args = p.parse_args(argv)
+    torch = gpu_or_exit()
+    both = not args.kernels and not args.allreduce
+    byte_sizes = sizes(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), args.factor)
+    out = {"device": torch.cuda.get_device_name(0)}
+    print(f"device: {out['device']}")
+    if args.kernels or both:
+        out["kernels"] = kernels(torch, [s for s in byte_sizes if s >= 1 << 16], args.iters)
+    if args.allreduce or both:
+        out["allreduce"] = allreduce(byte_sizes, args.iters)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 1 if any(r["wrong"] for r in out.get("allreduce", [])) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

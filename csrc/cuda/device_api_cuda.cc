@@ -1,0 +1,153 @@
+// The device API table (csrc/device_api.h) over the CUDA runtime: what
+// rcoll._core's staging executor calls to move segments between GPU memory
+// and pinned host slots and to reduce them on the GPU.
+//
+// rcoll._cuda hands rcollCudaDeviceApi() to _core as a capsule; _core never
+// links CUDA. Functions that create something for a given device switch to it
+// and back, so the calling thread's current device (torch's) is left alone.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cuda_reduce.h"
+#include "device_api.h"
+#include "status.h"
+
+namespace rcoll {
+namespace cuda {
+namespace {
+
+int check(cudaError_t error, const char* what) {
+  return error == cudaSuccess ? RCOLL_CUDA_SUCCESS : failCuda(error, what);
+}
+
+// Runs `fn` with `device` current, restoring the caller's device afterwards.
+template <typename Fn>
+int onDevice(int device, const char* what, Fn&& fn) {
+  int previous = 0;
+  cudaError_t error = cudaGetDevice(&previous);
+  if (error == cudaSuccess && previous != device) error = cudaSetDevice(device);
+  if (error != cudaSuccess) return failCuda(error, what);
+  const cudaError_t result = fn();
+  if (previous != device) (void)cudaSetDevice(previous);
+  return check(result, what);
+}
+
+cudaStream_t asStream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+int setDevice(int device) { return check(cudaSetDevice(device), "cudaSetDevice"); }
+
+int pointerDevice(const void* ptr, int* device) {
+  cudaPointerAttributes attributes{};
+  const cudaError_t error = cudaPointerGetAttributes(&attributes, ptr);
+  if (error != cudaSuccess) return failCuda(error, "cudaPointerGetAttributes");
+  if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged) {
+    return fail(RCOLL_CUDA_INVALID_ARGUMENT, "the buffer is not CUDA device memory");
+  }
+  *device = attributes.device;
+  return RCOLL_CUDA_SUCCESS;
+}
+
+int streamCreate(int device, void** stream) {
+  cudaStream_t created = nullptr;
+  // Non-blocking: rcoll's copies must not serialise with the legacy default stream.
+  const int rc = onDevice(device, "cudaStreamCreateWithFlags",
+                          [&] { return cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking); });
+  *stream = created;
+  return rc;
+}
+
+int streamDestroy(void* stream) { return check(cudaStreamDestroy(asStream(stream)), "cudaStreamDestroy"); }
+int streamSynchronize(void* stream) {
+  return check(cudaStreamSynchronize(asStream(stream)), "cudaStreamSynchronize");
+}
+
+int deviceAlloc(int device, size_t bytes, void** ptr) {
+  *ptr = nullptr;
+  return onDevice(device, "cudaMalloc", [&] { return cudaMalloc(ptr, bytes == 0 ? 1 : bytes); });
+}
+int deviceFree(void* ptr) { return check(cudaFree(ptr), "cudaFree"); }
+
+int hostAlloc(size_t bytes, void** ptr) {
+  *ptr = nullptr;
+  // Portable: the slots serve whichever device the communicator uses.
+  return check(cudaHostAlloc(ptr, bytes == 0 ? 1 : bytes, cudaHostAllocPortable), "cudaHostAlloc");
+}
+int hostFree(void* ptr) { return check(cudaFreeHost(ptr), "cudaFreeHost"); }
+
+int copyD2H(void* dst, const void* src, size_t bytes, void* stream) {
+  return check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, asStream(stream)), "copy to the host");
+}
+int copyH2D(void* dst, const void* src, size_t bytes, void* stream) {
+  return check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, asStream(stream)), "copy to the device");
+}
+int copyD2D(void* dst, const void* src, size_t bytes, void* stream) {
+  return check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, asStream(stream)),
+               "copy within the device");
+}
+
+int reduceAsync(void* dst, const void* a, const void* b, size_t count, int dtype, int op, void* stream) {
+  return rcollCudaReduce(dst, a, b, count, dtype, op, stream);
+}
+int scaleDivideAsync(void* buf, size_t count, int dtype, size_t divisor, void* stream) {
+  return rcollCudaScaleDivide(buf, count, dtype, divisor, stream);
+}
+
+int eventCreate(int device, void** event) {
+  cudaEvent_t created = nullptr;
+  const int rc = onDevice(device, "cudaEventCreateWithFlags",
+                          [&] { return cudaEventCreateWithFlags(&created, cudaEventDisableTiming); });
+  *event = created;
+  return rc;
+}
+int eventRecord(void* event, void* stream) {
+  return check(cudaEventRecord(static_cast<cudaEvent_t>(event), asStream(stream)), "cudaEventRecord");
+}
+int eventQuery(void* event) {
+  const cudaError_t error = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (error == cudaSuccess) return RCOLL_EVENT_DONE;
+  if (error == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // "not ready" is an answer, not an error to report later
+    return RCOLL_EVENT_PENDING;
+  }
+  (void)failCuda(error, "cudaEventQuery");
+  return RCOLL_EVENT_FAILED;
+}
+int eventDestroy(void* event) { return check(cudaEventDestroy(static_cast<cudaEvent_t>(event)), "cudaEventDestroy"); }
+int streamWaitEvent(void* stream, void* event) {
+  return check(cudaStreamWaitEvent(asStream(stream), static_cast<cudaEvent_t>(event), 0), "cudaStreamWaitEvent");
+}
+
+const char* lastError() { return rcollCudaLastError(); }
+
+const rcoll_device_api_v1 kCudaApi = {
+    RCOLL_DEVICE_API_VERSION,
+    "cuda",
+    setDevice,
+    pointerDevice,
+    streamCreate,
+    streamDestroy,
+    streamSynchronize,
+    deviceAlloc,
+    deviceFree,
+    hostAlloc,
+    hostFree,
+    copyD2H,
+    copyH2D,
+    copyD2D,
+    reduceAsync,
+    scaleDivideAsync,
+    eventCreate,
+    eventRecord,
+    eventQuery,
+    eventDestroy,
+    streamWaitEvent,
+    lastError,
+};
+
+}  // namespace
+}  // namespace cuda
+}  // namespace rcoll
+
+extern "C" const rcoll_device_api_v1* rcollCudaDeviceApi(void) { return &rcoll::cuda::kCudaApi; }

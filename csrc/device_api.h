@@ -1,0 +1,85 @@
+/* The device API: what the core needs from a GPU runtime, as a plain C table.
+ *
+ * The core (rcoll._core) never links or loads CUDA. A module that does
+ * (rcoll._cuda) fills this table and hands it over as a PyCapsule named
+ * RCOLL_DEVICE_API_CAPSULE; `_core.set_device_api(capsule)` installs it, in the
+ * spirit of NCCL's versioned net-plugin structs. A second implementation with
+ * host memory (csrc/testing/emulated_device_api.cc) lets the tests drive the
+ * device data path on machines without a GPU.
+ *
+ * Pointers to device memory, streams and events are opaque (void*). Every
+ * function returns 0 on success or non-zero on failure, and last_error() then
+ * describes the failure of the calling thread. All functions are thread-safe.
+ * Asynchronous functions enqueue work on `stream` and return at once;
+ * event_query() is the only way the core learns that work finished, so the
+ * progress loop never blocks on the GPU.
+ *
+ * Versioning: append members only, and bump RCOLL_DEVICE_API_VERSION when you
+ * do; the core refuses a table whose version it does not know.
+ */
+#ifndef RCOLL_DEVICE_API_H_
+#define RCOLL_DEVICE_API_H_
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RCOLL_DEVICE_API_VERSION 1
+#define RCOLL_DEVICE_API_CAPSULE "rcoll_device_api_v1"
+
+enum {
+  RCOLL_EVENT_DONE = 0,      /* event_query(): the work recorded before the event finished */
+  RCOLL_EVENT_PENDING = 1,   /* not yet */
+  RCOLL_EVENT_FAILED = 2     /* the runtime failed (last_error() says why) */
+};
+
+typedef struct rcoll_device_api_v1 {
+  int version;       /* RCOLL_DEVICE_API_VERSION */
+  const char* name;  /* "cuda", "emulated (host memory, for tests)" */
+
+  /* Device of the calling thread for the calls that follow it (the progress
+   * thread calls it before every device op). */
+  int (*set_device)(int device);
+  /* The device that owns `ptr` (device memory, managed, or registered host memory). */
+  int (*pointer_device)(const void* ptr, int* device);
+
+  /* Streams and device memory of `device` (the caller's current device is kept). */
+  int (*stream_create)(int device, void** stream);
+  int (*stream_destroy)(void* stream);
+  int (*stream_synchronize)(void* stream); /* blocking: only on failure paths and shutdown */
+  int (*device_alloc)(int device, size_t bytes, void** ptr);
+  int (*device_free)(void* ptr);
+
+  /* Page-locked host memory, usable by every device (cudaHostAllocPortable):
+   * the staging slots that the transports send from and receive into. */
+  int (*host_alloc)(size_t bytes, void** ptr);
+  int (*host_free)(void* ptr);
+
+  /* Asynchronous copies and kernels on `stream`. */
+  int (*copy_d2h_async)(void* host_dst, const void* device_src, size_t bytes, void* stream);
+  int (*copy_h2d_async)(void* device_dst, const void* host_src, size_t bytes, void* stream);
+  int (*copy_d2d_async)(void* device_dst, const void* device_src, size_t bytes, void* stream);
+  /* dst[i] = a[i] (op) b[i]; dtype and op are rcoll::DataType / ReduceOp codes
+   * (csrc/dtype.h), semantics those of csrc/reduce_kernels.h. */
+  int (*reduce_async)(void* dst, const void* a, const void* b, size_t count, int dtype, int op, void* stream);
+  int (*scale_divide_async)(void* buf, size_t count, int dtype, size_t divisor, void* stream);
+
+  /* Events: created for `device`, recorded on a stream of that device. */
+  int (*event_create)(int device, void** event);
+  int (*event_record)(void* event, void* stream);
+  int (*event_query)(void* event); /* RCOLL_EVENT_DONE / _PENDING / _FAILED */
+  int (*event_destroy)(void* event);
+  /* Work enqueued on `stream` after this call waits for `event` (no host wait). */
+  int (*stream_wait_event)(void* stream, void* event);
+
+  /* Why the calling thread's last call failed. */
+  const char* (*last_error)(void);
+} rcoll_device_api_v1;
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* RCOLL_DEVICE_API_H_ */

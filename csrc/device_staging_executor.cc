@@ -1,0 +1,363 @@
+#include "device_staging_executor.h"
+
+#include <algorithm>
+#include <set>
+#include <thread>
+
+#include "error.h"
+
+namespace rcoll {
+
+namespace {
+constexpr size_t kAlign = 256;  // slot stride: good for DMA and for the kernels' 16-byte loads
+
+size_t alignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+}  // namespace
+
+DeviceStagingExecutor::DeviceStagingExecutor(Transport* transport, const DeviceApi& api, int device, int rank,
+                                             int size, uint64_t comm_id, size_t slot_bytes, int num_slots)
+    : transport_(transport), api_(api), device_(device), rank_(rank), size_(size), comm_id_(comm_id),
+      slot_bytes_(slot_bytes) {
+  context_ = strFormat("rank %d: setting up the staging of device %d", rank, device);
+  // Pinned allocations use the thread's current device: make it ours, so that
+  // no context is created on a GPU this rank does not use.
+  check(api_.set_device(device), "selecting the device");
+  check(api_.stream_create(device, &d2h_stream_), "creating a stream");
+  check(api_.stream_create(device, &h2d_stream_), "creating a stream");
+  join_event_ = std::make_unique<DeviceEvent>(api_, device, context_);
+  if (transport_ == nullptr) return;  // world of size 1: local steps only
+  const size_t stride = alignUp(slot_bytes);
+  const size_t n = static_cast<size_t>(num_slots);
+  // One pinned block for both pools, registered once: every segment of every
+  // op then hits that one registration.
+  check(api_.host_alloc(stride * 2 * n, reinterpret_cast<void**>(&host_memory_)), "allocating pinned staging memory");
+  check(api_.device_alloc(device, stride * n, reinterpret_cast<void**>(&device_memory_)),
+        "allocating device staging memory");
+  if (transport_->needsRegistration()) host_registration_ = transport_->registerMemory(host_memory_, stride * 2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    Slot send;
+    send.host = host_memory_ + stride * i;
+    send.event = std::make_unique<DeviceEvent>(api_, device, context_);
+    send_slots_.push_back(std::move(send));
+    Slot recv;
+    recv.host = host_memory_ + stride * (n + i);
+    recv.device = device_memory_ + stride * i;
+    recv.event = std::make_unique<DeviceEvent>(api_, device, context_);
+    recv_slots_.push_back(std::move(recv));
+    free_send_slots_.push_back(static_cast<int>(i));
+    free_recv_slots_.push_back(static_cast<int>(i));
+  }
+}
+
+DeviceStagingExecutor::~DeviceStagingExecutor() {
+  // Nothing may still read or write the memory freed below.
+  if (d2h_stream_ != nullptr) (void)api_.stream_synchronize(d2h_stream_);
+  if (h2d_stream_ != nullptr) (void)api_.stream_synchronize(h2d_stream_);
+  send_slots_.clear();
+  recv_slots_.clear();
+  join_event_.reset();
+  if (host_registration_ != nullptr) transport_->deregisterMemory(host_registration_);
+  if (host_memory_ != nullptr) (void)api_.host_free(host_memory_);
+  if (device_memory_ != nullptr) (void)api_.device_free(device_memory_);
+  if (scratch_ != nullptr) (void)api_.device_free(scratch_);
+  if (d2h_stream_ != nullptr) (void)api_.stream_destroy(d2h_stream_);
+  if (h2d_stream_ != nullptr) (void)api_.stream_destroy(h2d_stream_);
+}
+
+void DeviceStagingExecutor::check(int rc, const char* what) {
+  if (rc != 0) deviceCheck(api_, rc, context_ + ": " + what);  // the message only on failure: called per segment
+}
+
+void DeviceStagingExecutor::begin(const DeviceEvent* ready, const std::string& context) {
+  context_ = context;
+  first_completion_ = {};
+  check(api_.set_device(device_), "selecting the device");
+  // The caller's stream may still be writing the input: both streams wait for
+  // the event recorded there when the op was issued (no host wait).
+  if (ready != nullptr) {
+    ready->streamWait(d2h_stream_, context_);
+    ready->streamWait(h2d_stream_, context_);
+  }
+}
+
+void DeviceStagingExecutor::localCopy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  check(api_.copy_d2d_async(dst, src, bytes, d2h_stream_), "copying within the device");
+}
+
+void DeviceStagingExecutor::localScaleDivide(void* buf, size_t count, DataType dtype, size_t divisor) {
+  if (count == 0) return;
+  check(api_.scale_divide_async(buf, count, static_cast<int>(dtype), divisor, d2h_stream_), "dividing (avg)");
+}
+
+char* DeviceStagingExecutor::scratch(size_t bytes) {
+  if (bytes <= scratch_bytes_) return scratch_;
+  // Between ops the streams are idle (finish() waited for them), so the old
+  // block can go at once.
+  if (scratch_ != nullptr) check(api_.device_free(scratch_), "freeing device scratch memory");
+  scratch_ = nullptr;
+  scratch_bytes_ = 0;
+  check(api_.device_alloc(device_, bytes, reinterpret_cast<void**>(&scratch_)), "allocating device scratch memory");
+  scratch_bytes_ = bytes;
+  return scratch_;
+}
+
+void DeviceStagingExecutor::releaseAll() {
+  for (auto* list : {&staging_, &sends_posted_}) {
+    for (auto& f : *list) {
+      if (f.request != nullptr) transport_->release(f.request);
+      if (f.slot >= 0) free_send_slots_.push_back(f.slot);
+    }
+    list->clear();
+  }
+  for (auto* list : {&recvs_posted_, &recvs_landing_}) {
+    for (auto& f : *list) {
+      if (f.request != nullptr) transport_->release(f.request);
+      if (f.slot >= 0) free_recv_slots_.push_back(f.slot);
+    }
+    list->clear();
+  }
+}
+
+void DeviceStagingExecutor::abandon() {
+  // A failed op may have copies in flight into slots and user memory: wait
+  // for them (the device always finishes them) before anything is reused.
+  (void)api_.stream_synchronize(d2h_stream_);
+  (void)api_.stream_synchronize(h2d_stream_);
+  if (transport_ != nullptr) releaseAll();
+}
+
+void DeviceStagingExecutor::fail(const Schedule& schedule, ErrorKind kind, const std::string& why) {
+  abandon();
+  throwError(kind, strFormat("rank %d: %s (op #%llu) failed: %s", rank_, describeOp(schedule.op).c_str(),
+                             static_cast<unsigned long long>(schedule.op.seq), why.c_str()));
+}
+
+void DeviceStagingExecutor::timeout(const Schedule& schedule, std::chrono::milliseconds limit) {
+  std::set<int> waiting_recv, waiting_send;
+  for (auto& f : recvs_posted_) waiting_recv.insert(schedule.recvs[static_cast<size_t>(f.index)].peer);
+  for (auto& f : sends_posted_) waiting_send.insert(schedule.sends[static_cast<size_t>(f.index)].peer);
+  auto list = [](const std::set<int>& ranks) {
+    std::string out;
+    for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+    return out;
+  };
+  std::string detail;
+  if (!waiting_recv.empty()) detail += "no data arrived from rank(s) " + list(waiting_recv);
+  if (!waiting_send.empty()) {
+    detail += (detail.empty() ? "" : "; ") + std::string("rank(s) ") + list(waiting_send) +
+              " did not take the data sent to them";
+  }
+  if (detail.empty()) detail = "waiting for device copies or a dependency between segments";
+  abandon();
+  throwError(ErrorKind::kTimeout,
+             strFormat("rank %d: %s (op #%llu) timed out after %.1f s: %s (did a rank die, hang, or skip this "
+                       "collective?)",
+                       rank_, describeOp(schedule.op).c_str(), static_cast<unsigned long long>(schedule.op.seq),
+                       static_cast<double>(limit.count()) / 1000.0, detail.c_str()));
+}
+
+bool DeviceStagingExecutor::harvest(const Schedule& schedule, size_t* sends_done, size_t* recvs_done) {
+  bool any = false;
+  const size_t es = schedule.elem_size;
+  auto firstCompletion = [this] {
+    if (first_completion_ == std::chrono::steady_clock::time_point{}) first_completion_ = std::chrono::steady_clock::now();
+  };
+  // Landed segments whose copy (and reduction) finished: the data is in place.
+  for (size_t i = 0; i < recvs_landing_.size();) {
+    InFlight& f = recvs_landing_[i];
+    if (!recv_slots_[static_cast<size_t>(f.slot)].event->done(context_, "copying a segment to the device")) {
+      ++i;
+      continue;
+    }
+    free_recv_slots_.push_back(f.slot);
+    recv_done_[static_cast<size_t>(f.index)] = 1;
+    ++*recvs_done;
+    f = recvs_landing_.back();
+    recvs_landing_.pop_back();
+    any = true;
+  }
+  // Segments off the wire: queue their copy to the device (and reduction).
+  for (size_t i = 0; i < recvs_posted_.size();) {
+    InFlight& f = recvs_posted_[i];
+    if (f.request->state == Request::State::kPending) {
+      ++i;
+      continue;
+    }
+    if (f.request->state == Request::State::kFailed) {
+      TransportFailure failure = transport_->failure(f.request);
+      fail(schedule, failure.kind, failure.message);
+    }
+    firstCompletion();
+    transport_->release(f.request);
+    f.request = nullptr;
+    const RecvStep& step = schedule.recvs[static_cast<size_t>(f.index)];
+    if (f.slot < 0) {  // zero-byte message: nothing to copy
+      recv_done_[static_cast<size_t>(f.index)] = 1;
+      ++*recvs_done;
+    } else {
+      Slot& slot = recv_slots_[static_cast<size_t>(f.slot)];
+      const size_t bytes = step.count * es;
+      if (step.reduce_out != nullptr) {
+        check(api_.copy_h2d_async(slot.device, slot.host, bytes, h2d_stream_), "copying a segment to the device");
+        check(api_.reduce_async(step.reduce_out, step.reduce_in, slot.device, step.count,
+                                static_cast<int>(schedule.op.dtype), static_cast<int>(schedule.op.reduce_op),
+                                h2d_stream_),
+              "reducing a segment on the device");
+        if (step.divide_after) {
+          check(api_.scale_divide_async(step.reduce_out, step.count, static_cast<int>(schedule.op.dtype),
+                                        static_cast<size_t>(size_), h2d_stream_),
+                "dividing (avg) on the device");
+        }
+      } else {
+        check(api_.copy_h2d_async(step.direct, slot.host, bytes, h2d_stream_), "copying a segment to the device");
+      }
+      slot.event->record(h2d_stream_, context_);
+      recvs_landing_.push_back(f);
+    }
+    f = recvs_posted_.back();
+    recvs_posted_.pop_back();
+    any = true;
+  }
+  for (size_t i = 0; i < sends_posted_.size();) {
+    InFlight& f = sends_posted_[i];
+    if (f.request->state == Request::State::kPending) {
+      ++i;
+      continue;
+    }
+    if (f.request->state == Request::State::kFailed) {
+      TransportFailure failure = transport_->failure(f.request);
+      fail(schedule, failure.kind, failure.message);
+    }
+    firstCompletion();
+    transport_->release(f.request);
+    if (f.slot >= 0) free_send_slots_.push_back(f.slot);
+    ++*sends_done;
+    f = sends_posted_.back();
+    sends_posted_.pop_back();
+    any = true;
+  }
+  return any;
+}
+
+void DeviceStagingExecutor::waitForProgress(Deadline deadline, bool device_busy) {
+  if (device_busy) {
+    // Copies or kernels are running: move bytes if any are ready, then look at
+    // the events again. Never sleep on the network while the device may finish.
+    transport_->progress(std::chrono::milliseconds(0));
+    std::this_thread::yield();
+    return;
+  }
+  auto now = std::chrono::steady_clock::now();
+  transport_->progress(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now) +
+                       std::chrono::milliseconds(1));
+}
+
+void DeviceStagingExecutor::run(const Schedule& schedule, Deadline deadline, std::chrono::milliseconds limit,
+                                const std::atomic<bool>& abort_flag) {
+  const size_t es = schedule.elem_size;
+  const size_t n_sends = schedule.sends.size();
+  const size_t n_recvs = schedule.recvs.size();
+  recv_done_.assign(n_recvs, 0);
+  // The op's local steps ran on the D2H stream; reductions on the H2D stream
+  // may read what they wrote.
+  join_event_->record(d2h_stream_, context_);
+  join_event_->streamWait(h2d_stream_, context_);
+  size_t next_send = 0, next_recv = 0, sends_done = 0, recvs_done = 0;
+
+  while (sends_done < n_sends || recvs_done < n_recvs) {
+    bool moved = false;
+    // Receives in order, as far ahead as the slots allow.
+    while (next_recv < n_recvs) {
+      const RecvStep& step = schedule.recvs[next_recv];
+      const size_t bytes = step.count * es;
+      int slot = -1;
+      if (bytes > 0) {
+        if (free_recv_slots_.empty()) break;
+        slot = free_recv_slots_.back();
+        free_recv_slots_.pop_back();
+      }
+      WireHeader expected = makeHeader(schedule.op, comm_id_, static_cast<uint32_t>(step.peer), step.offset, bytes);
+      if (!schedule.recv_pair_count.empty()) expected.count = schedule.recv_pair_count[static_cast<size_t>(step.peer)];
+      char* into = slot >= 0 ? recv_slots_[static_cast<size_t>(slot)].host : nullptr;
+      recvs_posted_.push_back({static_cast<int>(next_recv), slot, transport_->irecv(step.peer, expected, into, bytes)});
+      ++next_recv;
+      moved = true;
+    }
+    // Sends in order: the D2H into a slot once what they forward has landed.
+    while (next_send < n_sends) {
+      const SendStep& step = schedule.sends[next_send];
+      if (step.after_recv >= 0 && !recv_done_[static_cast<size_t>(step.after_recv)]) break;
+      const size_t bytes = step.count * es;
+      int slot = -1;
+      if (bytes > 0) {
+        if (free_send_slots_.empty()) break;
+        slot = free_send_slots_.back();
+        free_send_slots_.pop_back();
+        Slot& s = send_slots_[static_cast<size_t>(slot)];
+        check(api_.copy_d2h_async(s.host, step.data, bytes, d2h_stream_), "copying a segment to the host");
+        s.event->record(d2h_stream_, context_);
+      }
+      staging_.push_back({static_cast<int>(next_send), slot, nullptr});
+      ++next_send;
+      moved = true;
+    }
+    // On the wire in schedule order (receives match in order), each once its copy finished.
+    size_t posted = 0;
+    for (; posted < staging_.size(); ++posted) {
+      InFlight& f = staging_[posted];
+      if (f.slot >= 0 &&
+          !send_slots_[static_cast<size_t>(f.slot)].event->done(context_, "copying a segment to the host")) {
+        break;
+      }
+      const SendStep& step = schedule.sends[static_cast<size_t>(f.index)];
+      const size_t bytes = step.count * es;
+      WireHeader header = makeHeader(schedule.op, comm_id_, static_cast<uint32_t>(rank_), step.offset, bytes);
+      if (!schedule.send_pair_count.empty()) header.count = schedule.send_pair_count[static_cast<size_t>(step.peer)];
+      const char* from = f.slot >= 0 ? send_slots_[static_cast<size_t>(f.slot)].host : nullptr;
+      f.request = transport_->isend(step.peer, header, from, bytes);
+      sends_posted_.push_back(f);
+    }
+    if (posted > 0) {
+      staging_.erase(staging_.begin(), staging_.begin() + static_cast<std::ptrdiff_t>(posted));
+      moved = true;
+    }
+
+    if (abort_flag.load(std::memory_order_relaxed)) {
+      abandon();
+      throwError(ErrorKind::kAborted, strFormat("rank %d: %s (op #%llu) was aborted", rank_,
+                                                describeOp(schedule.op).c_str(),
+                                                static_cast<unsigned long long>(schedule.op.seq)));
+    }
+    if (harvest(schedule, &sends_done, &recvs_done) || moved) continue;
+    if (std::chrono::steady_clock::now() >= deadline) timeout(schedule, limit);
+    waitForProgress(deadline, !staging_.empty() || !recvs_landing_.empty());
+    harvest(schedule, &sends_done, &recvs_done);
+  }
+}
+
+void DeviceStagingExecutor::finish(DeviceEvent* done, Deadline deadline, std::chrono::milliseconds limit,
+                                   const std::atomic<bool>& abort_flag) {
+  // One event that covers both streams: the caller's stream waits on it.
+  join_event_->record(d2h_stream_, context_);
+  join_event_->streamWait(h2d_stream_, context_);
+  // (Recording join_event_ again is fine: a stream wait binds to the record
+  // that precedes it.)
+  DeviceEvent* last = done != nullptr ? done : join_event_.get();
+  last->record(h2d_stream_, context_);
+  // The op is complete when its data is in place: poll, as the network loop does.
+  while (!last->done(context_, "finishing on the device")) {
+    if (abort_flag.load(std::memory_order_relaxed)) {
+      abandon();
+      throwError(ErrorKind::kAborted, context_ + " was aborted");
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throwError(ErrorKind::kTimeout, strFormat("%s timed out after %.1f s waiting for the device to finish its "
+                                                "copies (is the GPU hung or busy with a long kernel?)",
+                                                context_.c_str(), static_cast<double>(limit.count()) / 1000.0));
+    }
+    std::this_thread::yield();
+  }
+}
+
+}  // namespace rcoll

@@ -1,0 +1,117 @@
+// Runs a Schedule whose buffers live in device (GPU) memory, through pinned
+// host staging slots, over any Transport.
+//
+// The algorithms are the same as for host memory (schedule.h knows nothing of
+// memory kinds); only the way a segment reaches the wire differs:
+//
+//   send:  device data --D2H (copy stream)--> pinned send slot --> transport
+//   recv:  transport --> pinned recv slot --H2D (reduce stream)--> device
+//          destination, or device scratch + reduction kernel for reduced steps
+//
+// Copies and kernels are asynchronous; every slot carries an event, polled
+// without blocking in the same loop that drives the transport, so the D2H of
+// segment k+1, the network transfer of segment k and the H2D + reduction of
+// segment k-1 overlap. D2H and H2D run on two streams so that both copy
+// engines work at once. A send that forwards a received segment
+// (SendStep::after_recv) starts its D2H once that segment's event completed.
+//
+// Slots are allocated once (pinned with the device API's host_alloc) and
+// registered once with the transport (verbs); user buffers are never given to
+// the transport. GPUDirect RDMA would replace the staging for transports that
+// can register device memory: that is the seam (see runStaged()).
+//
+// The CPU path (pipeline_executor.h) is untouched: the communicator picks this
+// executor once per op, never per segment.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "device_runtime.h"
+#include "schedule.h"
+#include "socket_util.h"
+#include "transport.h"
+
+namespace rcoll {
+
+class DeviceStagingExecutor {
+ public:
+  DeviceStagingExecutor(Transport* transport, const DeviceApi& api, int device, int rank, int size,
+                        uint64_t comm_id, size_t slot_bytes, int num_slots);
+  ~DeviceStagingExecutor();
+  DeviceStagingExecutor(const DeviceStagingExecutor&) = delete;
+  DeviceStagingExecutor& operator=(const DeviceStagingExecutor&) = delete;
+
+  int device() const { return device_; }
+
+  // One op: begin() orders the op's streams after the caller's `ready` event
+  // (null: nothing to wait for); local steps (copies, scaling) and run() follow;
+  // finish() records `done` (may be null) and returns once every copy and
+  // kernel of the op has completed. `context` ("rank 0: allreduce(...) (op #3)")
+  // prefixes every error. After a failure, abandon() waits for the device.
+  void begin(const DeviceEvent* ready, const std::string& context);
+  void localCopy(void* dst, const void* src, size_t bytes);
+  void localScaleDivide(void* buf, size_t count, DataType dtype, size_t divisor);
+  // Device memory for partial results, grown on demand (between ops only).
+  char* scratch(size_t bytes);
+  void run(const Schedule& schedule, Deadline deadline, std::chrono::milliseconds timeout,
+           const std::atomic<bool>& abort_flag);
+  void finish(DeviceEvent* done, Deadline deadline, std::chrono::milliseconds timeout,
+              const std::atomic<bool>& abort_flag);
+  void abandon();
+
+  std::chrono::steady_clock::time_point firstCompletion() const { return first_completion_; }
+
+ private:
+  struct Slot {
+    char* host = nullptr;     // pinned, registered with the transport
+    char* device = nullptr;   // recv slots: where a reduced segment lands before the kernel
+    std::unique_ptr<DeviceEvent> event;
+  };
+  struct InFlight {
+    int index;                // step index in the schedule
+    int slot;                 // -1: zero-byte message, no slot
+    Request* request;         // null until posted
+  };
+
+  void check(int rc, const char* what);
+  bool harvest(const Schedule& schedule, size_t* sends_done, size_t* recvs_done);
+  // Polls without blocking: the device work in flight keeps the loop spinning.
+  void waitForProgress(Deadline deadline, bool device_busy);
+  [[noreturn]] void fail(const Schedule& schedule, ErrorKind kind, const std::string& why);
+  [[noreturn]] void timeout(const Schedule& schedule, std::chrono::milliseconds limit);
+  void releaseAll();
+
+  Transport* transport_;  // null in a world of size 1
+  const DeviceApi& api_;
+  int device_;
+  int rank_;
+  int size_;
+  uint64_t comm_id_;
+  size_t slot_bytes_;
+  std::string context_;
+  void* d2h_stream_ = nullptr;     // D2H of sends, and the op's local steps
+  void* h2d_stream_ = nullptr;     // H2D of receives and the reduction kernels
+  std::unique_ptr<DeviceEvent> join_event_;  // orders one stream after the other
+  char* host_memory_ = nullptr;
+  MemoryHandle host_registration_ = nullptr;
+  char* device_memory_ = nullptr;
+  char* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+  std::vector<Slot> send_slots_, recv_slots_;
+  std::vector<int> free_send_slots_, free_recv_slots_;
+  std::chrono::steady_clock::time_point first_completion_{};
+
+  // Per-run state, members so that their capacity is reused.
+  std::vector<InFlight> staging_;       // D2H issued, not yet on the wire (schedule order)
+  std::vector<InFlight> sends_posted_;
+  std::vector<InFlight> recvs_posted_;  // on the wire
+  std::vector<InFlight> recvs_landing_; // H2D (+ reduction) queued, event pending
+  std::vector<uint8_t> recv_done_;
+};
+
+}  // namespace rcoll

@@ -1,0 +1,236 @@
+#include "testing/emulated_device_api.h"
+
+#include <atomic>
+#include <cstdint>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "dtype.h"
+#include "reduce_kernels.h"
+
+namespace rcoll {
+namespace testing {
+namespace {
+
+thread_local std::string t_last_error;
+
+int failWith(const std::string& message) {
+  t_last_error = "emulated device: " + message;
+  return 1;
+}
+
+// An event: the number of times it was recorded, and of records whose work
+// finished. Shared with the tasks that refer to it: as in CUDA, an event may
+// be destroyed while work queued on a stream still waits for it.
+struct EventState {
+  std::atomic<uint64_t> recorded{0};
+  std::atomic<uint64_t> completed{0};
+};
+struct Event {
+  std::shared_ptr<EventState> state = std::make_shared<EventState>();
+};
+
+// A stream: a worker thread running tasks in order, each after a random delay
+// (mostly tens of microseconds, sometimes a millisecond) so that two streams'
+// events complete in an order nobody planned.
+class Stream {
+ public:
+  Stream() : rng_(std::random_device{}()), thread_([this] { loop(); }) {}
+  ~Stream() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  void push(std::function<void()> task, std::chrono::microseconds extra_delay = {}) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      tasks_.push_back({std::move(task), extra_delay});
+    }
+    cv_.notify_all();
+  }
+
+  void synchronize() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    idle_cv_.wait(lock, [&] { return tasks_.empty() && !busy_; });
+  }
+
+ private:
+  struct Task {
+    std::function<void()> fn;
+    std::chrono::microseconds extra_delay;
+  };
+
+  void loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stop_ and drained
+      Task task = std::move(tasks_.front());
+      tasks_.pop_front();
+      busy_ = true;
+      const auto jitter = std::chrono::microseconds(rng_() % 16 == 0 ? 1000 : rng_() % 60);
+      lock.unlock();
+      std::this_thread::sleep_for(jitter + task.extra_delay);
+      task.fn();
+      lock.lock();
+      busy_ = false;
+      if (tasks_.empty()) idle_cv_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_, idle_cv_;
+  std::deque<Task> tasks_;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::minstd_rand rng_;
+  std::thread thread_;  // last: started once the members above exist
+};
+
+// Work on the default streams (0, and CUDA's special handles 1 = legacy and
+// 2 = per-thread, which __cuda_array_interface__ may name) runs at once, as if
+// they were always idle: tests that pass no stream need no worker.
+bool isDefaultStream(void* stream) { return reinterpret_cast<uintptr_t>(stream) <= 2; }
+
+void enqueue(void* stream, std::function<void()> task) {
+  if (isDefaultStream(stream)) {
+    task();
+  } else {
+    static_cast<Stream*>(stream)->push(std::move(task));
+  }
+}
+
+int setDevice(int device) { return device == 0 ? 0 : failWith("only device 0 exists"); }
+int pointerDevice(const void*, int* device) {
+  *device = 0;
+  return 0;
+}
+int streamCreate(int device, void** stream) {
+  if (device != 0) return failWith("only device 0 exists");
+  *stream = new Stream();
+  return 0;
+}
+int streamDestroy(void* stream) {
+  delete static_cast<Stream*>(stream);
+  return 0;
+}
+int streamSynchronize(void* stream) {
+  if (!isDefaultStream(stream)) static_cast<Stream*>(stream)->synchronize();
+  return 0;
+}
+int allocAligned(size_t bytes, void** ptr) {
+  *ptr = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+  return *ptr != nullptr ? 0 : failWith("out of memory");
+}
+int deviceAlloc(int device, size_t bytes, void** ptr) {
+  if (device != 0) return failWith("only device 0 exists");
+  return allocAligned(bytes, ptr);
+}
+int freeMemory(void* ptr) {
+  std::free(ptr);
+  return 0;
+}
+int copyAsync(void* dst, const void* src, size_t bytes, void* stream) {
+  if (bytes > 0 && (dst == nullptr || src == nullptr)) return failWith("copy with a null pointer");
+  enqueue(stream, [=] { std::memmove(dst, src, bytes); });
+  return 0;
+}
+int reduceAsync(void* dst, const void* a, const void* b, size_t count, int dtype, int op, void* stream) {
+  if (!isValidDataType(dtype) || !isValidReduceOp(op)) return failWith("bad dtype or op code");
+  std::string why = reduceUnsupportedReason(static_cast<DataType>(dtype), static_cast<ReduceOp>(op));
+  if (!why.empty()) return failWith(why);
+  enqueue(stream, [=] { reduceInto(dst, a, b, count, static_cast<DataType>(dtype), static_cast<ReduceOp>(op)); });
+  return 0;
+}
+int scaleDivideAsync(void* buf, size_t count, int dtype, size_t divisor, void* stream) {
+  if (!isValidDataType(dtype) || !isFloatingPoint(static_cast<DataType>(dtype))) {
+    return failWith("scale_divide needs a floating-point dtype");
+  }
+  enqueue(stream, [=] { scaleDivide(buf, count, static_cast<DataType>(dtype), divisor); });
+  return 0;
+}
+int eventCreate(int device, void** event) {
+  if (device != 0) return failWith("only device 0 exists");
+  *event = new Event();
+  return 0;
+}
+int eventRecord(void* event, void* stream) {
+  std::shared_ptr<EventState> e = static_cast<Event*>(event)->state;
+  const uint64_t generation = e->recorded.fetch_add(1) + 1;
+  enqueue(stream, [e, generation] {
+    uint64_t seen = e->completed.load();
+    while (seen < generation && !e->completed.compare_exchange_weak(seen, generation)) {
+    }
+  });
+  return 0;
+}
+int eventQuery(void* event) {
+  const EventState* e = static_cast<Event*>(event)->state.get();
+  return e->completed.load() >= e->recorded.load() ? RCOLL_EVENT_DONE : RCOLL_EVENT_PENDING;
+}
+int eventDestroy(void* event) {
+  delete static_cast<Event*>(event);
+  return 0;
+}
+int streamWaitEvent(void* stream, void* event) {
+  std::shared_ptr<EventState> e = static_cast<Event*>(event)->state;
+  const uint64_t target = e->recorded.load();  // the record that precedes this call, as in CUDA
+  enqueue(stream, [e, target] {
+    while (e->completed.load() < target) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  });
+  return 0;
+}
+const char* lastError() { return t_last_error.c_str(); }
+
+const rcoll_device_api_v1 kEmulatedApi = {
+    RCOLL_DEVICE_API_VERSION,
+    "emulated (host memory, for tests)",
+    setDevice,
+    pointerDevice,
+    streamCreate,
+    streamDestroy,
+    streamSynchronize,
+    deviceAlloc,
+    freeMemory,
+    allocAligned,
+    freeMemory,
+    copyAsync,
+    copyAsync,
+    copyAsync,
+    reduceAsync,
+    scaleDivideAsync,
+    eventCreate,
+    eventRecord,
+    eventQuery,
+    eventDestroy,
+    streamWaitEvent,
+    lastError,
+};
+
+}  // namespace
+
+const rcoll_device_api_v1* emulatedDeviceApi() { return &kEmulatedApi; }
+
+int emulatedDelayedCopy(void* stream, void* dst, const void* src, size_t bytes, double delay_seconds) {
+  if (isDefaultStream(stream)) return failWith("the delayed copy needs an emulated stream");
+  static_cast<Stream*>(stream)->push([=] { std::memmove(dst, src, bytes); },
+                                     std::chrono::microseconds(static_cast<long long>(delay_seconds * 1e6)));
+  return 0;
+}
+
+}  // namespace testing
+}  // namespace rcoll

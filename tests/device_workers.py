@@ -1,0 +1,302 @@
+"""Per-rank bodies of the device-path tests (tests/test_device_collectives.py).
+
+They run with RCOLL_TESTING_EMULATE_DEVICE=1: the core's device runtime is its
+host-memory emulation (csrc/testing/emulated_device_api.h), whose streams are
+worker threads that finish work late and out of order. The buffers below
+expose __cuda_array_interface__ but point at numpy memory, so the whole device
+path runs (Python checks, stream events, pinned staging, D2H/H2D copies,
+reductions through the device API, completion events) and every result is
+checked exactly against numpy. This checks the orchestration, not CUDA.
+"""
+import time
+
+import numpy as np
+
+import rcoll
+from rcoll import _core
+from reference import DTYPES, OPS, differences, make_input, reduce_reference, same, supported
+
+
+class HostBackedDeviceArray:
+    """A __cuda_array_interface__ v3 view of a numpy array (only meaningful with the emulation)."""
+
+    def __init__(self, array, stream=None, readonly=False):
+        self.array = array
+        self.stream = stream
+        self.readonly = readonly
+
+    @property
+    def shape(self):
+        return self.array.shape
+
+    @property
+    def dtype(self):  # names bfloat16, whose typestr ('<V2') does not
+        return self.array.dtype
+
+    @property
+    def __cuda_array_interface__(self):
+        contiguous = self.array.flags.c_contiguous
+        return {"version": 3, "shape": self.array.shape, "typestr": self.array.dtype.str,
+                "data": (self.array.__array_interface__["data"][0], self.readonly),
+                "strides": None if contiguous else self.array.strides, "stream": self.stream}
+
+
+def dev(array, **kwargs):
+    return HostBackedDeviceArray(array, **kwargs)
+
+
+def sizes_for(world):
+    sizes = {0, 1, 7, 1000, 1003, 5000}
+    sizes.add(world - 1)
+    sizes.add(3 * world + 1)
+    return sorted(sizes)
+
+
+def _stack(seed, world, dtype, n, op):
+    return np.stack([make_input(seed, r, dtype, n, op) for r in range(world)])
+
+
+def _check_emulated(comm):
+    assert _core.device_api_name() is None or "emulated" in _core.device_api_name()
+
+
+def allreduce_sweep(rank, world, seed=11):
+    comm = rcoll.init()
+    failures, case = [], 0
+    for dtype in DTYPES:
+        for op in OPS:
+            if not supported(dtype, op):
+                continue
+            for n in sizes_for(world):
+                case += 1
+                x = make_input(seed, rank, dtype, n, op)
+                expected = reduce_reference(_stack(seed, world, dtype, n, op), dtype, op, world)
+                if case % 2 == 0:
+                    got = x.copy()
+                    comm.allreduce(dev(got), op)
+                else:
+                    got = np.empty_like(x)
+                    original = x.copy()
+                    comm.allreduce(dev(x, readonly=True), op, out=dev(got))
+                    if not same(x, original):
+                        failures.append(f"allreduce {dtype} {op} n={n}: out-of-place modified its input")
+                if not same(got, expected):
+                    failures.append(f"allreduce {dtype} {op} n={n}: {differences(got, expected)}")
+    assert "emulated" in _core.device_api_name()
+    return case, failures
+
+
+def allgather_sweep(rank, world, seed=12):
+    comm = rcoll.init()
+    failures, case = [], 0
+    for dtype in DTYPES:
+        for n in sizes_for(world):
+            for in_place in (False, True):
+                case += 1
+                expected = _stack(seed, world, dtype, n, "max")
+                x = make_input(seed, rank, dtype, n, "max")
+                out = np.zeros((world, n), dtype)
+                if in_place:
+                    out[rank] = x
+                    comm.allgather(dev(out[rank]), out=dev(out))
+                else:
+                    comm.allgather(dev(x), out=dev(out))
+                if not same(out, expected):
+                    failures.append(f"allgather {dtype} n={n} in_place={in_place}: {differences(out, expected)}")
+    return case, failures
+
+
+def broadcast_sweep(rank, world, seed=13):
+    comm = rcoll.init()
+    failures, case = [], 0
+    for dtype in DTYPES:
+        for n in sizes_for(world):
+            for root in range(world):
+                case += 1
+                expected = make_input(seed, root, dtype, n, "max")
+                x = make_input(seed, rank, dtype, n, "max")
+                if case % 2 == 0:
+                    comm.broadcast(dev(x), root=root)
+                    got = x
+                else:
+                    got = np.zeros_like(x)
+                    comm.broadcast(dev(x), root=root, out=dev(got))
+                if not same(got, expected):
+                    failures.append(f"broadcast {dtype} n={n} root={root}: {differences(got, expected)}")
+    return case, failures
+
+
+def reduce_scatter_sweep(rank, world, seed=14):
+    comm = rcoll.init()
+    failures, case = [], 0
+    for dtype in DTYPES:
+        for op in OPS:
+            if not supported(dtype, op):
+                continue
+            for n in (0, 1, 7, 1001):
+                case += 1
+                x = make_input(seed, rank, dtype, n * world, op)
+                expected = reduce_reference(_stack(seed, world, dtype, n * world, op), dtype, op, world)
+                got = np.full(n, 7, dtype)
+                comm.reduce_scatter(dev(x), op, out=dev(got))
+                if not same(got, expected[rank * n:(rank + 1) * n]):
+                    failures.append(f"reduce_scatter {dtype} {op} n={n}: wrong result")
+    return case, failures
+
+
+def waits_for_the_callers_stream(rank, world):
+    """The caller's stream writes the input late (a delayed copy queued before
+    the collective): the op must reduce the new values, not what was there."""
+    comm = rcoll.init()
+    stream = _core._testing_emulated_stream_create()
+    failures, case = [], 0
+    try:
+        for n in (1, 1000, 5000):
+            for delay in (0.0, 0.05):
+                case += 1
+                stale = np.zeros(n, np.float32)
+                fresh = np.full(n, rank + 1, np.float32)
+                _core._testing_emulated_delayed_copy(stream, stale.__array_interface__["data"][0],
+                                                     fresh.__array_interface__["data"][0], fresh.nbytes, delay)
+                comm.allreduce(dev(stale, stream=stream))
+                expected = np.full(n, world * (world + 1) // 2, np.float32)
+                if not same(stale, expected):
+                    failures.append(f"n={n} delay={delay}: the op did not wait for the caller's stream: "
+                                    f"{differences(stale, expected)}")
+    finally:
+        _core._testing_emulated_stream_destroy(stream)
+    return case, failures
+
+
+def many_async(rank, world, n_ops=24):
+    """Device ops in flight together, mixed with host ops, completing in issue order."""
+    comm = rcoll.init()
+    arrays = [np.full(777 + i, rank + i, np.int64) for i in range(n_ops)]
+    handles = [comm.allreduce(dev(a), async_op=True) if i % 3 else comm.allreduce(a, async_op=True)
+               for i, a in enumerate(arrays)]
+    failures = []
+    for i, (a, h) in enumerate(zip(arrays, handles)):
+        h.wait(timeout=60)
+        expected = sum(r + i for r in range(world))
+        if not np.all(a == expected):
+            failures.append(f"op {i}: got {a[:3]} expected {expected}")
+    return n_ops, failures
+
+
+def mismatch(rank, world, kind):
+    """Rank 1 disagrees with the others (count or dtype) on a device allreduce."""
+    comm = rcoll.init(timeout=20)
+    comm.barrier()
+    odd = rank == 1
+    n = 1000 + (1 if odd and kind == "count" else 0)
+    dtype = np.float64 if odd and kind == "dtype" else np.float32
+    t0 = time.monotonic()
+    try:
+        comm.allreduce(dev(np.ones(n, dtype)))
+        return ("ok", "", time.monotonic() - t0)
+    except rcoll.RcollError as e:
+        return (type(e).__name__, str(e), time.monotonic() - t0)
+
+
+def dead_peer(rank, world):
+    import os
+
+    comm = rcoll.init(timeout=30)
+    comm.allreduce(dev(np.ones(10, np.float32)))
+    if rank == world - 1:
+        os._exit(3)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    try:
+        comm.allreduce(dev(np.ones(4 << 20, np.float32)))
+        return ("ok", "", time.monotonic() - t0)
+    except rcoll.RcollError as e:
+        return (type(e).__name__, str(e), time.monotonic() - t0)
+
+
+def argument_errors(rank, world):
+    """Mistakes caught on the caller's thread, before anything is enqueued."""
+    comm = rcoll.init()
+    messages = []
+    x = np.ones(8, np.float32)
+
+    def expect(fn):
+        try:
+            fn()
+            messages.append(None)
+        except rcoll.RcollError as e:
+            messages.append(str(e))
+
+    expect(lambda: comm.allreduce(dev(x), out=x))                                    # host + device mixed
+    expect(lambda: comm.allreduce(dev(x, readonly=True)))                            # read-only in place
+    expect(lambda: comm.allreduce(dev(x), out=dev(np.ones(8, np.float64))))          # dtype differs
+    expect(lambda: comm.allgather(dev(x)))                                           # no out for a non-torch buffer
+    expect(lambda: comm.allreduce(dev(np.ones(8, np.complex64))))                    # unsupported dtype
+    expect(lambda: comm.allreduce(dev(x), "band"))                                   # bitwise on floats
+    expect(lambda: comm.allreduce(dev(np.ones(16, np.float32)[::2])))               # not contiguous
+    expect(lambda: comm.broadcast(dev(x), root=2))                                   # no such root
+    comm.allreduce(dev(x))  # nothing was enqueued by the mistakes: the ranks still agree
+    return messages, x.tolist()
+
+
+def every_collective_once(rank, world, seed=15):
+    """One dtype, a few sizes, each collective: for settings that stress the pipeline itself."""
+    comm = rcoll.init()
+    failures, case = [], 0
+    dtype = np.dtype(np.float32)
+    for n in (1, world + 1, 1003, 5000):
+        case += 1
+        x = make_input(seed, rank, dtype, n, "sum")
+        expected = reduce_reference(_stack(seed, world, dtype, n, "sum"), dtype, "sum", world)
+        comm.allreduce(dev(x))
+        if not same(x, expected):
+            failures.append(f"allreduce n={n}: {differences(x, expected)}")
+        case += 1
+        out = np.zeros((world, n), dtype)
+        comm.allgather(dev(make_input(seed, rank, dtype, n, "max")), out=dev(out))
+        if not same(out, _stack(seed, world, dtype, n, "max")):
+            failures.append(f"allgather n={n}")
+        case += 1
+        b = make_input(seed, rank, dtype, n, "max")
+        comm.broadcast(dev(b), root=world - 1)
+        if not same(b, make_input(seed, world - 1, dtype, n, "max")):
+            failures.append(f"broadcast n={n}")
+        case += 1
+        x = make_input(seed, rank, dtype, n * world, "max")
+        got = np.empty(n, dtype)
+        comm.reduce_scatter(dev(x), "max", out=dev(got))
+        expected = reduce_reference(_stack(seed, world, dtype, n * world, "max"), dtype, "max", world)
+        if not same(got, expected[rank * n:(rank + 1) * n]):
+            failures.append(f"reduce_scatter n={n}")
+    return case, failures
+
+
+def rooted_sweep(rank, world, seed=16):
+    """reduce, gather and scatter on device buffers, from every root."""
+    comm = rcoll.init()
+    failures, case = [], 0
+    for dtype in (np.dtype(np.float32), np.dtype(np.int64), np.dtype(np.float16)):
+        for n in (0, 1, world + 1, 1003):
+            for root in range(world):
+                case += 1
+                op = "avg" if dtype.kind == "f" and case % 2 else "sum"
+                x = make_input(seed, rank, dtype, n, op)
+                expected = reduce_reference(_stack(seed, world, dtype, n, op), dtype, op, world)
+                got = comm.reduce(dev(x), op, root=root)
+                if rank == root and not same(x, expected):
+                    failures.append(f"reduce {dtype} {op} n={n} root={root}: {differences(x, expected)}")
+                if rank != root and got is not None:
+                    failures.append(f"reduce n={n}: a non-root got {got!r}")
+                case += 1
+                mine = make_input(seed, rank, dtype, n, "max")
+                out = np.zeros((world, n), dtype) if rank == root else None
+                comm.gather(dev(mine), root=root, out=dev(out) if out is not None else None)
+                if rank == root and not same(out, _stack(seed, world, dtype, n, "max")):
+                    failures.append(f"gather {dtype} n={n} root={root}")
+                case += 1
+                full = make_input(seed, root, dtype, n * world, "max")
+                block = np.zeros(n, dtype)
+                comm.scatter(dev(full) if rank == root else None, root=root, out=dev(block))
+                if not same(block, full[rank * n:(rank + 1) * n]):
+                    failures.append(f"scatter {dtype} n={n} root={root}")
+    return case, failures

@@ -1,0 +1,62 @@
+"""Collectives on real GPU memory: torch CUDA tensors through backend "rcoll",
+and the numpy-level API on torch CUDA tensors (__cuda_array_interface__).
+
+Needs a GPU, a CUDA build of torch and rcoll._cuda; skips naming what is
+missing otherwise. Two ranks may share one GPU. The same data path without a
+GPU (its orchestration, on an emulated device) is tests/test_device_collectives.py.
+"""
+import pytest
+
+from rcoll import spawn
+
+
+def _gpu_or_skip():
+    try:
+        import torch
+    except ImportError:
+        pytest.skip("torch is not installed")
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        pytest.skip(f"no GPU: torch {torch.__version__} ({build}) sees no CUDA device")
+    import rcoll.cuda
+
+    ok, reason = rcoll.cuda.available()
+    if not ok:
+        pytest.skip(f"rcoll's CUDA module cannot run here: {reason}")
+
+
+@pytest.fixture(autouse=True)
+def gpu():
+    _gpu_or_skip()
+
+
+@pytest.fixture(autouse=True, params=["shm", "tcp"])
+def transport(request, monkeypatch):
+    monkeypatch.setenv("RCOLL_TRANSPORT", request.param)
+    return request.param
+
+
+def _ok(results):
+    for rank, (cases, failures) in enumerate(results):
+        assert cases > 0
+        assert failures == [], f"rank {rank}: {failures[:5]}"
+
+
+def test_all_reduce_every_dtype_and_op_against_torch():
+    import cuda_workers as w
+    _ok(spawn.run(w.all_reduce_matrix, 2, timeout=300))
+
+
+def test_all_gather_broadcast_reduce_scatter():
+    import cuda_workers as w
+    _ok(spawn.run(w.other_collectives, 2, timeout=300))
+
+
+def test_stream_semantics_without_device_synchronize():
+    import cuda_workers as w
+    _ok(spawn.run(w.stream_semantics, 2, timeout=300))
+
+
+def test_numpy_level_api_on_torch_cuda_tensors():
+    import cuda_workers as w
+    _ok(spawn.run(w.numpy_api_with_torch_tensors, 2, timeout=300))

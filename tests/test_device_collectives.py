@@ -1,0 +1,115 @@
+"""The device (GPU) data path, end to end, on machines without a GPU.
+
+RCOLL_TESTING_EMULATE_DEVICE=1 installs the core's host-memory emulation of
+the device API (csrc/testing/emulated_device_api.h) instead of CUDA: streams
+are worker threads that complete work late and out of order, "device" memory
+is host memory. Buffers expose __cuda_array_interface__ over numpy arrays
+(device_workers.HostBackedDeviceArray), so everything but CUDA itself runs:
+the Python checks, the caller-stream event, the pinned staging pipeline
+(D2H -> network -> H2D + reduction), the completion event, the errors, for
+allreduce, allgather, broadcast, reduce_scatter, reduce, gather and scatter.
+
+What this does NOT check is CUDA: the kernels (tests/test_cuda.py), real
+copies, real streams and torch CUDA tensors (tests/test_cuda_collectives.py,
+which needs a GPU).
+"""
+import pytest
+
+from rcoll import spawn
+
+import device_workers as w
+from conftest import SMALL_CHUNKS
+
+EMULATE = {"RCOLL_TESTING_EMULATE_DEVICE": "1"}
+OPS_CALLED = ("allreduce", "allgather", "broadcast")
+
+
+@pytest.fixture(autouse=True, params=["shm", "tcp"])
+def transport(request, monkeypatch):
+    monkeypatch.setenv("RCOLL_TRANSPORT", request.param)
+    return request.param
+
+
+def _check(results):
+    for rank, (cases, failures) in enumerate(results):
+        assert cases > 0
+        assert failures == [], f"rank {rank}: {len(failures)} failures, first: {failures[:5]}"
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("chunks", ["small", "default"])
+def test_allreduce_every_dtype_and_op(world, chunks):
+    env = dict(EMULATE, **(SMALL_CHUNKS if chunks == "small" else {}))
+    _check(spawn.run(w.allreduce_sweep, world, timeout=240, env=env))
+
+
+def test_world_of_one_copies_and_divides_on_the_device(transport):
+    if transport == "tcp":
+        pytest.skip("a world of one has no transport")
+    _check(spawn.run(w.allreduce_sweep, 1, timeout=120, env=EMULATE))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_allgather(world):
+    _check(spawn.run(w.allgather_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_broadcast_from_every_root(world):
+    _check(spawn.run(w.broadcast_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_reduce_scatter(world):
+    _check(spawn.run(w.reduce_scatter_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_reduce_gather_scatter_from_every_root(world):
+    _check(spawn.run(w.rooted_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_one_staging_slot_per_direction_cannot_deadlock(world):
+    env = dict(EMULATE, **SMALL_CHUNKS, RCOLL_PIPELINE_SLOTS="1")
+    _check(spawn.run(w.every_collective_once, world, timeout=120, env=env))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_op_waits_for_work_queued_on_the_callers_stream(world):
+    _check(spawn.run(w.waits_for_the_callers_stream, world, timeout=120, env=dict(EMULATE, **SMALL_CHUNKS)))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_device_and_host_ops_in_flight_together(world):
+    _check(spawn.run(w.many_async, world, timeout=120, env=dict(EMULATE, **SMALL_CHUNKS)))
+
+
+@pytest.mark.parametrize("kind", ["count", "dtype"])
+def test_mismatch_names_both_ranks(kind):
+    results = spawn.run(w.mismatch, 2, kind, timeout=60, env=EMULATE)
+    for rank, (name, message, seconds) in enumerate(results):
+        assert name in ("MismatchError", "PeerError"), (rank, name, message)
+        assert seconds < 15, (rank, seconds, message)  # detected, not timed out
+        assert f"rank {rank}" in message and "allreduce(" in message, message
+    name, message, _ = results[1]
+    assert "rank 0" in message and "rank 1" in message, message
+
+
+def test_dead_peer_fails_the_survivors_naming_it():
+    results = spawn.run(w.dead_peer, 3, timeout=60, env=EMULATE, allow_failures=True)
+    assert results[2][0] == "error" and "exit code 3" in results[2][1]
+    for rank in (0, 1):
+        name, message, seconds = results[rank]
+        assert name == "PeerError", (rank, name, message)
+        assert "rank 2" in message and "allreduce(float32, count=4194304, op=sum)" in message, message
+        assert seconds < 15, seconds
+
+
+def test_argument_errors_name_the_rank_and_op(transport):
+    if transport == "tcp":
+        pytest.skip("checked once: the errors are raised before any transfer")
+    for messages, result in spawn.run(w.argument_errors, 2, timeout=60, env=EMULATE):
+        for m in messages:
+            assert m is not None and m.startswith("rank ") and any(f": {op}" in m for op in OPS_CALLED), messages
+        assert result == [2.0] * 8
