@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "communicator.h"
+#include "edge_plan.h"
 #include "config.h"
 #include "dtype.h"
 #include "error.h"
@@ -162,6 +163,11 @@ PYBIND11_MODULE(_core, m) {
     return out;
   }, "Every RCOLL_* variable: (name, default, meaning).");
 
+  m.def("host_identity", [] {
+    Config config = Config::fromEnvironment();
+    return py::make_tuple(hostIdentity(config), !config.host_id.empty());
+  }, "This rank's host identity for the per-edge transport choice, and whether RCOLL_HOSTID set it.");
+
   m.def("source_address_for", [](const std::string& host) {
     std::string address = sourceAddressFor(host);
     return address.empty() ? std::string("127.0.0.1") : address;
@@ -302,6 +308,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("transport", &Communicator::transportName)
+      .def_property_readonly("transports", &Communicator::transports)
       .def_property_readonly("timeout", [](const Communicator& c) { return c.defaultTimeout().count() / 1000.0; })
       .def_property_readonly("chunk_bytes", [](const Communicator& c) { return c.config().chunk_bytes; })
       .def("allreduce", [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op,
