@@ -9,6 +9,8 @@
 #include <limits>
 
 #include "algorithms.h"
+#include "composite_transport.h"
+#include "edge_plan.h"
 #include "error.h"
 #include "log.h"
 #include "reduce_kernels.h"
@@ -99,6 +101,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, con
   if (timeline_) {
     if (executor_) executor_->setTimeline(timeline_.get());
     if (p2p_) p2p_->setTimeline(timeline_.get());
+    timeline_->label(strFormat("transport %s; %s", transportName(), describeEdges().c_str()));
     RCOLL_INFO("rank %d: writing the timeline to %s", rank_, timeline_->path().c_str());
   }
   if (p2p_) p2p_->start();
@@ -118,6 +121,18 @@ Communicator::~Communicator() {
 }
 
 const char* Communicator::transportName() const { return transport_ ? transport_->name() : "none"; }
+
+std::string Communicator::describeEdges() const {
+  const std::vector<std::string> edges = transports();
+  std::string out = "per rank:";
+  for (size_t p = 0; p < edges.size(); ++p) out += strFormat("%s %zu %s", p == 0 ? "" : ",", p, edges[p].c_str());
+  return out;
+}
+
+std::vector<std::string> Communicator::transports() const {
+  if (peer_transports_.empty()) return std::vector<std::string>(static_cast<size_t>(size_), "self");
+  return peer_transports_;
+}
 
 void Communicator::invalidateMemory(const void* data, size_t bytes) {
   if (transport_) transport_->invalidateMemory(data, bytes);
@@ -182,31 +197,59 @@ void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
   } else {
     bind_host = bind_hint.empty() ? "127.0.0.1" : bind_hint;
   }
-  const bool use_shm = agreeOnSharedMemory(store, prefix, deadline);
+  const std::vector<HostEntry> hosts = exchangeHosts(store, prefix, deadline);
+  const bool need_network = needsNetwork(rank_, hosts);
   IbPortChoice ib_port;
-  const bool use_verbs = !use_shm && agreeOnVerbs(store, prefix, deadline, &ib_port);
-  auto makeTransport = [&](const ConnectInfo& connect_info) -> std::unique_ptr<Transport> {
-    if (use_shm) return std::make_unique<ShmTransport>(connect_info, config_, bind_host);
+  const bool use_verbs = need_network && agreeOnVerbs(store, prefix, deadline, hosts, &ib_port);
+  const char* network = use_verbs ? "ib" : "tcp";
+  // Each peer's edge: the same rule on both ends (edge_plan.h).
+  std::vector<int> route(static_cast<size_t>(size_));  // -1 self, 0 shared memory, 1 network
+  peer_transports_.assign(static_cast<size_t>(size_), "self");
+  int shm_peers = 0;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) {
+      route[static_cast<size_t>(p)] = -1;
+      continue;
+    }
+    const bool shm = sharesMemory(hosts[static_cast<size_t>(rank_)], hosts[static_cast<size_t>(p)]);
+    route[static_cast<size_t>(p)] = shm ? 0 : 1;
+    peer_transports_[static_cast<size_t>(p)] = shm ? "shm" : network;
+    shm_peers += shm ? 1 : 0;
+  }
+  auto makeNetwork = [&](const ConnectInfo& connect_info) -> std::unique_ptr<Transport> {
     if (use_verbs) return makeVerbsTransport(connect_info, config_, bind_host, ib_port);
     return std::make_unique<TcpTransport>(connect_info, config_, bind_host);
   };
+  // One transport when every edge is alike (its own progress loop, nothing in
+  // between); a composite only when this rank has edges of both kinds.
+  auto makeTransport = [&](const ConnectInfo& connect_info) -> std::unique_ptr<Transport> {
+    if (!need_network) return std::make_unique<ShmTransport>(connect_info, config_, bind_host);
+    if (shm_peers == 0) return makeNetwork(connect_info);
+    std::vector<std::unique_ptr<Transport>> children;
+    children.push_back(std::make_unique<ShmTransport>(connect_info, config_, bind_host));
+    children.push_back(makeNetwork(connect_info));
+    return std::make_unique<CompositeTransport>(connect_info, std::move(children), route, config_.spin);
+  };
   transport_ = makeTransport(info_);
+  RCOLL_INFO("rank %d: transport %s; %s", rank_, transport_->name(), describeEdges().c_str());
   // Point-to-point traffic gets its own connections (p2p_engine.h): sockets or
   // queue pairs. Their handshakes and headers carry a different id, so a stray
   // cross-connection is refused.
   ConnectInfo p2p_info = info_;
   p2p_info.comm_id = info_.comm_id ^ kPointToPointIdSalt;
   auto p2p_transport = makeTransport(p2p_info);
-  store.set(prefix + "addr/" + std::to_string(rank_), toBytes(transport_->listenAddress()));
-  store.set(prefix + "p2paddr/" + std::to_string(rank_), toBytes(p2p_transport->listenAddress()));
+  store.set(prefix + "addr/" + std::to_string(rank_), toBytes(listenAddresses(*transport_)));
+  store.set(prefix + "p2paddr/" + std::to_string(rank_), toBytes(listenAddresses(*p2p_transport)));
 
   // Connect to every lower rank, accept every higher one: lower ranks never wait
-  // on higher ones, so the set-up cannot deadlock.
+  // on higher ones, so the set-up cannot deadlock (composite_transport.h: nor
+  // with one listener per transport).
   auto connectMesh = [&](Transport& transport, const std::string& key) {
     for (int peer = 0; peer < rank_; ++peer) {
       int ms = millisecondsUntil(deadline);
-      std::string address = fromBytes(store.get(prefix + key + std::to_string(peer), std::chrono::milliseconds(ms)));
-      transport.connect(peer, address, deadline);
+      std::string published = fromBytes(store.get(prefix + key + std::to_string(peer), std::chrono::milliseconds(ms)));
+      transport.connect(peer, pickAddress(published, peer_transports_[static_cast<size_t>(peer)], rank_, peer),
+                        deadline);
     }
     for (int accepted = 0; accepted < size_ - 1 - rank_; ++accepted) transport.accept(deadline);
     transport.closeListener();
@@ -219,36 +262,66 @@ void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
                                      });
 }
 
-// Shared memory when every rank runs on this host (same boot id and network
-// namespace, so namespace-emulated hosts count as different hosts), unless
-// RCOLL_TRANSPORT asks for another transport or RCOLL_SHM_DISABLE=1. Every rank
-// reads every rank's key, so all reach the same decision.
-bool Communicator::agreeOnSharedMemory(Store& store, const std::string& prefix, Deadline deadline) {
-  const std::string mine = shm::hostKey();
-  store.set(prefix + "host/" + std::to_string(rank_), toBytes(mine));
-  int other_host = -1;
-  for (int r = 0; r < size_ && other_host < 0; ++r) {
-    if (r == rank_) continue;
-    std::string theirs = fromBytes(store.get(prefix + "host/" + std::to_string(r),
-                                             std::chrono::milliseconds(millisecondsUntil(deadline))));
-    if (theirs.empty() || theirs != mine) other_host = r;
+// Every rank publishes its host identity and whether it will use shared
+// memory (edge_plan.h), then reads every rank's: all ranks see the same table
+// and so choose alike for every edge. RCOLL_TRANSPORT=shm asks for shared
+// memory on every edge: a rank elsewhere (or one that will not) is a
+// ConfigError naming it, never a silent fallback.
+std::vector<HostEntry> Communicator::exchangeHosts(Store& store, const std::string& prefix, Deadline deadline) {
+  const HostEntry mine = thisHost(config_);
+  store.set(prefix + "host/" + std::to_string(rank_), toBytes(encodeHostEntry(mine)));
+  std::vector<HostEntry> hosts(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    hosts[static_cast<size_t>(r)] =
+        r == rank_ ? mine
+                   : decodeHostEntry(fromBytes(store.get(prefix + "host/" + std::to_string(r),
+                                                         std::chrono::milliseconds(millisecondsUntil(deadline)))));
   }
-  const bool all_local = !mine.empty() && other_host < 0;
-  if (config_.transport == "shm" && !all_local) {
-    throwError(ErrorKind::kConfig,
-               strFormat("rank %d: RCOLL_TRANSPORT=shm but rank %d runs on another host (or network namespace): "
-                         "shared memory needs every rank on one host; use auto",
-                         rank_, other_host < 0 ? rank_ : other_host));
+  const std::string read_key = prefix + "hosts_read";
+  store.add(read_key, 1);
+  if (config_.transport != "shm") return hosts;
+  // A rank that refuses the table must not take the store down (rank 0 hosts
+  // it) before the others have read it: they would report a lost store
+  // instead of the real reason. So it lingers, bounded, until all have read.
+  // A store that goes away meanwhile (its host refused too, and lingered
+  // first) ends the wait: this rank's own reason is what it reports.
+  auto refuse = [&](const std::string& message) {
+    const Deadline linger = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+    try {
+      while (store.add(read_key, 0) < size_ && std::chrono::steady_clock::now() < linger) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    } catch (const std::exception&) {
+    }
+    throwError(ErrorKind::kConfig, message);
+  };
+  if (mine.identity.empty()) {
+    refuse(strFormat("rank %d: RCOLL_TRANSPORT=shm but this rank cannot tell which host it is on (no boot id); set "
+                     "RCOLL_HOSTID or use auto", rank_));
   }
-  if (!all_local || config_.shm_disable) return false;
-  return config_.transport == "auto" || config_.transport == "shm";
+  for (int r = 0; r < size_; ++r) {
+    const HostEntry& theirs = hosts[static_cast<size_t>(r)];
+    if (theirs.identity != mine.identity) {
+      refuse(strFormat("rank %d: RCOLL_TRANSPORT=shm but rank %d runs on another host (or network namespace): "
+                       "shared memory needs every rank on one host; use auto, which takes shared memory between "
+                       "the ranks of each host and the network between hosts",
+                       rank_, r));
+    }
+    if (!sharesMemory(mine, theirs)) {
+      refuse(strFormat("rank %d: RCOLL_TRANSPORT=shm but rank %d will not use shared memory (RCOLL_TRANSPORT "
+                       "or RCOLL_SHM_DISABLE=1 there)", rank_, r));
+    }
+  }
+  return hosts;
 }
 
-// Every rank publishes whether it can use RDMA (and why not), then reads all
-// the others', so that all ranks reach the same decision: verbs only when every
-// rank has a usable port, otherwise TCP everywhere. Ranks set to
-// RCOLL_TRANSPORT=tcp publish that too, so a mixed setting cannot hang.
-bool Communicator::agreeOnVerbs(Store& store, const std::string& prefix, Deadline deadline, IbPortChoice* port) {
+// The ranks that have an edge to another host publish whether they can use
+// RDMA (and why not), then read each other's, so that all reach the same
+// decision: verbs between hosts only when every one of them has a usable port,
+// otherwise TCP. Ranks set to RCOLL_TRANSPORT=tcp publish that too, so a mixed
+// setting cannot hang. Ranks whose edges are all shared memory take no part.
+bool Communicator::agreeOnVerbs(Store& store, const std::string& prefix, Deadline deadline,
+                                const std::vector<HostEntry>& hosts, IbPortChoice* port) {
   std::string mine = "RCOLL_TRANSPORT=tcp on that rank";
   if (config_.transport != "tcp") {
     *port = chooseIbPort(config_);
@@ -261,6 +334,7 @@ bool Communicator::agreeOnVerbs(Store& store, const std::string& prefix, Deadlin
   }
   store.set(prefix + "ib/" + std::to_string(rank_), toBytes(mine));
   for (int r = 0; r < size_; ++r) {
+    if (!needsNetwork(r, hosts)) continue;
     std::string theirs =
         r == rank_ ? mine
                    : fromBytes(store.get(prefix + "ib/" + std::to_string(r),
@@ -271,7 +345,7 @@ bool Communicator::agreeOnVerbs(Store& store, const std::string& prefix, Deadlin
                                                theirs.c_str()));
     }
     if (config_.transport == "auto") {
-      RCOLL_INFO("rank %d: using the TCP transport: %s%s", rank_,
+      RCOLL_INFO("rank %d: using TCP between hosts: %s%s", rank_,
                  r == rank_ ? "" : strFormat("rank %d: ", r).c_str(), theirs.c_str());
     }
     return false;

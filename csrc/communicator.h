@@ -26,6 +26,7 @@
 #include "device_staging_executor.h"
 #include "rdma/ib_device.h"
 #include "dtype.h"
+#include "edge_plan.h"
 #include "p2p_engine.h"
 #include "pipeline_executor.h"
 #include "schedule.h"
@@ -67,7 +68,12 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   int rank() const { return rank_; }
   int size() const { return size_; }
   uint64_t commId() const { return info_.comm_id; }
+  // "shm", "tcp", "ib", or for a rank with edges of both kinds e.g. "shm+tcp"; "none" in a world of 1.
   const char* transportName() const;
+  // The transport of each rank's edge, indexed by rank: "self" for this rank,
+  // else "shm", "tcp" or "ib" (edge_plan.h).
+  std::vector<std::string> transports() const;
+  std::string describeEdges() const;  // "per rank: 0 self, 1 shm, 2 tcp", for logs and the timeline
   // Thread-safe: [data, data + bytes) is being freed; drops cached RDMA registrations of it.
   void invalidateMemory(const void* data, size_t bytes);
   // Whether the transport keeps registrations (the caller should then report frees).
@@ -158,8 +164,9 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
     std::shared_ptr<DeviceEvent> ready;
   };
 
-  bool agreeOnSharedMemory(Store& store, const std::string& prefix, Deadline deadline);
-  bool agreeOnVerbs(Store& store, const std::string& prefix, Deadline deadline, IbPortChoice* port);
+  std::vector<HostEntry> exchangeHosts(Store& store, const std::string& prefix, Deadline deadline);
+  bool agreeOnVerbs(Store& store, const std::string& prefix, Deadline deadline, const std::vector<HostEntry>& hosts,
+                    IbPortChoice* port);
   void rendezvous(Store& store, const std::string& bind_hint);
   std::shared_ptr<Work> enqueue(OpKind kind, DataType dtype, ReduceOp op, int root, size_t count,
                                 const void* send, void* recv, std::chrono::milliseconds timeout, Launch launch,
@@ -189,6 +196,7 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   ConnectInfo info_;
   std::unique_ptr<Timeline> timeline_;  // RCOLL_TIMELINE; outlives the executor and p2p engine below
   std::unique_ptr<Transport> transport_;
+  std::vector<std::string> peer_transports_;  // per rank, see transports(); empty in a world of 1
   std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<P2PEngine> p2p_;   // own sockets and thread; none in a world of size 1
   // Device ops: created by the first one, on the progress thread; destroyed

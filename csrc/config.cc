@@ -10,9 +10,13 @@ namespace rcoll {
 const std::vector<ConfigVar>& configVars() {
   static const std::vector<ConfigVar> vars = {
       {"RCOLL_DEBUG", "WARN", "log level: WARN, INFO or TRACE (NONE silences warnings)"},
-      {"RCOLL_TRANSPORT", "auto", "data transport: auto (shared memory when every rank is on this host, "
-                                  "else verbs when every rank has an active RDMA port, else TCP), shm, ib or tcp"},
+      {"RCOLL_TRANSPORT", "auto", "data transport, chosen per pair of ranks: auto (shared memory between ranks "
+                                  "of one host, and between hosts verbs when every rank that talks to another "
+                                  "host has an active RDMA port, else TCP), shm (every rank on one host, or an "
+                                  "error), ib or tcp (that transport on every pair)"},
       {"RCOLL_SHM_DISABLE", "0", "1: never use shared memory (auto then picks verbs or TCP)"},
+      {"RCOLL_HOSTID", "", "this rank's host identity (default: boot id and network namespace); ranks with "
+                           "the same value use shared memory with each other, so it must name one machine"},
       {"RCOLL_SHM_RING_BYTES", "4M", "shared-memory ring per direction and pair of ranks (4K to 1G)"},
       {"RCOLL_SOCKET_IFNAME", "", "network interface whose IPv4 address data sockets bind to "
                                   "(default: the address that reaches the rendezvous store)"},
@@ -124,6 +128,7 @@ Config Config::fromEnvironment() {
   if (const char* v = envOrNull("RCOLL_SHM_DISABLE")) {
     config.shm_disable = parseInt("RCOLL_SHM_DISABLE", v, 0, 1) == 1;
   }
+  if (const char* v = envOrNull("RCOLL_HOSTID")) config.host_id = v;
   if (const char* v = envOrNull("RCOLL_IB_HCA")) config.ib_hca = v;
   if (const char* v = envOrNull("RCOLL_IB_GID_INDEX")) {
     config.ib_gid_index = static_cast<int>(parseInt("RCOLL_IB_GID_INDEX", v, 0, 65535));

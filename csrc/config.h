@@ -28,6 +28,7 @@ struct Config {
   std::string socket_ifname;             // RCOLL_SOCKET_IFNAME: interface for data sockets
   std::string transport = "auto";        // RCOLL_TRANSPORT: auto|shm|ib|tcp
   bool shm_disable = false;              // RCOLL_SHM_DISABLE=1: never shared memory
+  std::string host_id;                   // RCOLL_HOSTID: this rank's host identity (edge_plan.h)
   std::string ib_hca;                    // RCOLL_IB_HCA: device/port filter (rdma/ib_device.h)
   int ib_gid_index = -1;                 // RCOLL_IB_GID_INDEX: -1 = choose automatically
   int ib_timeout = 16;                   // RCOLL_IB_TIMEOUT: RC ack timeout exponent

@@ -26,7 +26,6 @@ constexpr auto kAbortLinger = std::chrono::seconds(2);
 
 struct TcpTransport::TcpRequest : Request {
   bool is_send = false;
-  int peer = -1;
   WireHeader header{};  // send: what goes out; recv: what is expected
   char* data = nullptr;
   size_t bytes = 0;
@@ -99,22 +98,11 @@ void TcpTransport::connect(int peer, const std::string& address, Deadline deadli
 
 int TcpTransport::accept(Deadline deadline) {
   std::vector<bool> connected(static_cast<size_t>(info_.size));
-  for (size_t i = 0; i < connected.size(); ++i) connected[i] = connections_[i] != nullptr;
+  for (size_t i = 0; i < connected.size(); ++i) connected[i] = connections_[i] != nullptr || !serves(static_cast<int>(i));
   int fd = -1;
   int peer = listener_->accept(deadline, connected, &fd);
   adopt(peer, fd);
   return peer;
-}
-
-TcpTransport::TcpRequest* TcpTransport::newRequest() {
-  if (free_requests_.empty()) {
-    requests_.push_back(std::make_unique<TcpRequest>());
-    free_requests_.push_back(requests_.back().get());
-  }
-  TcpRequest* r = free_requests_.back();
-  free_requests_.pop_back();
-  *r = TcpRequest();
-  return r;
 }
 
 void TcpTransport::release(Request* request) {
@@ -124,14 +112,14 @@ void TcpTransport::release(Request* request) {
   if (r->state == Request::State::kPending) {
     r->released = true;
   } else {
-    free_requests_.push_back(r);
+    requests_.recycle(r);
   }
 }
 
 void TcpTransport::finish(TcpRequest* r, Request::State state, const TransportFailure* why) {
   r->state = state;
   if (why != nullptr) r->why = *why;
-  if (r->released) free_requests_.push_back(r);
+  if (r->released) requests_.recycle(r);
 }
 
 TransportFailure TcpTransport::failure(Request* request) const {
@@ -139,7 +127,7 @@ TransportFailure TcpTransport::failure(Request* request) const {
 }
 
 Request* TcpTransport::isend(int peer, const WireHeader& header, const void* data, size_t bytes) {
-  TcpRequest* r = newRequest();
+  TcpRequest* r = requests_.take();
   r->is_send = true;
   r->peer = peer;
   r->header = header;
@@ -149,7 +137,7 @@ Request* TcpTransport::isend(int peer, const WireHeader& header, const void* dat
 }
 
 Request* TcpTransport::irecv(int peer, const WireHeader& expected, void* data, size_t bytes) {
-  TcpRequest* r = newRequest();
+  TcpRequest* r = requests_.take();
   r->peer = peer;
   r->header = expected;
   r->data = static_cast<char*>(data);
@@ -339,23 +327,16 @@ void TcpTransport::progress(std::chrono::milliseconds timeout) {
     if (driveAll()) return;
     sched_yield();
   }
-  std::vector<pollfd> fds;
   for (;;) {
     if (driveAll()) return;
     int wait_ms = millisecondsUntil(deadline);
     if (wait_ms <= 0) return;
-    fds.clear();
-    fds.push_back({wake_fd_, POLLIN, 0});
-    for (auto& c : connections_) {
-      if (!c || c->failed) continue;
-      short events = 0;
-      if (!c->sends.empty()) events |= POLLOUT;
-      if (wantsRead(*c)) events |= POLLIN;
-      if (events != 0) fds.push_back({c->fd, events, 0});
-    }
-    int rc = ::poll(fds.data(), fds.size(), wait_ms);
+    poll_fds_.clear();
+    poll_fds_.push_back({wake_fd_, POLLIN, 0});
+    prepareSleep(&poll_fds_);
+    int rc = ::poll(poll_fds_.data(), poll_fds_.size(), wait_ms);
     if (rc < 0 && errno != EINTR) throwError(ErrorKind::kGeneric, "poll(): " + errnoText(errno));
-    if (rc > 0 && (fds[0].revents & POLLIN)) {
+    if (rc > 0 && (poll_fds_[0].revents & POLLIN)) {
       uint64_t drained = 0;
       ssize_t ignored = ::read(wake_fd_, &drained, sizeof(drained));
       (void)ignored;
@@ -363,6 +344,23 @@ void TcpTransport::progress(std::chrono::milliseconds timeout) {
     }
   }
 }
+
+Activity TcpTransport::progressNow() { return driveAll() ? Activity::kFinished : Activity::kIdle; }
+
+// Sockets need no announcement: the kernel wakes whoever polls them.
+bool TcpTransport::prepareSleep(std::vector<pollfd>* fds) {
+  for (auto& c : connections_) {
+    if (!c || c->failed) continue;
+    short events = 0;
+    if (!c->sends.empty()) events |= POLLOUT;
+    if (wantsRead(*c)) events |= POLLIN;
+    if (events != 0) fds->push_back({c->fd, events, 0});
+  }
+  return true;
+}
+
+// The next progressNow() reads and writes whatever became ready.
+Activity TcpTransport::finishSleep(const pollfd*, size_t) { return Activity::kIdle; }
 
 void TcpTransport::interrupt() {
   uint64_t one = 1;

@@ -14,6 +14,7 @@
 
 #include "config.h"
 #include "peer_listener.h"
+#include "request_pool.h"
 #include "socket_util.h"
 #include "transport.h"
 
@@ -38,6 +39,9 @@ class TcpTransport : public Transport {
   Request* isend(int peer, const WireHeader& header, const void* data, size_t bytes) override;
   Request* irecv(int peer, const WireHeader& expected, void* data, size_t bytes) override;
   void progress(std::chrono::milliseconds timeout) override;
+  Activity progressNow() override;
+  bool prepareSleep(std::vector<pollfd>* fds) override;
+  Activity finishSleep(const pollfd* fds, size_t count) override;
   TransportFailure failure(Request* request) const override;
   void release(Request* request) override;
   void interrupt() override;
@@ -53,7 +57,6 @@ class TcpTransport : public Transport {
   struct TcpRequest;
   struct Connection;
 
-  TcpRequest* newRequest();
   Request* post(TcpRequest* r);  // queues r on its connection, or fails it at once
   void adopt(int peer, int fd);
   bool driveAll();                 // true if any request completed or failed
@@ -70,8 +73,8 @@ class TcpTransport : public Transport {
   int wake_fd_ = -1;
   std::string listen_address_;
   std::vector<std::unique_ptr<Connection>> connections_;  // indexed by peer rank
-  std::vector<std::unique_ptr<TcpRequest>> requests_;     // owns every request ever made
-  std::vector<TcpRequest*> free_requests_;
+  RequestPool<TcpRequest> requests_;
+  std::vector<pollfd> poll_fds_;  // progress() scratch
   bool aborted_ = false;
 };
 

@@ -39,6 +39,12 @@ Timeline::~Timeline() {
   std::fclose(file_);
 }
 
+void Timeline::label(const std::string& text) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::fprintf(file_, ",\n{\"name\": \"process_labels\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"labels\": \"%s\"}}",
+               rank_, jsonEscape(text).c_str());
+}
+
 long long Timeline::micros(Clock::time_point t) const {
   return wall_origin_us_ + std::chrono::duration_cast<std::chrono::microseconds>(t - steady_origin_).count();
 }

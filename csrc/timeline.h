@@ -37,6 +37,9 @@ class Timeline {
   // Thread-safe. `args` is a JSON object body ("\"count\": 3") or empty.
   void slice(int row, const std::string& name, const char* category, Clock::time_point start, Clock::time_point end,
              const std::string& args = "");
+  // Thread-safe: a label the viewer shows under the rank's name (here: the
+  // transport of each of its edges).
+  void label(const std::string& text);
   const std::string& path() const { return path_; }
 
  private:

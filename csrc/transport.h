@@ -2,12 +2,15 @@
 //
 // Modelled on NCCL's net plugin: a small, non-blocking, versioned surface
 // (listen / connect / accept, isend / irecv / test, progress, register memory,
-// close) that TCP implements today and verbs and shared memory implement later.
+// close) that TCP, verbs and shared memory implement, and that a composite
+// transport (composite_transport.h) implements by routing each peer to one of them.
 // A transport knows nothing of reductions or algorithms; it only moves
 // header-framed messages in order per connection and checks each incoming
 // header against the one the receiver expects (wire.h), so that a mismatch is
 // caught before a single payload byte lands in a user buffer.
 #pragma once
+
+#include <poll.h>
 
 #include <chrono>
 #include <cstddef>
@@ -21,7 +24,9 @@
 
 namespace rcoll {
 
-constexpr int kTransportInterfaceVersion = 1;
+// 2: progress() split into progressNow / prepareSleep / finishSleep, so that
+//    one thread can wait on several transports at once; Request::peer; setPeers().
+constexpr int kTransportInterfaceVersion = 2;
 
 // Identity every connection must prove before it is accepted.
 struct ConnectInfo {
@@ -36,6 +41,14 @@ struct ConnectInfo {
 struct Request {
   enum class State { kPending, kDone, kFailed };
   State state = State::kPending;
+  int peer = -1;  // the rank at the other end: how a composite routes failure() and release()
+};
+
+// What one non-blocking pass over a transport's connections did.
+enum class Activity {
+  kIdle,      // nothing moved: the caller may spin a little, then sleep
+  kMoved,     // bytes moved but no request finished: keep spinning
+  kFinished,  // a request finished or failed: the caller has something to look at
 };
 
 // Why a connection failed: what the executor turns into a PeerError or a
@@ -63,6 +76,13 @@ class Transport {
   virtual int accept(std::chrono::steady_clock::time_point deadline) = 0;  // returns the peer's rank
   virtual void closeListener() = 0;  // no more peers will come: stop accepting
   virtual bool connected(int peer) const = 0;
+  // Which peers this transport serves (all by default, indexed by rank). A
+  // composite gives each child its share before the mesh forms, so that a
+  // child's accept() takes its own peers only and drops any other with a WARN.
+  void setPeers(std::vector<bool> served) { served_ = std::move(served); }
+  bool serves(int peer) const {
+    return served_.empty() || (peer >= 0 && static_cast<size_t>(peer) < served_.size() && served_[static_cast<size_t>(peer)]);
+  }
 
   // Memory registration (a no-op returning nullptr for transports that need none).
   // Callers that know which memory an op will touch register it whole, once,
@@ -79,7 +99,25 @@ class Transport {
   virtual Request* isend(int peer, const WireHeader& header, const void* data, size_t bytes) = 0;
   virtual Request* irecv(int peer, const WireHeader& expected, void* data, size_t bytes) = 0;
   // Moves bytes on every connection; blocks at most `timeout` when nothing moved.
+  // A transport used alone is driven through this, its own tuned loop.
   virtual void progress(std::chrono::milliseconds timeout) = 0;
+
+  // The same work in three steps, for one thread that waits on several
+  // transports at once (composite_transport.h); called from the progress
+  // thread only, never mixed with progress() on one transport.
+  //  (a) One non-blocking pass over every connection.
+  virtual Activity progressNow() = 0;
+  //  (b) The caller is about to sleep in poll(2): announce it where peers must
+  //      know (shm's sleep words, verbs' armed completion queue) and append the
+  //      descriptors whose readiness means work here. False when work is
+  //      already waiting: the caller must not sleep then. Either way the caller
+  //      calls finishSleep() next.
+  virtual bool prepareSleep(std::vector<pollfd>* fds) = 0;
+  //  (c) After the sleep: `fds` are the entries (b) appended, with revents
+  //      filled (all 0 when the caller did not sleep). Withdraws the
+  //      announcement and handles what woke it (doorbell, completion event,
+  //      side channel: a dead peer or an abort).
+  virtual Activity finishSleep(const pollfd* fds, size_t count) = 0;
   // The failure of a request in state kFailed.
   virtual TransportFailure failure(Request* request) const = 0;
   virtual void release(Request* request) = 0;
@@ -91,6 +129,9 @@ class Transport {
   // and why, so that they fail with the original cause instead of a bare
   // "connection closed", then stops all traffic.
   virtual void abortPeers(ErrorKind kind, const std::string& message) = 0;
+
+ private:
+  std::vector<bool> served_;  // empty: every peer
 };
 
 }  // namespace rcoll

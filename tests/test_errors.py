@@ -88,8 +88,8 @@ def _stray_clients(port, stop, errors):
 
 def _knock(port, stop):
     store = _core.TcpStore("127.0.0.1", port, 30)
-    address = store.get("rcoll/default/0/addr/0", 30).decode()
-    host, p = address.rsplit(":", 1)
+    published = store.get("rcoll/default/0/addr/0", 30).decode()  # "kind=host:port", one per transport
+    host, p = published.split()[0].split("=", 1)[1].rsplit(":", 1)
     held = []
 
     def connect():

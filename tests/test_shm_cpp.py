@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(ROOT, "csrc")
 CXX = os.environ.get("CXX", "g++")
 
-SOURCES = ["shm/shm_transport.cc", "shm/shm_setup.cc", "peer_listener.cc", "socket_util.cc", "wire.cc",
+SOURCES = ["shm/shm_transport.cc", "shm/shm_setup.cc", "side_channel.cc", "peer_listener.cc", "socket_util.cc", "wire.cc",
            "dtype.cc", "error.cc", "log.cc"]
 SANITIZERS = {
     "asan+ubsan": ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"],

@@ -31,5 +31,8 @@ def test_timeline_holds_every_op_with_its_phases(tmp_path):
         p2p = [e for e in slices if e["tid"] == 1]
         assert len(p2p) == 1 and p2p[0]["cat"] == ("send" if rank == 0 else "recv"), p2p
         assert p2p[0]["args"]["bytes"] == 40
-        names = {e["args"]["name"] for e in events if e["ph"] == "M"}
+        names = {e["args"]["name"] for e in events if e["ph"] == "M" and "name" in e["args"]}
         assert names == {f"rank {rank}", "collectives", "send/recv"}
+        labels = [e["args"]["labels"] for e in events if e["ph"] == "M" and e["name"] == "process_labels"]
+        assert labels == [f"transport shm; per rank: {rank} self, {1 - rank} shm" if rank == 0 else
+                          f"transport shm; per rank: {1 - rank} shm, {rank} self"], labels

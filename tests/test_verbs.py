@@ -16,6 +16,7 @@ from rcoll import _core, spawn
 
 import collective_workers as cw
 import error_workers as ew
+import mixed_workers as mw
 import verbs_workers as vw
 from conftest import SMALL_CHUNKS
 
@@ -148,6 +149,33 @@ def test_ib_without_a_device_is_a_clear_error():
     for rank, (status, text) in enumerate(results):
         assert status == "error" and "ConfigError" in text, text
         assert "RCOLL_TRANSPORT=ib" in text and "rank 1" in text and "no usable ACTIVE port" in text, text
+
+
+# Two "hosts" of two ranks (RCOLL_HOSTID), host A on rxe0 and host B on rxe1:
+# auto gives shared memory inside each host and verbs across, in one ring.
+MIXED = {"RCOLL_TRANSPORT": "auto", "RCOLL_HOSTID": ["A", "A", "B", "B"],
+         "RCOLL_IB_HCA": ["rxe0", "rxe0", "rxe1", "rxe1"]}
+MIXED_EDGES = [["self", "shm", "ib", "ib"], ["shm", "self", "ib", "ib"],
+               ["ib", "ib", "self", "shm"], ["ib", "ib", "shm", "self"]]
+
+
+def test_mixed_ring_shm_inside_hosts_verbs_across():
+    for rank, (name, edges, ok) in enumerate(spawn.run(mw.report, 4, timeout=300, env=MIXED)):
+        assert ok, f"rank {rank}: wrong allreduce/alltoall result"
+        assert (name, edges) == ("shm+ib", MIXED_EDGES[rank]), (rank, name, edges)
+    _check(spawn.run(cw.allreduce_sweep, 4, timeout=900, env={**MIXED, **SMALL_CHUNKS}))
+    _check(spawn.run(cw.alltoall_sweep, 4, timeout=900, env={**MIXED, **SMALL_CHUNKS}))
+
+
+def test_mixed_ring_kill_9_fails_every_survivor():
+    results = spawn.run(mw.killed_mid_collective, 4, 3, timeout=300, env=MIXED, allow_failures=True)
+    assert results[3][0] == "error"
+    for rank in range(3):
+        name, message, seconds, edges = results[rank]
+        assert edges == MIXED_EDGES[rank]
+        assert name == "PeerError", (rank, message)
+        assert "rank 3" in message and "allreduce(float32, count=4194304, op=sum)" in message, (rank, message)
+        assert seconds < 30, (rank, seconds)  # the side channel's EOF, not the 60 s timeout
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "communicator.h"
+#include "edge_plan.h"
 #include "config.h"
 #include "device_runtime.h"
 #include "dtype.h"
@@ -196,6 +197,11 @@ PYBIND11_MODULE(_core, m) {
     for (const ConfigVar& v : configVars()) out.emplace_back(v.name, v.default_value, v.meaning);
     return out;
   }, "Every RCOLL_* variable: (name, default, meaning).");
+
+  m.def("host_identity", [] {
+    Config config = Config::fromEnvironment();
+    return py::make_tuple(hostIdentity(config), !config.host_id.empty());
+  }, "This rank's host identity for the per-edge transport choice, and whether RCOLL_HOSTID set it.");
 
   m.def("source_address_for", [](const std::string& host) {
     std::string address = sourceAddressFor(host);
@@ -388,6 +394,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("transport", &Communicator::transportName)
+      .def_property_readonly("transports", &Communicator::transports)
       .def_property_readonly("timeout", [](const Communicator& c) { return c.defaultTimeout().count() / 1000.0; })
       .def_property_readonly("chunk_bytes", [](const Communicator& c) { return c.config().chunk_bytes; })
       // The collectives validate and enqueue. With blocking=True the caller is

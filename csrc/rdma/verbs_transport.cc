@@ -26,7 +26,6 @@ constexpr size_t kCtrlBytes = 128;              // one control slot
 constexpr int kWantRecvSlots = 128;             // posted receives per peer (credits, data immediates)
 constexpr int kWantSendSlots = 64;              // control messages in flight per peer
 constexpr int kWantSendQueue = 256;             // work requests in flight per peer
-constexpr size_t kMaxAbortMessage = 4096;
 constexpr auto kAbortLinger = std::chrono::seconds(2);
 constexpr auto kSpin = std::chrono::microseconds(30);  // poll the CQ this long before sleeping
 constexpr int kAccessRemote = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
@@ -85,7 +84,6 @@ struct VerbsTransport::CtrlSlot : WrOwner {
 struct VerbsTransport::VerbsRequest : Request, WrOwner {
   VerbsRequest() : WrOwner(kData) {}
   bool is_send = false;
-  int peer = -1;
   WireHeader header{};  // send: what goes out; recv: what is expected
   char* data = nullptr;
   size_t bytes = 0;
@@ -118,10 +116,7 @@ struct VerbsTransport::Connection {
   std::deque<CtrlMessage> credits;        // credits that arrived before their send
   std::deque<Outgoing> backlog;           // waiting for send-queue room, in order
   uint64_t next_send_seq = 0, next_recv_seq = 0;
-  // Side channel input: an abort header and its text.
-  WireHeader side_header{};
-  size_t side_got = 0;
-  std::string abort_text;
+  SideChannelReader side_channel;
   bool closed = false;         // the peer is gone: no new requests; posted writes may still finish
   bool failed = false;         // no more requests at all
   bool socket_broken = false;
@@ -254,7 +249,7 @@ void VerbsTransport::connect(int peer, const std::string& address, Deadline dead
 
 int VerbsTransport::accept(Deadline deadline) {
   std::vector<bool> connected(static_cast<size_t>(info_.size));
-  for (size_t i = 0; i < connected.size(); ++i) connected[i] = connections_[i] != nullptr;
+  for (size_t i = 0; i < connected.size(); ++i) connected[i] = connections_[i] != nullptr || !serves(static_cast<int>(i));
   int fd = -1;
   int peer = listener_->accept(deadline, connected, &fd);
   setUpConnection(peer, fd, deadline);
@@ -425,17 +420,6 @@ bool VerbsTransport::acquireMemory(VerbsRequest* r, bool writable) {
 
 // --- requests --------------------------------------------------------------
 
-VerbsTransport::VerbsRequest* VerbsTransport::newRequest() {
-  if (free_requests_.empty()) {
-    requests_.push_back(std::make_unique<VerbsRequest>());
-    free_requests_.push_back(requests_.back().get());
-  }
-  VerbsRequest* r = free_requests_.back();
-  free_requests_.pop_back();
-  *r = VerbsRequest();
-  return r;
-}
-
 void VerbsTransport::maybeRecycle(VerbsRequest* r) {
   if (r->wrs > 0 || r->state == Request::State::kPending) return;
   if (r->mr != nullptr) {  // the NIC is done with the memory
@@ -444,7 +428,7 @@ void VerbsTransport::maybeRecycle(VerbsRequest* r) {
   }
   if (r->released) {
     r->released = false;
-    free_requests_.push_back(r);
+    requests_.recycle(r);
   }
 }
 
@@ -467,7 +451,7 @@ TransportFailure VerbsTransport::failure(Request* request) const {
 }
 
 Request* VerbsTransport::isend(int peer, const WireHeader& header, const void* data, size_t bytes) {
-  VerbsRequest* r = newRequest();
+  VerbsRequest* r = requests_.take();
   r->is_send = true;
   r->peer = peer;
   r->header = header;
@@ -477,7 +461,7 @@ Request* VerbsTransport::isend(int peer, const WireHeader& header, const void* d
 }
 
 Request* VerbsTransport::irecv(int peer, const WireHeader& expected, void* data, size_t bytes) {
-  VerbsRequest* r = newRequest();
+  VerbsRequest* r = requests_.take();
   r->peer = peer;
   r->header = expected;
   r->data = static_cast<char*>(data);
@@ -778,40 +762,23 @@ void VerbsTransport::onControl(Connection& c, const char* bytes) {
 // --- side channel, failure ---------------------------------------------------
 
 void VerbsTransport::serviceSideChannel(Connection& c) {
-  // Only two things ever arrive here: an abort (header + text) or EOF.
-  auto* header = reinterpret_cast<char*>(&c.side_header);
-  for (;;) {
-    const bool have_header = c.side_got == sizeof(WireHeader);
-    if (have_header && (c.side_header.magic != kWireMagic ||
-                        c.side_header.kind != static_cast<uint8_t>(OpKind::kAbort))) {
+  const SideChannelNews news = c.side_channel.read(c.fd);
+  switch (news.kind) {
+    case SideChannelNews::Kind::kNothing:
+      return;
+    case SideChannelNews::Kind::kGarbage:
       failConnection(c, ErrorKind::kPeer, strFormat("rank %d sent garbage on its connection", c.peer));
       return;
-    }
-    const uint64_t announced = c.side_header.bytes;  // a copy: the packed field may be misaligned
-    const size_t want = static_cast<size_t>(std::min<uint64_t>(announced, kMaxAbortMessage));
-    if (have_header && c.abort_text.size() >= want) break;
-    char text[kMaxAbortMessage];
-    ssize_t n = have_header ? ::recv(c.fd, text, want - c.abort_text.size(), MSG_DONTWAIT)
-                            : ::recv(c.fd, header + c.side_got, sizeof(WireHeader) - c.side_got, MSG_DONTWAIT);
-    if (n > 0) {
-      if (have_header) {
-        c.abort_text.append(text, static_cast<size_t>(n));
-      } else {
-        c.side_got += static_cast<size_t>(n);
-      }
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    c.socket_broken = true;
-    if (have_header) break;  // closed mid-text: report what we have
-    pollCompletions();       // what the peer did before it went is already in the completion queue
-    peerClosed(c);
-    return;
+    case SideChannelNews::Kind::kClosed:
+      c.socket_broken = true;
+      pollCompletions();  // what the peer did before it went is already in the completion queue
+      peerClosed(c);
+      return;
+    case SideChannelNews::Kind::kAbort:
+      c.socket_broken = true;  // the peer has stopped: no point in answering it
+      failConnection(c, news.abort_kind, strFormat("rank %d failed: %s", c.peer, news.text.c_str()));
+      return;
   }
-  c.socket_broken = true;  // the peer has stopped: no point in answering it
-  failConnection(c, errorKindFromWire(c.side_header.error_kind),
-                 strFormat("rank %d failed: %s", c.peer, validUtf8(c.abort_text).c_str()));
 }
 
 // The peer's process is gone. Receives and unmatched sends can never finish;
@@ -861,7 +828,6 @@ void VerbsTransport::failConnection(Connection& c, ErrorKind kind, const std::st
 void VerbsTransport::progress(std::chrono::milliseconds timeout) {
   const Deadline deadline = std::chrono::steady_clock::now() + timeout;
   progressed_ = false;
-  std::vector<pollfd> fds;
   for (;;) {
     pollCompletions();
     if (progressed_) return;
@@ -874,37 +840,18 @@ void VerbsTransport::progress(std::chrono::milliseconds timeout) {
     if (progressed_) return;
     int wait_ms = millisecondsUntil(deadline);
     if (wait_ms <= 0) return;
-    // Arm the completion channel, then look once more: a completion that came
-    // in between would otherwise raise no event.
-    if (ibv_req_notify_cq(cq_, 0) != 0) throwError(ErrorKind::kGeneric, "ibv_req_notify_cq failed");
-    if (pollCompletions() > 0) {
+    poll_fds_.clear();
+    poll_fds_.push_back({wake_fd_, POLLIN, 0});
+    if (!prepareSleep(&poll_fds_)) {
+      finishSleep(nullptr, 0);
       if (progressed_) return;
       continue;
     }
-    fds.clear();
-    fds.push_back({wake_fd_, POLLIN, 0});
-    fds.push_back({channel_->fd, POLLIN, 0});
-    std::vector<Connection*> watched;
-    for (auto& c : connections_) {
-      if (!c || c->failed || c->socket_broken) continue;
-      fds.push_back({c->fd, POLLIN, 0});
-      watched.push_back(c.get());
-    }
-    int rc = ::poll(fds.data(), fds.size(), wait_ms);
+    int rc = ::poll(poll_fds_.data(), poll_fds_.size(), wait_ms);
     if (rc < 0 && errno != EINTR) throwError(ErrorKind::kGeneric, "poll(): " + errnoText(errno));
     if (rc <= 0) continue;
-    if (fds[1].revents & POLLIN) {
-      ibv_cq* cq = nullptr;
-      void* context = nullptr;
-      if (api_.get_cq_event(channel_, &cq, &context) == 0 && ++unacked_cq_events_ >= 64) {
-        api_.ack_cq_events(cq_, unacked_cq_events_);  // acking is a lock round trip: batch it
-        unacked_cq_events_ = 0;
-      }
-    }
-    for (size_t i = 0; i < watched.size(); ++i) {
-      if (fds[i + 2].revents != 0) serviceSideChannel(*watched[i]);
-    }
-    if (fds[0].revents & POLLIN) {
+    finishSleep(poll_fds_.data() + 1, poll_fds_.size() - 1);
+    if (poll_fds_[0].revents & POLLIN) {
       uint64_t drained = 0;
       ssize_t ignored = ::read(wake_fd_, &drained, sizeof(drained));
       (void)ignored;
@@ -912,6 +859,45 @@ void VerbsTransport::progress(std::chrono::milliseconds timeout) {
     }
     if (progressed_) return;
   }
+}
+
+Activity VerbsTransport::progressNow() {
+  progressed_ = false;
+  const int completions = pollCompletions();
+  return progressed_ ? Activity::kFinished : completions > 0 ? Activity::kMoved : Activity::kIdle;
+}
+
+// Arms the completion channel, then looks once more: a completion that came in
+// between would otherwise raise no event. progressed_ spans this call and
+// finishSleep(), which reports it.
+bool VerbsTransport::prepareSleep(std::vector<pollfd>* fds) {
+  progressed_ = false;
+  poll_peers_.clear();
+  if (ibv_req_notify_cq(cq_, 0) != 0) throwError(ErrorKind::kGeneric, "ibv_req_notify_cq failed");
+  if (pollCompletions() > 0) return false;
+  fds->push_back({channel_->fd, POLLIN, 0});
+  for (auto& c : connections_) {
+    if (!c || c->failed || c->socket_broken) continue;
+    fds->push_back({c->fd, POLLIN, 0});
+    poll_peers_.push_back(c.get());
+  }
+  return true;
+}
+
+// `fds`: the completion channel, then poll_peers_' side channels (none when nobody slept).
+Activity VerbsTransport::finishSleep(const pollfd* fds, size_t count) {
+  if (count > 0 && (fds[0].revents & POLLIN)) {
+    ibv_cq* cq = nullptr;
+    void* context = nullptr;
+    if (api_.get_cq_event(channel_, &cq, &context) == 0 && ++unacked_cq_events_ >= 64) {
+      api_.ack_cq_events(cq_, unacked_cq_events_);  // acking is a lock round trip: batch it
+      unacked_cq_events_ = 0;
+    }
+  }
+  for (size_t i = 0; i < poll_peers_.size() && i + 1 < count; ++i) {
+    if (fds[i + 1].revents != 0) serviceSideChannel(*poll_peers_[i]);
+  }
+  return progressed_ ? Activity::kFinished : Activity::kIdle;
 }
 
 void VerbsTransport::interrupt() {
@@ -923,7 +909,7 @@ void VerbsTransport::interrupt() {
 void VerbsTransport::abortPeers(ErrorKind kind, const std::string& message) {
   if (aborted_) return;
   aborted_ = true;
-  std::string text = truncateUtf8(message, kMaxAbortMessage);
+  std::string text = truncateUtf8(message, kMaxAbortText);
   WireHeader h = makeAbortHeader(info_, kind, text.size());
   // Bounded: a peer that stopped reading must not hold this rank's failure up.
   Deadline deadline = std::chrono::steady_clock::now() + kAbortLinger;

@@ -31,6 +31,8 @@
 #include "config.h"
 #include "peer_listener.h"
 #include "rdma/ib_device.h"
+#include "request_pool.h"
+#include "side_channel.h"
 #include "transport.h"
 
 struct ibv_context;
@@ -68,6 +70,9 @@ class VerbsTransport : public Transport {
   Request* isend(int peer, const WireHeader& header, const void* data, size_t bytes) override;
   Request* irecv(int peer, const WireHeader& expected, void* data, size_t bytes) override;
   void progress(std::chrono::milliseconds timeout) override;
+  Activity progressNow() override;
+  bool prepareSleep(std::vector<pollfd>* fds) override;
+  Activity finishSleep(const pollfd* fds, size_t count) override;
   TransportFailure failure(Request* request) const override;
   void release(Request* request) override;
   void interrupt() override;
@@ -81,7 +86,6 @@ class VerbsTransport : public Transport {
   struct Connection;
 
   void setUpConnection(int peer, int fd, Deadline deadline);
-  VerbsRequest* newRequest();
   Request* post(VerbsRequest* r);
   void finish(VerbsRequest* r, Request::State state, const TransportFailure* why);
   void maybeRecycle(VerbsRequest* r);
@@ -128,8 +132,9 @@ class VerbsTransport : public Transport {
   int send_slots_ = 0;
 
   std::vector<std::unique_ptr<Connection>> connections_;  // indexed by peer rank
-  std::vector<std::unique_ptr<VerbsRequest>> requests_;    // owns every request ever made
-  std::vector<VerbsRequest*> free_requests_;
+  RequestPool<VerbsRequest> requests_;
+  std::vector<pollfd> poll_fds_;           // progress() scratch
+  std::vector<Connection*> poll_peers_;    // whose side channels prepareSleep() appended, in order
   bool aborted_ = false;
   bool progressed_ = false;  // a request finished since progress() started
 };

@@ -20,7 +20,6 @@ namespace {
 
 static_assert(sizeof(WireHeader) == shm::kHeaderBytes, "a ring record starts with one wire header");
 
-constexpr size_t kMaxAbortMessage = 4096;
 constexpr auto kAbortLinger = std::chrono::seconds(2);
 // Largest copy between two publications of head or tail: the other side starts
 // on a piece while the next one is copied, and the piece stays in cache.
@@ -40,7 +39,6 @@ void drainEventfd(int fd) {
 
 struct ShmTransport::ShmRequest : Request {
   bool is_send = false;
-  int peer = -1;
   WireHeader header{};  // send: what goes out; recv: what is expected
   char* data = nullptr;
   size_t bytes = 0;
@@ -71,10 +69,7 @@ struct ShmTransport::Connection {
   bool header_checked = false;  // ... and it matched the oldest receive
   std::deque<ShmRequest*> sends;
   std::deque<ShmRequest*> recvs;
-  // Side channel input: an abort header and its text.
-  WireHeader side_header{};
-  size_t side_got = 0;
-  std::string abort_text;
+  SideChannelReader side_channel;
   bool closed = false;  // the peer is gone: no new sends; what is in the ring can still be received
   bool failed = false;  // no more requests at all
   bool socket_broken = false;
@@ -127,7 +122,7 @@ void ShmTransport::connect(int peer, const std::string& address, Deadline deadli
 
 int ShmTransport::accept(Deadline deadline) {
   std::vector<bool> connected(static_cast<size_t>(info_.size));
-  for (size_t i = 0; i < connected.size(); ++i) connected[i] = connections_[i] != nullptr;
+  for (size_t i = 0; i < connected.size(); ++i) connected[i] = connections_[i] != nullptr || !serves(static_cast<int>(i));
   int fd = -1;
   const int peer = listener_->accept(deadline, connected, &fd);
   adopt(peer, fd, deadline, /*creator=*/true);
@@ -167,17 +162,6 @@ void ShmTransport::adopt(int peer, int fd, Deadline deadline, bool creator) {
 
 // --- requests ----------------------------------------------------------------
 
-ShmTransport::ShmRequest* ShmTransport::newRequest() {
-  if (free_requests_.empty()) {
-    requests_.push_back(std::make_unique<ShmRequest>());
-    free_requests_.push_back(requests_.back().get());
-  }
-  ShmRequest* r = free_requests_.back();
-  free_requests_.pop_back();
-  *r = ShmRequest();
-  return r;
-}
-
 void ShmTransport::release(Request* request) {
   auto* r = static_cast<ShmRequest*>(request);
   // A request still queued on a connection (its op failed or was abandoned)
@@ -185,7 +169,7 @@ void ShmTransport::release(Request* request) {
   if (r->state == Request::State::kPending) {
     r->released = true;
   } else {
-    free_requests_.push_back(r);
+    requests_.recycle(r);
   }
 }
 
@@ -193,7 +177,7 @@ void ShmTransport::finish(ShmRequest* r, Request::State state, const TransportFa
   r->state = state;
   if (why != nullptr) r->why = *why;
   progressed_ = true;
-  if (r->released) free_requests_.push_back(r);
+  if (r->released) requests_.recycle(r);
 }
 
 TransportFailure ShmTransport::failure(Request* request) const {
@@ -201,7 +185,7 @@ TransportFailure ShmTransport::failure(Request* request) const {
 }
 
 Request* ShmTransport::isend(int peer, const WireHeader& header, const void* data, size_t bytes) {
-  ShmRequest* r = newRequest();
+  ShmRequest* r = requests_.take();
   r->is_send = true;
   r->peer = peer;
   r->header = header;
@@ -219,7 +203,7 @@ Request* ShmTransport::isend(int peer, const WireHeader& header, const void* dat
 }
 
 Request* ShmTransport::irecv(int peer, const WireHeader& expected, void* data, size_t bytes) {
-  ShmRequest* r = newRequest();
+  ShmRequest* r = requests_.take();
   r->peer = peer;
   r->header = expected;
   r->data = static_cast<char*>(data);
@@ -448,47 +432,73 @@ void ShmTransport::progress(std::chrono::milliseconds timeout) {
 // Sleeps until a peer rings this rank's doorbell, a side channel speaks
 // (abort, EOF), interrupt() or `deadline`. True if interrupted.
 bool ShmTransport::sleep(Deadline deadline) {
-  // Announce what we wait for, then look once more (shm_ring.h; pairs with wakePeer).
+  poll_fds_.clear();
+  poll_fds_.push_back({wake_fd_, POLLIN, 0});
+  const bool ready = !prepareSleep(&poll_fds_) || interrupted_.load(std::memory_order_relaxed);
+  int rc = 0;
+  if (!ready) {
+    // Rounded up: a sub-millisecond remainder must sleep, not spin on poll(0).
+    const auto left = deadline - std::chrono::steady_clock::now();
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(left + std::chrono::microseconds(999));
+    const int wait_ms = static_cast<int>(std::max<long long>(0, std::min<long long>(ms.count(), 1 << 30)));
+    rc = ::poll(poll_fds_.data(), poll_fds_.size(), wait_ms);
+    if (rc < 0 && errno != EINTR) {
+      const int err = errno;
+      finishSleep(nullptr, 0);
+      throwError(ErrorKind::kGeneric, "poll(): " + errnoText(err));
+    }
+  }
+  if (rc <= 0) {
+    finishSleep(nullptr, 0);
+    return false;
+  }
+  finishSleep(poll_fds_.data() + 1, poll_fds_.size() - 1);
+  if (poll_fds_[0].revents & POLLIN) {
+    takeInterrupt();
+    return true;
+  }
+  return false;
+}
+
+Activity ShmTransport::progressNow() {
+  progressed_ = false;
+  const bool moved = driveAll();
+  return progressed_ ? Activity::kFinished : moved ? Activity::kMoved : Activity::kIdle;
+}
+
+// Announces what this rank waits for, then looks once more (shm_ring.h; pairs
+// with wakePeer): a peer that published in between is seen here, and one that
+// publishes after sees the announcement and rings the doorbell.
+bool ShmTransport::prepareSleep(std::vector<pollfd>* fds) {
   for (auto& c : connections_) {
     if (!c || c->failed || c->closed) continue;
     const uint32_t bits = (c->recvs.empty() ? 0 : shm::kWantData) | (c->sends.empty() ? 0 : shm::kWantSpace);
     c->my_sleep->store(bits, std::memory_order_seq_cst);
   }
-  bool ready = interrupted_.load(std::memory_order_relaxed);
+  poll_peers_.clear();
   for (auto& c : connections_) {
-    if (!ready && c && !c->failed && !c->closed) ready = canMove(*c);
+    if (c && !c->failed && !c->closed && canMove(*c)) return false;
   }
-  std::vector<pollfd> fds;
-  int rc = 0;
-  if (!ready) {
-    fds.push_back({wake_fd_, POLLIN, 0});
-    fds.push_back({doorbell_fd_, POLLIN, 0});
-    poll_peers_.clear();
-    for (auto& c : connections_) {
-      if (!c || c->failed || c->closed || c->socket_broken) continue;
-      fds.push_back({c->fd, POLLIN, 0});
-      poll_peers_.push_back(c->peer);
-    }
-    // Rounded up: a sub-millisecond remainder must sleep, not spin on poll(0).
-    const auto left = deadline - std::chrono::steady_clock::now();
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(left + std::chrono::microseconds(999));
-    const int wait_ms = static_cast<int>(std::max<long long>(0, std::min<long long>(ms.count(), 1 << 30)));
-    rc = ::poll(fds.data(), fds.size(), wait_ms);
+  fds->push_back({doorbell_fd_, POLLIN, 0});
+  for (auto& c : connections_) {
+    if (!c || c->failed || c->closed || c->socket_broken) continue;
+    fds->push_back({c->fd, POLLIN, 0});
+    poll_peers_.push_back(c->peer);
   }
+  return true;
+}
+
+// `fds`: the doorbell, then poll_peers_' side channels (none when nobody slept).
+Activity ShmTransport::finishSleep(const pollfd* fds, size_t count) {
+  progressed_ = false;
   for (auto& c : connections_) {
     if (c && !c->failed && !c->closed) c->my_sleep->store(0, std::memory_order_relaxed);
   }
-  if (rc < 0 && errno != EINTR) throwError(ErrorKind::kGeneric, "poll(): " + errnoText(errno));
-  if (rc <= 0) return false;
-  if (fds[1].revents & POLLIN) drainEventfd(doorbell_fd_);
-  for (size_t i = 0; i < poll_peers_.size(); ++i) {
-    if (fds[i + 2].revents != 0) serviceSideChannel(*connections_[static_cast<size_t>(poll_peers_[i])]);
+  if (count > 0 && (fds[0].revents & POLLIN)) drainEventfd(doorbell_fd_);
+  for (size_t i = 0; i < poll_peers_.size() && i + 1 < count; ++i) {
+    if (fds[i + 1].revents != 0) serviceSideChannel(*connections_[static_cast<size_t>(poll_peers_[i])]);
   }
-  if (fds[0].revents & POLLIN) {
-    takeInterrupt();
-    return true;
-  }
-  return false;
+  return progressed_ ? Activity::kFinished : Activity::kIdle;
 }
 
 void ShmTransport::takeInterrupt() {
@@ -506,45 +516,27 @@ void ShmTransport::interrupt() {
 // --- side channel, failure -------------------------------------------------------
 
 void ShmTransport::serviceSideChannel(Connection& c) {
-  // Only two things ever arrive here: an abort (header + text) or EOF.
-  auto* header = reinterpret_cast<char*>(&c.side_header);
-  for (;;) {
-    const bool have_header = c.side_got == sizeof(WireHeader);
-    if (have_header && (c.side_header.magic != kWireMagic ||
-                        c.side_header.kind != static_cast<uint8_t>(OpKind::kAbort))) {
+  const SideChannelNews news = c.side_channel.read(c.fd);
+  switch (news.kind) {
+    case SideChannelNews::Kind::kNothing:
+      return;
+    case SideChannelNews::Kind::kGarbage:
       c.socket_broken = true;
       failConnection(c, ErrorKind::kPeer, strFormat("rank %d sent garbage on its connection", c.peer));
       return;
-    }
-    const uint64_t announced = c.side_header.bytes;  // a copy: the packed field may be misaligned
-    const size_t want = static_cast<size_t>(std::min<uint64_t>(announced, kMaxAbortMessage));
-    if (have_header && c.abort_text.size() >= want) break;
-    char text[kMaxAbortMessage];
-    ssize_t n = have_header ? ::recv(c.fd, text, want - c.abort_text.size(), MSG_DONTWAIT)
-                            : ::recv(c.fd, header + c.side_got, sizeof(WireHeader) - c.side_got, MSG_DONTWAIT);
-    if (n > 0) {
-      if (have_header) {
-        c.abort_text.append(text, static_cast<size_t>(n));
-      } else {
-        c.side_got += static_cast<size_t>(n);
-      }
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    const int err = n < 0 ? errno : 0;
-    c.socket_broken = true;
-    if (have_header) break;  // closed mid-text: report what we have
-    // A reset is a close with our own abort text unread: the same news.
-    peerClosed(c, {ErrorKind::kPeer, n == 0 || err == ECONNRESET
-                                         ? closedMessage(c.peer)
-                                         : strFormat("lost the connection to rank %d: %s", c.peer,
-                                                     errnoText(err).c_str())});
-    return;
+    case SideChannelNews::Kind::kClosed:
+      c.socket_broken = true;
+      // A reset is a close with our own abort text unread: the same news.
+      peerClosed(c, {ErrorKind::kPeer, news.error == 0 || news.error == ECONNRESET
+                                           ? closedMessage(c.peer)
+                                           : strFormat("lost the connection to rank %d: %s", c.peer,
+                                                       errnoText(news.error).c_str())});
+      return;
+    case SideChannelNews::Kind::kAbort:
+      c.socket_broken = true;  // the peer has stopped: no point in answering it
+      peerClosed(c, {news.abort_kind, strFormat("rank %d failed: %s", c.peer, news.text.c_str())});
+      return;
   }
-  c.socket_broken = true;  // the peer has stopped: no point in answering it
-  peerClosed(c, {errorKindFromWire(c.side_header.error_kind),
-                 strFormat("rank %d failed: %s", c.peer, validUtf8(c.abort_text).c_str())});
 }
 
 // The peer's process is gone (or it aborted): it will never read or write
@@ -575,7 +567,7 @@ void ShmTransport::failConnection(Connection& c, ErrorKind kind, const std::stri
 void ShmTransport::abortPeers(ErrorKind kind, const std::string& message) {
   if (aborted_) return;
   aborted_ = true;
-  const std::string text = truncateUtf8(message, kMaxAbortMessage);
+  const std::string text = truncateUtf8(message, kMaxAbortText);
   const WireHeader h = makeAbortHeader(info_, kind, text.size());
   // Bounded: a peer that stopped reading must not hold this rank's failure up.
   const Deadline deadline = std::chrono::steady_clock::now() + kAbortLinger;

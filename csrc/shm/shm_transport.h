@@ -53,6 +53,8 @@
 
 #include "config.h"
 #include "peer_listener.h"
+#include "request_pool.h"
+#include "side_channel.h"
 #include "socket_util.h"
 #include "transport.h"
 
@@ -80,6 +82,9 @@ class ShmTransport : public Transport {
   Request* isend(int peer, const WireHeader& header, const void* data, size_t bytes) override;
   Request* irecv(int peer, const WireHeader& expected, void* data, size_t bytes) override;
   void progress(std::chrono::milliseconds timeout) override;
+  Activity progressNow() override;
+  bool prepareSleep(std::vector<pollfd>* fds) override;
+  Activity finishSleep(const pollfd* fds, size_t count) override;
   TransportFailure failure(Request* request) const override;
   void release(Request* request) override;
   void interrupt() override;
@@ -92,7 +97,6 @@ class ShmTransport : public Transport {
   struct Connection;
 
   void adopt(int peer, int fd, Deadline deadline, bool creator);
-  ShmRequest* newRequest();
   Request* post(ShmRequest* r);
   void finish(ShmRequest* r, Request::State state, const TransportFailure* why);
 
@@ -117,9 +121,9 @@ class ShmTransport : public Transport {
   int doorbell_fd_ = -1;  // peers wake this rank here
   std::atomic<bool> interrupted_{false};
   std::vector<std::unique_ptr<Connection>> connections_;  // indexed by peer rank
-  std::vector<std::unique_ptr<ShmRequest>> requests_;     // owns every request ever made
-  std::vector<ShmRequest*> free_requests_;
-  std::vector<int> poll_peers_;  // scratch for sleep()
+  RequestPool<ShmRequest> requests_;
+  std::vector<pollfd> poll_fds_;  // scratch for sleep()
+  std::vector<int> poll_peers_;   // the peers whose side channels prepareSleep() appended, in order
   bool aborted_ = false;
   bool progressed_ = false;  // a request finished since progress() started
 };

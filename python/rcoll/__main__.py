@@ -2,7 +2,7 @@
 
   info   version, build, RDMA library and devices, every RCOLL_* variable
   demo   a real allreduce / allgather / broadcast between local ranks, checked
-         and timed (python -m rcoll demo --world-size 4 --megabytes 16)
+         and timed (python -m rcoll demo --world-size 4 --megabytes 16 [--hosts AABB])
   train  a real DDP training run with backend="rcoll" and then "gloo" on
          synthetic data: loss, time per step, parameters compared (needs torch)
 """
@@ -35,6 +35,14 @@ def _info(_args) -> int:
     ok, why = rcuda.available()
     print(f"  cuda module {cuda}; {'usable' if ok else 'not usable: ' + why}")
     _print_rdma(_core.rdma_report())
+    identity, from_env = _core.host_identity()
+    print("host:")
+    print(f"  identity    {identity or '(unknown: no boot id; shared memory off)'}"
+          f"{' (RCOLL_HOSTID)' if from_env else ' (boot id / network namespace)'}")
+    print("  rule        per pair of ranks: shared memory when both have this identity (and neither sets")
+    print("              RCOLL_SHM_DISABLE=1); between hosts verbs when every rank with a peer on another")
+    print("              host has an active RDMA port, else TCP. RCOLL_TRANSPORT=tcp|ib forces one transport")
+    print("              on every pair; RCOLL_TRANSPORT=shm requires every rank on one host.")
     print("environment:")
     for name, default, meaning in _core.config_vars():
         value = os.environ.get(name)
@@ -82,7 +90,7 @@ def _print_rdma(report) -> None:
 def _demo(args) -> int:
     from rcoll.demo import run_demo
 
-    return run_demo(args.world_size, args.megabytes, args.iters, args.timeout)
+    return run_demo(args.world_size, args.megabytes, args.iters, args.timeout, args.hosts)
 
 
 def main(argv=None) -> int:
@@ -95,6 +103,9 @@ def main(argv=None) -> int:
     demo.add_argument("--megabytes", type=float, default=16.0)
     demo.add_argument("--iters", type=int, default=10)
     demo.add_argument("--timeout", type=float, default=300.0)
+    demo.add_argument("--hosts", default="",
+                      help="a host name per rank, e.g. AABB: sets each rank's RCOLL_HOSTID, so that one "
+                           "machine runs the mixed ring of several hosts (shared memory inside, TCP across)")
     train = sub.add_parser("train", help="DDP training with rcoll and gloo side by side (needs torch)")
     train.add_argument("--world-size", "-n", type=int, default=2)
     train.add_argument("--steps", type=int, default=30)

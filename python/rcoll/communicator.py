@@ -94,7 +94,13 @@ class Communicator:
     # -- introspection -----------------------------------------------------------------
     @property
     def transport(self) -> str:
+        """"shm", "tcp", "ib", or "shm+tcp" / "shm+ib" when this rank has edges of both kinds."""
         return self._comm.transport
+
+    @property
+    def transports(self) -> list:
+        """The transport of this rank's edge to each rank, indexed by rank ("self" for this one)."""
+        return list(self._comm.transports)
 
     @property
     def timeout(self) -> float:

@@ -42,19 +42,29 @@ def demo_rank(rank, world, megabytes, iters):
         b.fill(7.0 if rank == 0 else -1.0)
         comm.broadcast(b, root=0)
     timed("broadcast", broadcast, n * 4, 1.0, lambda: bool((b == 7.0).all()))
-    transport = comm.transport
+    transport = (comm.transport, comm.transports)
     comm.shutdown()
     return transport, rows
 
 
-def run_demo(world_size, megabytes, iters, timeout) -> int:
+def run_demo(world_size, megabytes, iters, timeout, hosts="") -> int:
     from rcoll import spawn
 
-    print(f"rcoll demo: {world_size} local ranks, {megabytes} MiB float32 per rank, "
-          f"{iters} iterations per op")
-    outcome = spawn.run(demo_rank, world_size, megabytes, iters, timeout=timeout)
+    env = {}
+    if hosts:
+        if len(hosts) != world_size:
+            print(f"--hosts {hosts}: give one host name (a letter) per rank, {world_size} in all")
+            return 2
+        env["RCOLL_HOSTID"] = list(hosts)  # rank r gets hosts[r]
+    print(f"rcoll demo: {world_size} local ranks{f' on hosts {hosts}' if hosts else ''}, {megabytes} MiB "
+          f"float32 per rank, {iters} iterations per op")
+    outcome = spawn.run(demo_rank, world_size, megabytes, iters, timeout=timeout, env=env)
     results = [rows for _transport, rows in outcome]
-    print(f"transport: {outcome[0][0]} (RCOLL_TRANSPORT=tcp|shm|ib chooses; see python -m rcoll info)")
+    print("transport per rank (shared memory between ranks of one host, verbs or TCP between hosts; "
+          "RCOLL_TRANSPORT=tcp|shm|ib forces one, see python -m rcoll info):")
+    for rank, ((name, per_peer), _rows) in enumerate(outcome):
+        edges = ", ".join(f"rank {peer} {kind}" for peer, kind in enumerate(per_peer) if kind != "self")
+        print(f"  rank {rank}: {name} ({edges or 'no peers'})")
     print(f"{'op':<12}{'time (us)':>12}{'algbw (GB/s)':>15}{'busbw (GB/s)':>15}  correct on every rank")
     ok = True
     for i, (label, *_rest) in enumerate(results[0]):

@@ -1,0 +1,232 @@
+"""Rings whose edges use different transports: shared memory between ranks of
+one host, the network between hosts (issue #9). RCOLL_HOSTID gives each rank a
+host identity, so one machine builds any layout; the real identity rule (boot id
+and network namespace) is checked with two namespaces. Results are exact
+against numpy (the collective sweeps of collective_workers.py)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rcoll import spawn
+
+import collective_workers as cw
+import mixed_workers as w
+from conftest import SMALL_CHUNKS
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+# Host of each rank, one letter per rank.
+LAYOUTS = ["AAB", "ABA", "AABB", "ABAB", "AAAB", "AAAABBBB", "ABABABAB", "AAAAAAAB", "AABBCCDD"]
+
+
+@pytest.fixture(autouse=True)
+def auto_transport(monkeypatch):
+    monkeypatch.delenv("RCOLL_TRANSPORT", raising=False)
+    monkeypatch.delenv("RCOLL_SHM_DISABLE", raising=False)
+
+
+def _hosts(layout):
+    return {"RCOLL_HOSTID": list(layout)}
+
+
+def _expected_edges(layout, rank, network="tcp"):
+    return ["self" if p == rank else "shm" if layout[p] == layout[rank] else network for p in range(len(layout))]
+
+
+def _expected_name(layout, rank, network="tcp"):
+    kinds = {k for k in _expected_edges(layout, rank, network) if k != "self"}
+    return "shm+" + network if len(kinds) == 2 else kinds.pop()
+
+
+def _check(results):
+    for rank, (cases, failures) in enumerate(results):
+        assert cases > 0
+        assert failures == [], f"rank {rank}: {len(failures)} failures, first: {failures[:5]}"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_each_edge_gets_the_transport_of_its_hosts(layout):
+    results = spawn.run(w.report, len(layout), timeout=120, env=_hosts(layout))
+    for rank, (name, edges, ok) in enumerate(results):
+        assert ok, f"rank {rank}: wrong allreduce/alltoall result"
+        assert edges == _expected_edges(layout, rank), (rank, edges)
+        assert name == _expected_name(layout, rank), (rank, name)
+
+
+def test_forced_transports_apply_to_every_edge():
+    layout = "AABB"
+    for forced in ("tcp",):
+        results = spawn.run(w.report, 4, timeout=120, env={**_hosts(layout), "RCOLL_TRANSPORT": forced})
+        for rank, (name, edges, ok) in enumerate(results):
+            assert ok and name == forced and edges == _expected_edges("ABCD", rank, forced), (rank, name, edges)
+    results = spawn.run(w.report, 4, timeout=120, env={**_hosts(layout), "RCOLL_SHM_DISABLE": "1"})
+    assert [name for name, _, _ in results] == ["tcp"] * 4
+    # One rank that refuses shared memory turns only its own edges into TCP.
+    results = spawn.run(w.report, 4, timeout=120, env={**_hosts(layout), "RCOLL_SHM_DISABLE": ["1", "0", "0", "0"]})
+    assert [edges for _, edges, _ in results] == [
+        ["self", "tcp", "tcp", "tcp"], ["tcp", "self", "tcp", "tcp"],
+        ["tcp", "tcp", "self", "shm"], ["tcp", "tcp", "shm", "self"]]
+    assert all(ok for _, _, ok in results)
+
+
+SWEEPS = {
+    "allreduce": (cw.allreduce_sweep, SMALL_CHUNKS),
+    "allreduce_default_chunks": (cw.allreduce_sweep, {}),
+    "reduce_scatter": (cw.reduce_scatter_sweep, SMALL_CHUNKS),
+    "allgather": (cw.allgather_sweep, SMALL_CHUNKS),
+    "broadcast": (cw.broadcast_sweep, SMALL_CHUNKS),
+    "reduce": (cw.reduce_sweep, SMALL_CHUNKS),
+    "gather": (cw.gather_sweep, SMALL_CHUNKS),
+    "scatter": (cw.scatter_sweep, SMALL_CHUNKS),
+    "alltoall": (cw.alltoall_sweep, SMALL_CHUNKS),
+    "large": (cw.large_sweep, {}),
+    "barrier_send_recv": (w.barrier_and_ring_messages, {}),
+}
+
+
+@pytest.mark.parametrize("layout", ["ABA", "AABB", "ABAB", "AAAB", "AABBAABB", "AAAAAAAB"])
+@pytest.mark.parametrize("sweep", sorted(SWEEPS))
+def test_collectives_over_a_mixed_ring(layout, sweep):
+    fn, env = SWEEPS[sweep]
+    _check(spawn.run(fn, len(layout), timeout=300, env={**env, **_hosts(layout)}))
+
+
+def _dev_shm():
+    # sem.mp-*: Python multiprocessing's semaphores (of any test run on the
+    # machine); rcoll itself never names anything in /dev/shm.
+    names = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
+    return {n for n in names if not n.startswith("sem.mp-")}
+
+
+@pytest.mark.parametrize("layout,victim", [("AABB", 3), ("ABAB", 1), ("AAAB", 0)])
+def test_kill_9_in_a_mixed_ring_fails_every_survivor(layout, victim):
+    before = _dev_shm()
+    world = len(layout)
+    results = spawn.run(w.killed_mid_collective, world, victim, timeout=90, env=_hosts(layout), allow_failures=True)
+    assert results[victim][0] == "error"
+    for rank in range(world):
+        if rank == victim:
+            continue
+        name, message, seconds, edges = results[rank]
+        assert edges == _expected_edges(layout, rank)
+        assert name == "PeerError", (rank, message)
+        assert f"rank {victim}" in message and "allreduce(float32, count=4194304, op=sum)" in message, (rank, message)
+        assert seconds < 20, (rank, seconds, message)  # seen on the edge, not at the 60 s op timeout
+    assert _dev_shm() - before == set()
+
+
+@pytest.mark.parametrize("layout,aborter", [("AABB", 0), ("ABAB", 3)])
+def test_abort_crosses_both_kinds_of_edge(layout, aborter):
+    results = spawn.run(w.abort_reaches_everyone, len(layout), aborter, timeout=90, env=_hosts(layout))
+    for rank, (name, message, seconds) in enumerate(results):
+        assert seconds < 20, (rank, seconds, message)
+        if rank == aborter:
+            assert name == "AbortedError", message
+        else:
+            assert name in ("PeerError", "AbortedError"), (rank, name, message)
+            assert f"rank {aborter} gives up on purpose" in message, (rank, message)
+
+
+def test_transport_shm_across_hosts_is_a_config_error_naming_the_rank():
+    results = spawn.run(w.init_outcome, 4, timeout=90, env={**_hosts("AABB"), "RCOLL_TRANSPORT": "shm"})
+    for rank, (name, message) in enumerate(results):
+        other = 2 if rank < 2 else 0  # the lowest rank on the other host
+        assert name == "ConfigError", (rank, message)
+        assert f"rank {rank}: RCOLL_TRANSPORT=shm but rank {other} runs on another host" in message, message
+
+
+def test_torch_all_reduce_over_a_mixed_ring():
+    pytest.importorskip("torch")
+    layout = "AABB"
+    results = spawn.run(w.torch_all_reduce, 4, timeout=180, env=_hosts(layout))
+    for rank, (failures, edges) in enumerate(results):
+        assert failures == [], (rank, failures)
+        assert edges == _expected_edges(layout, rank), (rank, edges)
+
+
+# --- the real identity rule: two network namespaces -----------------------------------------
+
+def _netns_unavailable():
+    if os.geteuid() != 0:
+        return "needs root to create network namespaces"
+    if shutil.which("ip") is None:
+        return "iproute2 (`ip`) is not installed"
+    probe = f"rcoll-edge-probe-{os.getpid()}"
+    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"`ip netns add` does not work here: {r.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+def _sh(*cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, f"`{' '.join(cmd)}` failed: {r.stderr.strip()}"
+
+
+def test_two_namespaces_use_shm_inside_and_tcp_across(tmp_path):
+    why = _netns_unavailable()
+    if why:
+        pytest.skip(why)
+    tag = f"rcoll-edge-{os.getpid()}"
+    spaces = [f"{tag}-a", f"{tag}-b"]
+    addrs = ["198.18.0.1", "198.18.0.2"]
+    procs = []
+    try:
+        for ns in spaces:
+            _sh("ip", "netns", "add", ns)
+            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+        _sh("ip", "-n", spaces[0], "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", spaces[1])
+        for ns, addr in zip(spaces, addrs):
+            _sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
+            _sh("ip", "-n", ns, "link", "set", "eth0", "up")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RCOLL_")}
+        env.update(PYTHONPATH=os.pathsep.join(p for p in (os.path.join(ROOT, "python"), env.get("PYTHONPATH")) if p),
+                   WORLD_SIZE="4", MASTER_ADDR=addrs[0], MASTER_PORT="29517")
+        for rank in range(4):
+            out = open(tmp_path / f"rank{rank}.out", "w")
+            procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", spaces[rank // 2], sys.executable, os.path.join(HERE, "netns_rank.py")],
+                env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank % 2)), stdout=out, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + 120
+        for p in procs:
+            p.wait(timeout=max(1, deadline - time.monotonic()))
+        outputs = [(tmp_path / f"rank{rank}.out").read_text() for rank in range(4)]
+        for rank, p in enumerate(procs):
+            assert p.returncode == 0, f"rank {rank}: exit {p.returncode}: {outputs[rank][-3000:]}"
+        for rank, text in enumerate(outputs):
+            seen = json.loads(text.strip().splitlines()[-1])
+            assert seen["failures"] == [], (rank, seen["failures"])
+            assert seen["transports"] == _expected_edges("AABB", rank), (rank, seen)
+            assert seen["transport"] == "shm+tcp", (rank, seen)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for ns in spaces:  # deleting a namespace deletes its end of the veth, and so the pair
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def test_a_waiting_composite_sleeps_instead_of_spinning():
+    # Ranks 0 and 1 run shm+tcp; rank 2 (alone on host B) comes 2 s late.
+    results = spawn.run(w.idle_wait_cpu, 3, timeout=60, env=_hosts("AAB"))
+    for rank, (name, cpu, wall, ok) in enumerate(results[:2]):
+        assert ok and name == "shm+tcp", (rank, name)
+        assert wall > 1.5, (rank, wall)  # it did wait for rank 2
+        assert cpu < 0.5, f"rank {rank} burnt {cpu:.2f} s of CPU in a {wall:.2f} s wait"
+
+
+def test_info_prints_this_hosts_identity_and_the_rule():
+    env = dict(os.environ, RCOLL_HOSTID="rack7-node3",
+               PYTHONPATH=os.pathsep.join(p for p in (os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH")) if p))
+    out = subprocess.run([sys.executable, "-m", "rcoll", "info"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "identity    hostid:rack7-node3 (RCOLL_HOSTID)" in out.stdout, out.stdout
+    assert "per pair of ranks: shared memory when both have this identity" in out.stdout, out.stdout
