@@ -773,11 +773,18 @@ def main(argv=None):
         p.error("--min-bytes is larger than --max-bytes")
 
     try:
+        import rcoll
         from rcoll import spawn
     except ImportError as exc:
         print(f"error: cannot import rcoll ({exc}); run with PYTHONPATH=<repo>/python or install it",
               file=sys.stderr)
         return 2
+    checkout = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python", "rcoll")
+    imported = os.path.dirname(os.path.abspath(rcoll.__file__))
+    if os.path.isdir(checkout) and os.path.realpath(imported) != os.path.realpath(checkout):
+        # An installed rcoll shadows this checkout's: say so, or a stale build gets measured.
+        print(f"note: measuring the rcoll in {imported}, not this checkout's {checkout} "
+              f"(set PYTHONPATH={os.path.dirname(checkout)} to measure the checkout)", file=sys.stderr)
 
     info = machine_info()
     info["load_before"] = load_snapshot()
