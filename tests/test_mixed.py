@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+import rcoll
 from rcoll import spawn
 
 import collective_workers as cw
@@ -19,7 +20,12 @@ import mixed_workers as w
 from conftest import SMALL_CHUNKS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+
+
+def _pythonpath(env):
+    """PYTHONPATH for child interpreters: the rcoll this test imported first (a
+    checkout's python/ has no built module when CI installs rcoll into a venv)."""
+    return os.pathsep.join(p for p in (os.path.dirname(os.path.dirname(rcoll.__file__)), env.get("PYTHONPATH")) if p)
 
 # Host of each rank, one letter per rank.
 LAYOUTS = ["AAB", "ABA", "AABB", "ABAB", "AAAB", "AAAABBBB", "ABABABAB", "AAAAAAAB", "AABBCCDD"]
@@ -187,7 +193,7 @@ def test_two_namespaces_use_shm_inside_and_tcp_across(tmp_path):
             _sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
             _sh("ip", "-n", ns, "link", "set", "eth0", "up")
         env = {k: v for k, v in os.environ.items() if not k.startswith("RCOLL_")}
-        env.update(PYTHONPATH=os.pathsep.join(p for p in (os.path.join(ROOT, "python"), env.get("PYTHONPATH")) if p),
+        env.update(PYTHONPATH=_pythonpath(env),
                    WORLD_SIZE="4", MASTER_ADDR=addrs[0], MASTER_PORT="29517")
         for rank in range(4):
             out = open(tmp_path / f"rank{rank}.out", "w")
@@ -224,8 +230,7 @@ def test_a_waiting_composite_sleeps_instead_of_spinning():
 
 
 def test_info_prints_this_hosts_identity_and_the_rule():
-    env = dict(os.environ, RCOLL_HOSTID="rack7-node3",
-               PYTHONPATH=os.pathsep.join(p for p in (os.path.join(ROOT, "python"), os.environ.get("PYTHONPATH")) if p))
+    env = dict(os.environ, RCOLL_HOSTID="rack7-node3", PYTHONPATH=_pythonpath(os.environ))
     out = subprocess.run([sys.executable, "-m", "rcoll", "info"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "identity    hostid:rack7-node3 (RCOLL_HOSTID)" in out.stdout, out.stdout
