@@ -13,6 +13,7 @@
 #include "edge_plan.h"
 #include "error.h"
 #include "log.h"
+#include "op_errors.h"
 #include "reduce_kernels.h"
 #include "socket_util.h"
 #include "rdma/ib_device.h"
@@ -441,10 +442,7 @@ std::shared_ptr<Work> Communicator::enqueue(OpKind kind, DataType dtype, ReduceO
   // thread wake-ups (tens of microseconds each on a loaded or virtual machine)
   // per small op. Issue order is kept: nothing else can start meanwhile.
   if (launch == Launch::kCallerWaits && device == nullptr && queue_.empty() && !running_op_ && !abort_flag_.load()) {
-    running_op_ = true;
-    lock.unlock();
-    ExecutorRelease release{this};
-    executeOp(op);
+    runOwned(std::move(op), lock);
     return work;
   }
   work->setInlineRunner(weak_from_this());  // empty unless a shared_ptr owns this communicator
@@ -462,6 +460,12 @@ void Communicator::runInline(const Work& work) {
   }
   Op op = std::move(queue_.front());
   queue_.pop_front();
+  runOwned(std::move(op), lock);
+}
+
+// Takes the executor (the caller holds mutex_ through `lock` and has checked
+// that nothing runs), then runs `op` on this thread without the lock.
+void Communicator::runOwned(Op op, std::unique_lock<std::mutex>& lock) {
   running_op_ = true;
   lock.unlock();
   ExecutorRelease release{this};
@@ -874,10 +878,7 @@ void Communicator::executeOp(const Op& op) {
     if (timeline_) recordTimeline(op, start, "failed");
     const auto* rcoll_error = dynamic_cast<const RcollError*>(&e);
     ErrorKind kind = rcoll_error ? rcoll_error->kind() : ErrorKind::kGeneric;
-    std::string message = rcoll_error ? std::string(e.what())
-                                      : strFormat("rank %d: %s (op #%llu) failed: %s", rank_,
-                                                  describeOp(op.desc).c_str(),
-                                                  static_cast<unsigned long long>(op.desc.seq), e.what());
+    std::string message = rcoll_error ? std::string(e.what()) : opFailureMessage(rank_, op.desc, e.what());
     recordFailure(kind, message);
     {
       // Stopped by a failure recorded elsewhere (abort(), the p2p engine):
@@ -885,8 +886,7 @@ void Communicator::executeOp(const Op& op) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (kind == ErrorKind::kAborted && poison_message_ != message) {
         kind = poison_kind_;
-        message = strFormat("rank %d: %s (op #%llu) failed: %s", rank_, describeOp(op.desc).c_str(),
-                            static_cast<unsigned long long>(op.desc.seq), poison_message_.c_str());
+        message = opFailureMessage(rank_, op.desc, poison_message_);
       }
     }
     tellPeers();

@@ -173,6 +173,7 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
                                 std::vector<uint64_t> counts = {}, const DeviceOpArgs* device = nullptr);
   void progressLoop();
   void executeOp(const Op& op);
+  void runOwned(Op op, std::unique_lock<std::mutex>& lock);
   void runOp(const Op& op);
   bool abortPending() const;  // with mutex_ held: an abort the peers were not told of yet
   // Whoever runs an op owns the executor (running_op_); this gives it back.

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "error.h"
+#include "op_errors.h"
 
 namespace rcoll {
 
@@ -129,32 +130,16 @@ void DeviceStagingExecutor::abandon() {
 
 void DeviceStagingExecutor::fail(const Schedule& schedule, ErrorKind kind, const std::string& why) {
   abandon();
-  throwError(kind, strFormat("rank %d: %s (op #%llu) failed: %s", rank_, describeOp(schedule.op).c_str(),
-                             static_cast<unsigned long long>(schedule.op.seq), why.c_str()));
+  throwError(kind, opFailureMessage(rank_, schedule.op, why));
 }
 
 void DeviceStagingExecutor::timeout(const Schedule& schedule, std::chrono::milliseconds limit) {
   std::set<int> waiting_recv, waiting_send;
   for (auto& f : recvs_posted_) waiting_recv.insert(schedule.recvs[static_cast<size_t>(f.index)].peer);
   for (auto& f : sends_posted_) waiting_send.insert(schedule.sends[static_cast<size_t>(f.index)].peer);
-  auto list = [](const std::set<int>& ranks) {
-    std::string out;
-    for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
-    return out;
-  };
-  std::string detail;
-  if (!waiting_recv.empty()) detail += "no data arrived from rank(s) " + list(waiting_recv);
-  if (!waiting_send.empty()) {
-    detail += (detail.empty() ? "" : "; ") + std::string("rank(s) ") + list(waiting_send) +
-              " did not take the data sent to them";
-  }
-  if (detail.empty()) detail = "waiting for device copies or a dependency between segments";
   abandon();
-  throwError(ErrorKind::kTimeout,
-             strFormat("rank %d: %s (op #%llu) timed out after %.1f s: %s (did a rank die, hang, or skip this "
-                       "collective?)",
-                       rank_, describeOp(schedule.op).c_str(), static_cast<unsigned long long>(schedule.op.seq),
-                       static_cast<double>(limit.count()) / 1000.0, detail.c_str()));
+  throwError(ErrorKind::kTimeout, opTimeoutMessage(rank_, schedule.op, limit, waiting_recv, waiting_send,
+                                                   "waiting for device copies or a dependency between segments"));
 }
 
 bool DeviceStagingExecutor::harvest(const Schedule& schedule, size_t* sends_done, size_t* recvs_done) {

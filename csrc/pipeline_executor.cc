@@ -7,6 +7,7 @@
 
 #include "error.h"
 #include "log.h"
+#include "op_errors.h"
 #include "reduce_kernels.h"
 
 namespace rcoll {
@@ -76,34 +77,16 @@ void PipelineExecutor::cancelAll() {
 
 void PipelineExecutor::fail(const Schedule& schedule, const TransportFailure& failure) {
   cancelAll();
-  throwError(failure.kind, strFormat("rank %d: %s (op #%llu) failed: %s", rank_,
-                                     describeOp(schedule.op).c_str(),
-                                     static_cast<unsigned long long>(schedule.op.seq),
-                                     failure.message.c_str()));
+  throwError(failure.kind, opFailureMessage(rank_, schedule.op, failure.message));
 }
 
 void PipelineExecutor::timeout(const Schedule& schedule, std::chrono::milliseconds limit) {
   std::set<int> waiting_recv, waiting_send;
   for (auto& f : recvs_in_flight_) waiting_recv.insert(schedule.recvs[static_cast<size_t>(f.index)].peer);
   for (auto& f : sends_in_flight_) waiting_send.insert(schedule.sends[static_cast<size_t>(f.index)].peer);
-  auto list = [](const std::set<int>& ranks) {
-    std::string out;
-    for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
-    return out;
-  };
-  std::string detail;
-  if (!waiting_recv.empty()) detail += "no data arrived from rank(s) " + list(waiting_recv);
-  if (!waiting_send.empty()) {
-    detail += (detail.empty() ? "" : "; ") + std::string("rank(s) ") + list(waiting_send) +
-              " did not take the data sent to them";
-  }
-  if (detail.empty()) detail = "waiting for a dependency between segments";
   cancelAll();
-  throwError(ErrorKind::kTimeout,
-             strFormat("rank %d: %s (op #%llu) timed out after %.1f s: %s (did a rank die, hang, or "
-                       "skip this collective?)",
-                       rank_, describeOp(schedule.op).c_str(), static_cast<unsigned long long>(schedule.op.seq),
-                       static_cast<double>(limit.count()) / 1000.0, detail.c_str()));
+  throwError(ErrorKind::kTimeout, opTimeoutMessage(rank_, schedule.op, limit, waiting_recv, waiting_send,
+                                                   "waiting for a dependency between segments"));
 }
 
 bool PipelineExecutor::harvest(const Schedule& schedule, size_t* sends_done, size_t* recvs_done) {
