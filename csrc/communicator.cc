@@ -52,6 +52,8 @@ struct JobInfo {
   uint64_t chunk_bytes;
   uint64_t min_chunk_bytes;
   uint64_t allreduce_rd_bytes;
+  uint64_t shm_coll_slot_bytes;  // 0: RCOLL_SHM_COLL=0
+  uint64_t shm_coll_direct_bytes;
 };
 #pragma pack(pop)
 
@@ -101,6 +103,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, con
   timeline_ = Timeline::fromEnvironment(rank_);
   if (timeline_) {
     if (executor_) executor_->setTimeline(timeline_.get());
+    if (shm_coll_) shm_coll_->setTimeline(timeline_.get());
     if (p2p_) p2p_->setTimeline(timeline_.get());
     timeline_->label(strFormat("transport %s; %s", transportName(), describeEdges().c_str()));
     RCOLL_INFO("rank %d: writing the timeline to %s", rank_, timeline_->path().c_str());
@@ -156,6 +159,8 @@ void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
     job.chunk_bytes = config_.chunk_bytes;
     job.min_chunk_bytes = config_.min_chunk_bytes;
     job.allreduce_rd_bytes = config_.allreduce_rd_bytes;
+    job.shm_coll_slot_bytes = config_.shm_coll ? config_.shm_coll_slot_bytes : 0;
+    job.shm_coll_direct_bytes = config_.shm_coll_direct_bytes;
     std::vector<uint8_t> bytes(sizeof(job));
     std::memcpy(bytes.data(), &job, sizeof(job));
     store.set(prefix + "job", bytes);
@@ -182,6 +187,18 @@ void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
       RCOLL_WARN("RCOLL_ALLREDUCE_RD_BYTES differs from rank 0's (%llu); using rank 0's",
                  static_cast<unsigned long long>(job.allreduce_rd_bytes));
       config_.allreduce_rd_bytes = job.allreduce_rd_bytes;
+    }
+    const uint64_t mine = config_.shm_coll ? config_.shm_coll_slot_bytes : 0;
+    if (job.shm_coll_slot_bytes != mine) {
+      RCOLL_WARN("RCOLL_SHM_COLL/RCOLL_SHM_COLL_SLOT_BYTES differ from rank 0's (%d/%llu); using rank 0's",
+                 job.shm_coll_slot_bytes > 0 ? 1 : 0, static_cast<unsigned long long>(job.shm_coll_slot_bytes));
+      config_.shm_coll = job.shm_coll_slot_bytes > 0;
+      if (config_.shm_coll) config_.shm_coll_slot_bytes = job.shm_coll_slot_bytes;
+    }
+    if (job.shm_coll_direct_bytes != config_.shm_coll_direct_bytes) {
+      RCOLL_WARN("RCOLL_SHM_COLL_DIRECT_BYTES differs from rank 0's (%llu); using rank 0's",
+                 static_cast<unsigned long long>(job.shm_coll_direct_bytes));
+      config_.shm_coll_direct_bytes = job.shm_coll_direct_bytes;
     }
   }
   std::memcpy(info_.token, job.token, sizeof(info_.token));
@@ -223,11 +240,18 @@ void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
   };
   // One transport when every edge is alike (its own progress loop, nothing in
   // between); a composite only when this rank has edges of both kinds.
+  // Shared windows only where they can serve collectives: every rank on this
+  // host, and the collective transport (point-to-point needs none).
+  Config shm_config = config_;
+  shm_config.shm_coll = config_.shm_coll && !need_network;
+  Config p2p_shm_config = config_;
+  p2p_shm_config.shm_coll = false;
+  const Config* shm_settings = &shm_config;
   auto makeTransport = [&](const ConnectInfo& connect_info) -> std::unique_ptr<Transport> {
-    if (!need_network) return std::make_unique<ShmTransport>(connect_info, config_, bind_host);
+    if (!need_network) return std::make_unique<ShmTransport>(connect_info, *shm_settings, bind_host);
     if (shm_peers == 0) return makeNetwork(connect_info);
     std::vector<std::unique_ptr<Transport>> children;
-    children.push_back(std::make_unique<ShmTransport>(connect_info, config_, bind_host));
+    children.push_back(std::make_unique<ShmTransport>(connect_info, *shm_settings, bind_host));
     children.push_back(makeNetwork(connect_info));
     return std::make_unique<CompositeTransport>(connect_info, std::move(children), route, config_.spin);
   };
@@ -238,6 +262,7 @@ void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
   // cross-connection is refused.
   ConnectInfo p2p_info = info_;
   p2p_info.comm_id = info_.comm_id ^ kPointToPointIdSalt;
+  shm_settings = &p2p_shm_config;
   auto p2p_transport = makeTransport(p2p_info);
   store.set(prefix + "addr/" + std::to_string(rank_), toBytes(listenAddresses(*transport_)));
   store.set(prefix + "p2paddr/" + std::to_string(rank_), toBytes(listenAddresses(*p2p_transport)));
@@ -257,6 +282,13 @@ void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
   };
   connectMesh(*transport_, "addr/");
   connectMesh(*p2p_transport, "p2paddr/");
+  if (auto* shm = dynamic_cast<ShmTransport*>(transport_.get())) {
+    if (ShmCollectives::available(*shm, rank_, size_)) {
+      shm_coll_ = std::make_unique<ShmCollectives>(*shm, rank_, size_, config_.spin, config_.shm_coll_direct_bytes);
+      RCOLL_INFO("rank %d: allreduce, allgather, reduce_scatter, broadcast and barrier go through shared windows "
+                 "(slots of %zu bytes)", rank_, shm->windowSlotBytes());
+    }
+  }
   p2p_ = std::make_unique<P2PEngine>(std::move(p2p_transport), rank_, size_, p2p_info.comm_id,
                                      [this](ErrorKind kind, const std::string& message) {
                                        recordFailure(kind, message);
@@ -597,11 +629,15 @@ std::shared_ptr<Work> Communicator::allToAll(const void* send, void* recv, const
 }
 
 void Communicator::runOp(const Op& op) {
+  if (shm_coll_) shm_coll_->announce(op.desc);
   if (op.device >= 0) return runDeviceOp(op);
   const OpDesc& d = op.desc;
   const size_t es = elementSize(d.dtype);
   const size_t bytes = d.count * es;
   const auto deadline = std::chrono::steady_clock::now() + op.timeout;
+  if (shm_coll_ && ShmCollectives::handles(d.kind)) {
+    return shm_coll_->run(d, op.send, op.recv, deadline, op.timeout, abort_flag_);
+  }
   const RingContext ctx{rank_, size_,
                         Segmenter{std::max<size_t>(1, config_.chunk_bytes / es),
                                   std::max<size_t>(1, config_.min_chunk_bytes / es)}};
@@ -905,9 +941,10 @@ void Communicator::recordTimeline(const Op& op, std::chrono::steady_clock::time_
   timeline_->slice(0, strFormat("%s #%llu", opKindName(op.desc.kind), static_cast<unsigned long long>(op.desc.seq)),
                    "op", op.enqueued, end, args);
   timeline_->slice(0, "queue", "queue", op.enqueued, start);
-  const auto first = op.device >= 0 ? (device_executor_ ? device_executor_->firstCompletion()
+  auto first = op.device >= 0 ? (device_executor_ ? device_executor_->firstCompletion()
                                                          : std::chrono::steady_clock::time_point{})
                     : executor_ ? executor_->firstCompletion() : std::chrono::steady_clock::time_point{};
+  if (op.device < 0 && shm_coll_ && ShmCollectives::handles(op.desc.kind)) first = shm_coll_->firstCompletion();
   if (first > start && first <= end) {
     timeline_->slice(0, "wait for peers", "wait", start, first);
     timeline_->slice(0, "transfer", "transfer", first, end);
@@ -945,6 +982,7 @@ void Communicator::stopThread() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (timeline_) {
     if (executor_) executor_->setTimeline(nullptr);
+    if (shm_coll_) shm_coll_->setTimeline(nullptr);
     if (p2p_) p2p_->setTimeline(nullptr);
     timeline_.reset();
   }

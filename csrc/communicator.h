@@ -30,6 +30,7 @@
 #include "p2p_engine.h"
 #include "pipeline_executor.h"
 #include "schedule.h"
+#include "shm/shm_collectives.h"
 #include "store.h"
 #include "timeline.h"
 #include "socket_util.h"
@@ -199,6 +200,8 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   std::unique_ptr<Transport> transport_;
   std::vector<std::string> peer_transports_;  // per rank, see transports(); empty in a world of 1
   std::unique_ptr<PipelineExecutor> executor_;
+  // Every rank on this host: the window collectives (shm/shm_collectives.h); else null.
+  std::unique_ptr<ShmCollectives> shm_coll_;
   std::unique_ptr<P2PEngine> p2p_;   // own sockets and thread; none in a world of size 1
   // Device ops: created by the first one, on the progress thread; destroyed
   // before the transport it registered its staging memory with.

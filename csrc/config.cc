@@ -17,6 +17,16 @@ const std::vector<ConfigVar>& configVars() {
       {"RCOLL_SHM_DISABLE", "0", "1: never use shared memory (auto then picks verbs or TCP)"},
       {"RCOLL_HOSTID", "", "this rank's host identity (default: boot id and network namespace); ranks with "
                            "the same value use shared memory with each other, so it must name one machine"},
+      {"RCOLL_SHM_COLL", "1", "1: when every rank is on one host, allreduce, allgather, reduce_scatter, broadcast "
+                              "and barrier go through shared windows (each rank publishes its data once and the "
+                              "others read and reduce it in place) instead of the ring; 0: the ring over shared "
+                              "memory; rank 0's value is used by every rank"},
+      {"RCOLL_SHM_COLL_SLOT_BYTES", "1M", "each rank's shared-window slot (it has two): larger ops go through in "
+                                          "steps of this size (4K to 1G; rank 0's value is used by every rank)"},
+      {"RCOLL_SHM_COLL_DIRECT_BYTES", "256K", "shared-window allreduce: while a step's bytes times the number "
+                                              "of ranks stay within this, every rank reduces the whole step "
+                                              "itself (one hand-off); above it each rank reduces its slice and "
+                                              "the others copy it (each byte read once); rank 0's value is used"},
       {"RCOLL_SHM_RING_BYTES", "4M", "shared-memory ring per direction and pair of ranks (4K to 1G)"},
       {"RCOLL_SOCKET_IFNAME", "", "network interface whose IPv4 address data sockets bind to "
                                   "(default: the address that reaches the rendezvous store)"},
@@ -127,6 +137,17 @@ Config Config::fromEnvironment() {
   }
   if (const char* v = envOrNull("RCOLL_SHM_DISABLE")) {
     config.shm_disable = parseInt("RCOLL_SHM_DISABLE", v, 0, 1) == 1;
+  }
+  if (const char* v = envOrNull("RCOLL_SHM_COLL")) config.shm_coll = parseInt("RCOLL_SHM_COLL", v, 0, 1) == 1;
+  if (const char* v = envOrNull("RCOLL_SHM_COLL_SLOT_BYTES")) {
+    config.shm_coll_slot_bytes = parseByteSize("RCOLL_SHM_COLL_SLOT_BYTES", v);
+    if (config.shm_coll_slot_bytes < 4096 || config.shm_coll_slot_bytes > (size_t{1} << 30)) {
+      throwError(ErrorKind::kConfig, strFormat("RCOLL_SHM_COLL_SLOT_BYTES=%s must be between 4K and 1G", v));
+    }
+    config.shm_coll_slot_bytes = (config.shm_coll_slot_bytes + 63) / 64 * 64;
+  }
+  if (const char* v = envOrNull("RCOLL_SHM_COLL_DIRECT_BYTES")) {
+    config.shm_coll_direct_bytes = parseByteSize("RCOLL_SHM_COLL_DIRECT_BYTES", v);
   }
   if (const char* v = envOrNull("RCOLL_HOSTID")) config.host_id = v;
   if (const char* v = envOrNull("RCOLL_IB_HCA")) config.ib_hca = v;

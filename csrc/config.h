@@ -28,6 +28,9 @@ struct Config {
   std::string socket_ifname;             // RCOLL_SOCKET_IFNAME: interface for data sockets
   std::string transport = "auto";        // RCOLL_TRANSPORT: auto|shm|ib|tcp
   bool shm_disable = false;              // RCOLL_SHM_DISABLE=1: never shared memory
+  bool shm_coll = true;                  // RCOLL_SHM_COLL: collectives through shared windows (all ranks on one host)
+  size_t shm_coll_slot_bytes = 1 << 20;  // RCOLL_SHM_COLL_SLOT_BYTES: each window slot (two per rank)
+  size_t shm_coll_direct_bytes = 256 << 10;  // RCOLL_SHM_COLL_DIRECT_BYTES: see configVars()
   std::string host_id;                   // RCOLL_HOSTID: this rank's host identity (edge_plan.h)
   std::string ib_hca;                    // RCOLL_IB_HCA: device/port filter (rdma/ib_device.h)
   int ib_gid_index = -1;                 // RCOLL_IB_GID_INDEX: -1 = choose automatically

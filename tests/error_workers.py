@@ -47,6 +47,10 @@ def _mismatched_call(comm, rank, kind):
         return _outcome(lambda: comm.allreduce(x, "max" if odd else "sum"))
     if kind == "root":
         return _outcome(lambda: comm.broadcast(x, root=1 if odd else 0))
+    if kind == "window_vs_ring":
+        # allreduce goes through the shared windows on one host, gather through
+        # the transport: the window ranks must see rank 1 run something else.
+        return _outcome(lambda: comm.gather(x, root=0) if odd else comm.allreduce(x))
     if kind == "reduce_root":
         return _outcome(lambda: comm.reduce(x, root=1 if odd else 0))
     if kind == "gather_root":

@@ -10,10 +10,30 @@ WORLDS = [1, 2, 3, 4, 8]
 
 
 # Local ranks use shared memory by default (RCOLL_TRANSPORT=auto); every matrix
-# also runs over TCP, the transport between hosts.
-@pytest.fixture(autouse=True, params=["shm", "tcp"])
+# also runs over TCP, the transport between hosts. "shm" is the default there:
+# allreduce, allgather, reduce_scatter, broadcast and barrier through the shared
+# windows (csrc/shm/shm_collectives.h); "shm-ring" turns those off
+# (RCOLL_SHM_COLL=0), so that the ring and recursive doubling run over the
+# shared-memory transport, as they do between the local ranks of a multi-host job.
+TRANSPORTS = {
+    "shm": {"RCOLL_TRANSPORT": "shm"},
+    "shm-ring": {"RCOLL_TRANSPORT": "shm", "RCOLL_SHM_COLL": "0"},
+    "tcp": {"RCOLL_TRANSPORT": "tcp"},
+}
+WINDOW_OPS = pytest.mark.transports(["shm", "shm-ring", "tcp"])  # ops the windows serve: both shm paths
+
+
+def pytest_generate_tests(metafunc):
+    if "transport" in metafunc.fixturenames:
+        marker = metafunc.definition.get_closest_marker("transports")
+        metafunc.parametrize("transport", marker.args[0] if marker else ["shm", "tcp"], indirect=True)
+
+
+@pytest.fixture(autouse=True)
 def transport(request, monkeypatch):
-    monkeypatch.setenv("RCOLL_TRANSPORT", request.param)
+    monkeypatch.delenv("RCOLL_SHM_COLL", raising=False)
+    for name, value in TRANSPORTS[request.param].items():
+        monkeypatch.setenv(name, value)
     return request.param
 
 
@@ -26,10 +46,20 @@ def _check(results):
     return total
 
 
+@WINDOW_OPS
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("chunks", ["default", "small"])
 def test_allreduce_matrix(world, chunks):
     env = SMALL_CHUNKS if chunks == "small" else {}
+    _check(spawn.run(w.allreduce_sweep, world, timeout=240, env=env))
+
+
+# The windows' large-step path (each rank reduces one slice, the others copy it)
+# at every size of the matrix, in many steps.
+@pytest.mark.transports(["shm"])
+@pytest.mark.parametrize("world", WORLDS[1:])
+def test_allreduce_matrix_window_slices(world):
+    env = dict(SMALL_CHUNKS, RCOLL_SHM_COLL_DIRECT_BYTES="0")
     _check(spawn.run(w.allreduce_sweep, world, timeout=240, env=env))
 
 
@@ -39,6 +69,7 @@ def test_allreduce_matrix(world, chunks):
 ALGORITHMS = {"recursive_doubling": "1G", "ring": "0"}
 
 
+@pytest.mark.transports(["shm-ring", "tcp"])  # the windows have no algorithm to choose
 @pytest.mark.parametrize("algorithm,world", [("recursive_doubling", n) for n in (2, 3, 5, 6, 7, 8)] +
                          [("ring", 3), ("ring", 8)])
 def test_allreduce_algorithms(world, algorithm):
@@ -46,31 +77,38 @@ def test_allreduce_algorithms(world, algorithm):
     _check(spawn.run(w.allreduce_sweep, world, timeout=240, env=env))
 
 
+@WINDOW_OPS
 @pytest.mark.parametrize("world", [2, 3, 4, 6])
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
-def test_allreduce_same_bits_on_every_rank(world, algorithm):
+def test_allreduce_same_bits_on_every_rank(world, algorithm, transport):
     env = dict(SMALL_CHUNKS, RCOLL_ALLREDUCE_RD_BYTES=ALGORITHMS[algorithm])
+    if transport == "shm":  # the windows have no algorithm: the two steps paths instead
+        env["RCOLL_SHM_COLL_DIRECT_BYTES"] = "0" if algorithm == "ring" else "1G"
     results = spawn.run(w.allreduce_bits, world, timeout=240, env=env)
     for rank in range(1, world):
         for case, (mine, first) in enumerate(zip(results[rank], results[0])):
             assert mine == first, f"rank {rank} and rank 0 differ in case {case}"
 
 
+@WINDOW_OPS
 @pytest.mark.parametrize("world", WORLDS)
 def test_reduce_scatter_matrix(world):
     _check(spawn.run(w.reduce_scatter_sweep, world, timeout=240, env=SMALL_CHUNKS))
 
 
+@WINDOW_OPS
 @pytest.mark.parametrize("world", WORLDS)
 def test_allgather_matrix(world):
     _check(spawn.run(w.allgather_sweep, world, timeout=240, env=SMALL_CHUNKS))
 
 
+@WINDOW_OPS
 @pytest.mark.parametrize("world", WORLDS)
 def test_broadcast_matrix(world):
     _check(spawn.run(w.broadcast_sweep, world, timeout=240, env=SMALL_CHUNKS))
 
 
+@WINDOW_OPS
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_large_buffers_default_chunks(world):
     _check(spawn.run(w.large_sweep, world, timeout=240))

@@ -19,7 +19,7 @@ CORE = ["algorithms.cc", "communicator.cc", "composite_transport.cc", "config.cc
         "device_staging_executor.cc", "testing/emulated_device_api.cc", "dtype.cc", "edge_plan.cc",
         "error.cc", "log.cc", "p2p_engine.cc", "side_channel.cc",
         "peer_listener.cc", "pipeline_executor.cc", "reduce_kernels.cc", "socket_util.cc", "tcp_store.cc",
-        "tcp_transport.cc", "timeline.cc", "wire.cc", "work.cc", "shm/shm_setup.cc",
+        "tcp_transport.cc", "timeline.cc", "wire.cc", "work.cc", "shm/shm_collectives.cc", "shm/shm_setup.cc",
         "shm/shm_transport.cc"] + RDMA
 UNITS = {
     "test_mr_cache": ["rdma/mr_cache.cc"],

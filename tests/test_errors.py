@@ -14,13 +14,21 @@ from rcoll import _core, spawn
 import error_workers as w
 
 
+# The local ranks of these tests share memory: "windows" is the default path
+# there (csrc/shm/shm_collectives.h: the ranks compare step descriptors),
+# "ring" the schedules over the shm transport (RCOLL_SHM_COLL=0: headers are
+# checked), as between hosts.
+PATHS = {"windows": {}, "ring": {"RCOLL_SHM_COLL": "0"}}
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("kind", ["count", "dtype", "op_kind", "reduce_op", "root"])
-def test_mismatch_is_reported_on_every_rank(world, kind):
+def test_mismatch_is_reported_on_every_rank(world, kind, path):
     # At world 4 the ranks that meet the odd call first may fail and exit (rank
     # 0 hosts the store) while another is still connecting: a barrier goes first.
     barrier_first = world > 2
-    results = spawn.run(w.mismatch, world, kind, barrier_first, timeout=60)
+    results = spawn.run(w.mismatch, world, kind, barrier_first, timeout=60, env=PATHS[path])
     for rank, (name, message, seconds) in enumerate(results):
         assert name in ("MismatchError", "PeerError"), (rank, name, message)
         assert seconds < 15, (rank, seconds, message)  # detected, not timed out (timeout is 20 s)
@@ -44,9 +52,24 @@ def test_mismatch_is_reported_on_every_rank(world, kind):
         assert "float64" in results[1][1] and "float32" in results[1][1]
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_window_op_against_a_transport_op_is_a_mismatch(world):
+    # Rank 1 gathers (through the shm transport) while the others allreduce
+    # (through the shared windows): no header ever meets a wrong one, so the
+    # window ranks must notice that rank 1 announced another op (or sent a
+    # message where none was due), and tell it.
+    results = spawn.run(w.mismatch, world, "window_vs_ring", True, timeout=60)
+    for rank, (name, message, seconds) in enumerate(results):
+        assert name in ("MismatchError", "PeerError"), (rank, name, message)
+        assert seconds < 15, (rank, seconds, message)  # detected, not timed out (timeout is 20 s)
+        assert "gather" in message and "allreduce" in message and "op #2" in message, message
+    assert results[0][0] == "MismatchError" and "rank 1 called gather" in results[0][1], results[0]
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_dead_peer_fails_every_survivor_quickly(world):
-    results = spawn.run(w.dead_peer, world, timeout=60, allow_failures=True)
+def test_dead_peer_fails_every_survivor_quickly(world, path):
+    results = spawn.run(w.dead_peer, world, timeout=60, allow_failures=True, env=PATHS[path])
     dead = world - 1
     assert results[dead][0] == "error" and "exit code 3" in results[dead][1]
     for rank in range(dead):

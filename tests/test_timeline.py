@@ -1,14 +1,20 @@
 """RCOLL_TIMELINE writes a Chrome trace per rank that parses and holds the ops that ran."""
 import json
 
+import pytest
+
 from rcoll import spawn
 
 import timeline_workers as w
 
 
-def test_timeline_holds_every_op_with_its_phases(tmp_path):
+# RCOLL_SHM_COLL=1: the shared-window collectives (each rank reduces from every
+# window); 0: the ring over shared memory (each reduce takes a peer's segment).
+@pytest.mark.parametrize("windows", ["1", "0"])
+def test_timeline_holds_every_op_with_its_phases(tmp_path, windows):
     base = tmp_path / "trace"
-    assert spawn.run(w.some_ops, 2, timeout=60, env={"RCOLL_TIMELINE": str(base)}) == [True, True]
+    env = {"RCOLL_TIMELINE": str(base), "RCOLL_SHM_COLL": windows}
+    assert spawn.run(w.some_ops, 2, timeout=60, env=env) == [True, True]
     for rank in range(2):
         events = json.loads((tmp_path / f"trace.rank{rank}.json").read_text())  # strict JSON: the array is closed
         slices = [e for e in events if e["ph"] == "X"]
@@ -27,7 +33,10 @@ def test_timeline_holds_every_op_with_its_phases(tmp_path):
             for e in inside:
                 assert e["ts"] + e["dur"] <= end + 1, (op["name"], e)
         reduces = [e for e in slices if e["name"] == "reduce"]
-        assert reduces and all(e["args"]["from"] == 1 - rank for e in reduces)
+        if windows == "1":
+            assert reduces and all(e["args"]["windows"] == 2 for e in reduces)
+        else:
+            assert reduces and all(e["args"]["from"] == 1 - rank for e in reduces)
         p2p = [e for e in slices if e["tid"] == 1]
         assert len(p2p) == 1 and p2p[0]["cat"] == ("send" if rank == 0 else "recv"), p2p
         assert p2p[0]["args"]["bytes"] == 40

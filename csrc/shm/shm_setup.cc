@@ -21,6 +21,7 @@
 #include "log.h"
 #include "peer_listener.h"
 #include "shm/shm_ring.h"
+#include "shm/shm_window.h"
 
 namespace rcoll {
 namespace shm {
@@ -29,7 +30,7 @@ namespace {
 
 constexpr uint32_t kOfferMagic = 0x4f534352;  // "RCSO"
 constexpr uint32_t kReplyMagic = 0x52534352;  // "RCSR"
-constexpr uint32_t kSetupVersion = 1;
+constexpr uint32_t kSetupVersion = 2;  // 2: shared windows
 constexpr size_t kDefaultRingBytes = size_t{4} << 20;
 constexpr size_t kMaxReplyText = 1024;
 // A connection on the Unix socket must present the secret this fast: a
@@ -44,6 +45,7 @@ struct Offer {
   uint32_t name_bytes;     // of socket_name
   uint64_t ring_bytes;
   uint64_t segment_bytes;
+  uint64_t window_bytes;   // each side's shared window (0: none); both sides must agree
   char boot_id[40];        // /proc/sys/kernel/random/boot_id, NUL padded ("" if unreadable)
   uint8_t secret[16];      // what the peer presents on the Unix socket
   char socket_name[64];    // abstract Unix socket name, without the leading NUL
@@ -222,6 +224,26 @@ std::unique_ptr<Segment> mapSegment(int fd, size_t bytes, size_t ring_bytes, std
   return std::make_unique<Segment>(static_cast<char*>(base), bytes, ring_bytes);
 }
 
+// Maps a peer's window memfd after checking that it is sealed at the agreed size.
+std::unique_ptr<Segment> mapPeerWindow(int fd, size_t window_bytes, int peer, std::string* why) {
+  struct stat st {};
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != window_bytes || seals < 0 ||
+      (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+    *why = "the received window is not a sealed memfd of the agreed size";
+    return nullptr;
+  }
+  auto mapping = mapSegment(fd, window_bytes, 0, why);
+  if (!mapping) return nullptr;
+  const WindowControl* control = windowControl(mapping->base());
+  if (control->magic != kWindowMagic || control->version != kWindowVersion ||
+      static_cast<int>(control->rank) != peer || windowBytes(control->slot_bytes) != window_bytes) {
+    *why = "the received window's control block does not match";
+    return nullptr;
+  }
+  return mapping;
+}
+
 // Reads side 1's answer. Throws on a refusal (with its reason) or a lost socket.
 void readReply(const ConnectInfo& info, int peer, int sock, Deadline deadline) {
   Reply reply{};
@@ -288,8 +310,39 @@ size_t ringBytesFromEnvironment() {
   return static_cast<size_t>((number * scale + 4095) / 4096 * 4096);
 }
 
+OwnWindow createWindow(const ConnectInfo& info, size_t slot_bytes) {
+  auto fail = [&](const std::string& what) {
+    throwError(ErrorKind::kGeneric, strFormat("rank %d: creating the shared window: %s", info.rank, what.c_str()));
+  };
+  const size_t bytes = windowBytes(slot_bytes);
+  UniqueFd memfd(::memfd_create("rcoll-window", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (memfd.get() < 0) fail("memfd_create(): " + errnoText(errno));
+  if (::ftruncate(memfd.get(), static_cast<off_t>(bytes)) != 0) {
+    fail(strFormat("sizing it to %zu bytes: %s", bytes, errnoText(errno).c_str()));
+  }
+  if (::fcntl(memfd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    fail("sealing it: " + errnoText(errno));
+  }
+  std::string why;
+  OwnWindow window;
+  window.mapping = mapSegment(memfd.get(), bytes, 0, &why);
+  if (!window.mapping) fail(why);
+  auto* control = new (window.mapping->base()) WindowControl();
+  control->magic = kWindowMagic;
+  control->version = kWindowVersion;
+  control->rank = static_cast<uint32_t>(info.rank);
+  control->slot_bytes = slot_bytes;
+  control->arrived.value.store(0, std::memory_order_relaxed);
+  control->reduced.value.store(0, std::memory_order_relaxed);
+  control->finished.value.store(0, std::memory_order_relaxed);
+  control->sleeping.bits.store(0, std::memory_order_relaxed);
+  control->current_op.value.store(0, std::memory_order_relaxed);
+  window.fd = memfd.release();
+  return window;
+}
+
 PairLink createPair(const ConnectInfo& info, int peer, int sock, size_t ring_bytes, int my_doorbell,
-                    Deadline deadline) {
+                    int my_window, size_t window_bytes, Deadline deadline) {
   auto fail = [&](ErrorKind kind, const std::string& what) {
     throwError(kind, strFormat("rank %d: setting up shared memory with rank %d: %s", info.rank, peer, what.c_str()));
   };
@@ -328,6 +381,7 @@ PairLink createPair(const ConnectInfo& info, int peer, int sock, size_t ring_byt
   offer.creator_rank = static_cast<uint32_t>(info.rank);
   offer.ring_bytes = ring_bytes;
   offer.segment_bytes = bytes;
+  offer.window_bytes = window_bytes;
   const std::string boot = bootId();
   std::memcpy(offer.boot_id, boot.data(), std::min(boot.size(), sizeof(offer.boot_id) - 1));
   randomBytes(offer.secret, sizeof(offer.secret));
@@ -350,7 +404,9 @@ PairLink createPair(const ConnectInfo& info, int peer, int sock, size_t ring_byt
   }
 
   // 3. The peer on the Unix socket (with the secret), or its refusal on the TCP socket.
+  const size_t fds_in = window_bytes > 0 ? 2 : 1;  // side 1 sends its doorbell (and window)
   UniqueFd peer_doorbell;
+  UniqueFd peer_window;
   while (peer_doorbell.get() < 0) {
     pollfd fds[2] = {{listener.get(), POLLIN, 0}, {sock, POLLIN, 0}};
     int rc = ::poll(fds, 2, millisecondsUntil(deadline));
@@ -365,38 +421,45 @@ PairLink createPair(const ConnectInfo& info, int peer, int sock, size_t ring_byt
     UniqueFd conn(::accept4(listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (conn.get() < 0) continue;
     uint8_t secret[16];
-    int got_fds[2] = {-1, -1};
+    int got_fds[3] = {-1, -1, -1};
     size_t n_fds = 0;
     const Deadline hello_deadline = std::min(deadline, std::chrono::steady_clock::now() + kUnixHelloTimeout);
-    if (!recvWithFds(conn.get(), secret, sizeof(secret), got_fds, 2, &n_fds, hello_deadline, &why)) {
+    if (!recvWithFds(conn.get(), secret, sizeof(secret), got_fds, 3, &n_fds, hello_deadline, &why)) {
       RCOLL_WARN("rank %d: dropped a connection to the shared-memory socket for rank %d: %s", info.rank, peer,
                  why.c_str());
       continue;
     }
-    if (!sameSecret(secret, offer.secret) || n_fds != 1) {
+    if (!sameSecret(secret, offer.secret) || n_fds != fds_in) {
       for (size_t i = 0; i < n_fds; ++i) ::close(got_fds[i]);
       RCOLL_WARN("rank %d: dropped a connection to the shared-memory socket for rank %d that did not present "
                  "the job's secret", info.rank, peer);
       continue;
     }
     UniqueFd doorbell(got_fds[0]);
-    const int handover[2] = {memfd.get(), my_doorbell};
+    UniqueFd window(n_fds > 1 ? got_fds[1] : -1);
+    const int handover[3] = {memfd.get(), my_doorbell, my_window};
     const char ack = 1;
-    if (!sendWithFds(conn.get(), &ack, 1, handover, 2, deadline, &why)) {
+    if (!sendWithFds(conn.get(), &ack, 1, handover, window_bytes > 0 ? 3 : 2, deadline, &why)) {
       fail(ErrorKind::kPeer, "handing over the segment: " + why);
     }
     peer_doorbell.reset(doorbell.release());
+    peer_window.reset(window.release());
   }
   listener.reset();
   memfd.reset();  // the peer holds its own reference now; the mapping keeps ours
 
   // 4. The peer mapped it (or says why not).
   readReply(info, peer, sock, deadline);
+  if (window_bytes > 0) {
+    link.peer_window = mapPeerWindow(peer_window.get(), window_bytes, peer, &why);
+    if (!link.peer_window) fail(ErrorKind::kPeer, why);
+  }
   link.peer_doorbell = peer_doorbell.release();
   return link;
 }
 
-PairLink joinPair(const ConnectInfo& info, int peer, int sock, int my_doorbell, Deadline deadline) {
+PairLink joinPair(const ConnectInfo& info, int peer, int sock, int my_doorbell, int my_window,
+                  size_t window_bytes, Deadline deadline) {
   std::string why;
   Offer offer{};
   if (!recvAll(sock, &offer, sizeof(offer), deadline, &why)) {
@@ -426,6 +489,12 @@ PairLink joinPair(const ConnectInfo& info, int peer, int sock, int my_doorbell, 
     refuse(ErrorKind::kPeer, strFormat("malformed shared-memory offer (ring of %llu bytes)",
                                        static_cast<unsigned long long>(ring_bytes)));
   }
+  if (offer.window_bytes != window_bytes) {
+    refuse(ErrorKind::kConfig,
+           strFormat("the shared windows differ (%llu bytes there, %zu here): RCOLL_SHM_COLL and "
+                     "RCOLL_SHM_COLL_SLOT_BYTES must be the same on every rank",
+                     static_cast<unsigned long long>(offer.window_bytes), window_bytes));
+  }
   const std::string mine = bootId();
   const std::string theirs(offer.boot_id, strnlen(offer.boot_id, sizeof(offer.boot_id)));
   if (!mine.empty() && !theirs.empty() && mine != theirs) {
@@ -451,18 +520,24 @@ PairLink joinPair(const ConnectInfo& info, int peer, int sock, int my_doorbell, 
            strFormat("cannot reach rank %d's shared-memory socket: %s (same host, but another network "
                      "namespace, e.g. another container?)", peer, errnoText(err).c_str()));
   }
-  if (!sendWithFds(conn.get(), offer.secret, sizeof(offer.secret), &my_doorbell, 1, deadline, &why)) {
+  const int presented[2] = {my_doorbell, my_window};
+  if (!sendWithFds(conn.get(), offer.secret, sizeof(offer.secret), presented, window_bytes > 0 ? 2 : 1, deadline,
+                   &why)) {
     refuse(ErrorKind::kPeer, "presenting the secret: " + why);
   }
   char ack = 0;
-  int got_fds[2] = {-1, -1};
+  int got_fds[3] = {-1, -1, -1};
   size_t n_fds = 0;
-  if (!recvWithFds(conn.get(), &ack, 1, got_fds, 2, &n_fds, deadline, &why)) {
+  if (!recvWithFds(conn.get(), &ack, 1, got_fds, 3, &n_fds, deadline, &why)) {
     refuse(ErrorKind::kPeer, "receiving the segment: " + why);
   }
   UniqueFd memfd(got_fds[0]);
   UniqueFd peer_doorbell(n_fds > 1 ? got_fds[1] : -1);
-  if (n_fds != 2) refuse(ErrorKind::kPeer, strFormat("received %zu descriptors instead of 2", n_fds));
+  UniqueFd peer_window(n_fds > 2 ? got_fds[2] : -1);
+  const size_t fds_expected = window_bytes > 0 ? 3 : 2;
+  if (n_fds != fds_expected) {
+    refuse(ErrorKind::kPeer, strFormat("received %zu descriptors instead of %zu", n_fds, fds_expected));
+  }
   conn.reset();
 
   // Check what we map: the announced size, sealed so that the peer cannot shrink it under us.
@@ -481,6 +556,10 @@ PairLink joinPair(const ConnectInfo& info, int peer, int sock, int my_doorbell, 
   if (control->magic != kSegmentMagic || control->version != kSegmentVersion ||
       control->ring_bytes != ring_bytes || control->segment_bytes != bytes) {
     refuse(ErrorKind::kPeer, "the received segment's control block does not match the offer");
+  }
+  if (window_bytes > 0) {
+    link.peer_window = mapPeerWindow(peer_window.get(), window_bytes, peer, &why);
+    if (!link.peer_window) refuse(ErrorKind::kPeer, why);
   }
   Reply ready{kReplyMagic, 0, 0, 0};
   if (!sendAll(sock, &ready, sizeof(ready), deadline, &why)) {

@@ -13,6 +13,7 @@
 #include "log.h"
 #include "shm/shm_ring.h"
 #include "shm/shm_setup.h"
+#include "shm/shm_window.h"
 
 namespace rcoll {
 
@@ -52,6 +53,7 @@ struct ShmTransport::Connection {
   int fd = -1;             // the handshake socket, kept as a side channel
   int peer_doorbell = -1;  // the peer's eventfd
   std::unique_ptr<shm::Segment> segment;
+  std::unique_ptr<shm::Segment> window;  // the peer's shared window (null when windows are off)
   uint64_t ring_bytes = 0;
   char* out_ring = nullptr;  // this rank produces
   const char* in_ring = nullptr;  // this rank consumes
@@ -90,8 +92,21 @@ ShmTransport::ShmTransport(const ConnectInfo& info, const Config& config, const 
     if (doorbell_fd_ >= 0) ::close(doorbell_fd_);
     throwError(ErrorKind::kGeneric, "eventfd(): " + errnoText(err));
   }
-  RCOLL_INFO("rank %d: shm transport (rings of %zu bytes per direction), handshakes at %s", info_.rank,
-             ring_bytes_, listener_->address().c_str());
+  if (config_.shm_coll && info_.size > 1) {
+    window_slot_bytes_ = config_.shm_coll_slot_bytes;
+    shm::OwnWindow own;
+    try {
+      own = shm::createWindow(info_, window_slot_bytes_);
+    } catch (...) {
+      ::close(wake_fd_);
+      ::close(doorbell_fd_);
+      throw;
+    }
+    window_ = std::move(own.mapping);
+    window_fd_ = own.fd;
+  }
+  RCOLL_INFO("rank %d: shm transport (rings of %zu bytes per direction, windows of 2 x %zu bytes), handshakes at %s",
+             info_.rank, ring_bytes_, window_slot_bytes_, listener_->address().c_str());
 }
 
 ShmTransport::~ShmTransport() {
@@ -102,6 +117,7 @@ ShmTransport::~ShmTransport() {
     if (c->peer_doorbell >= 0) ::close(c->peer_doorbell);
   }
   connections_.clear();  // unmaps the segments
+  if (window_fd_ >= 0) ::close(window_fd_);
   ::close(wake_fd_);
   ::close(doorbell_fd_);
 }
@@ -132,8 +148,9 @@ int ShmTransport::accept(Deadline deadline) {
 void ShmTransport::adopt(int peer, int fd, Deadline deadline, bool creator) {
   shm::PairLink link;
   try {
-    link = creator ? shm::createPair(info_, peer, fd, ring_bytes_, doorbell_fd_, deadline)
-                   : shm::joinPair(info_, peer, fd, doorbell_fd_, deadline);
+    const size_t window_bytes = window_ ? shm::windowBytes(window_slot_bytes_) : 0;
+    link = creator ? shm::createPair(info_, peer, fd, ring_bytes_, doorbell_fd_, window_fd_, window_bytes, deadline)
+                   : shm::joinPair(info_, peer, fd, doorbell_fd_, window_fd_, window_bytes, deadline);
   } catch (...) {
     ::close(fd);
     throw;
@@ -155,9 +172,82 @@ void ShmTransport::adopt(int peer, int fd, Deadline deadline, bool creator) {
   c->my_sleep = &control->sleeping[s].bits;
   c->peer_sleep = &control->sleeping[1 - s].bits;
   c->segment = std::move(link.segment);
+  c->window = std::move(link.peer_window);
   RCOLL_TRACE("rank %d: shared memory with rank %d: rings of %llu bytes, side %d", info_.rank, peer,
               static_cast<unsigned long long>(c->ring_bytes), s);
   connections_[static_cast<size_t>(peer)] = std::move(c);
+}
+
+void ShmTransport::closeListener() {
+  listener_->close();
+  if (window_fd_ >= 0) ::close(window_fd_);  // every peer holds its own reference now
+  window_fd_ = -1;
+}
+
+// --- shared windows ------------------------------------------------------------
+
+char* ShmTransport::window(int rank) const {
+  if (rank == info_.rank) return window_ ? window_->base() : nullptr;
+  if (!connected(rank)) return nullptr;
+  const auto& c = connections_[static_cast<size_t>(rank)];
+  return c->window ? c->window->base() : nullptr;
+}
+
+void ShmTransport::ringDoorbell(int peer) {
+  if (!connected(peer)) return;
+  const uint64_t one = 1;
+  ssize_t ignored = ::write(connections_[static_cast<size_t>(peer)]->peer_doorbell, &one, sizeof(one));
+  (void)ignored;
+}
+
+const TransportFailure* ShmTransport::peerDown(int peer) const {
+  if (!connected(peer)) return nullptr;
+  const auto& c = connections_[static_cast<size_t>(peer)];
+  return c->failed || c->closed ? &c->failure : nullptr;
+}
+
+bool ShmTransport::incomingMessage(int peer, WireHeader* header) const {
+  if (!connected(peer)) return false;
+  const Connection& c = *connections_[static_cast<size_t>(peer)];
+  if (c.have_header) {
+    *header = c.in_header;
+    return true;
+  }
+  const uint64_t head = c.in_head->load(std::memory_order_acquire);
+  if (head - c.in_pos < c.in_skip + sizeof(WireHeader)) return false;
+  shm::ringRead(c.in_ring, c.ring_bytes, c.in_pos + c.in_skip, header, sizeof(WireHeader));
+  return true;
+}
+
+bool ShmTransport::sleepForWindows(Deadline deadline) {
+  if (interrupted_.load(std::memory_order_acquire)) {
+    takeInterrupt();
+    return true;
+  }
+  poll_fds_.clear();
+  poll_fds_.push_back({wake_fd_, POLLIN, 0});
+  poll_fds_.push_back({doorbell_fd_, POLLIN, 0});
+  poll_peers_.clear();
+  for (auto& c : connections_) {
+    if (!c || c->failed || c->closed || c->socket_broken) continue;
+    poll_fds_.push_back({c->fd, POLLIN, 0});
+    poll_peers_.push_back(c->peer);
+  }
+  const auto left = deadline - std::chrono::steady_clock::now();
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(left + std::chrono::microseconds(999));
+  const int wait_ms = static_cast<int>(std::max<long long>(0, std::min<long long>(ms.count(), 1 << 30)));
+  const int rc = ::poll(poll_fds_.data(), poll_fds_.size(), wait_ms);
+  if (rc < 0 && errno != EINTR) throwError(ErrorKind::kGeneric, "poll(): " + errnoText(errno));
+  if (rc <= 0) return false;
+  if (poll_fds_[1].revents & POLLIN) drainEventfd(doorbell_fd_);
+  for (size_t i = 0; i < poll_peers_.size(); ++i) {
+    if (poll_fds_[i + 2].revents != 0) serviceSideChannel(*connections_[static_cast<size_t>(poll_peers_[i])]);
+  }
+  if (poll_fds_[0].revents & POLLIN) {
+    takeInterrupt();
+    return true;
+  }
+  return false;
 }
 
 // --- requests ----------------------------------------------------------------

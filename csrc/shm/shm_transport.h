@@ -60,6 +60,10 @@
 
 namespace rcoll {
 
+namespace shm {
+class Segment;
+}
+
 class ShmTransport : public Transport {
  public:
   // Listens for handshakes on `bind_host` (an IP address; loopback is enough,
@@ -73,7 +77,7 @@ class ShmTransport : public Transport {
   // peer turns out not to be on this host (or not in this network namespace).
   void connect(int peer, const std::string& address, Deadline deadline) override;
   int accept(Deadline deadline) override;
-  void closeListener() override { listener_->close(); }
+  void closeListener() override;
   bool connected(int peer) const override;
 
   MemoryHandle registerMemory(void*, size_t) override { return nullptr; }
@@ -91,6 +95,23 @@ class ShmTransport : public Transport {
   void abortPeers(ErrorKind kind, const std::string& message) override;
 
   size_t ringBytes() const { return ring_bytes_; }  // per direction, for pairs this rank creates
+
+  // Shared windows (shm_window.h), for the shared-memory collectives
+  // (shm_collectives.h): moved by their user, this transport only maps them
+  // and offers the waiting. Same thread as the data path.
+  // The window of `rank` (this rank's own included); null when windows are
+  // off (RCOLL_SHM_COLL=0) or `rank` is not connected over shared memory.
+  char* window(int rank) const;
+  size_t windowSlotBytes() const { return window_slot_bytes_; }
+  void ringDoorbell(int peer);
+  // Sleeps until a doorbell ring, news on a side channel (a dead or aborting
+  // peer: see peerDown), interrupt() or `deadline`. True if interrupted.
+  bool sleepForWindows(Deadline deadline);
+  // Why the connection to `peer` is down (its process exited, it aborted), or null.
+  const TransportFailure* peerDown(int peer) const;
+  // True, with the header, when `peer` has sent a message nobody received yet:
+  // a window user that expects none sees a peer running another collective.
+  bool incomingMessage(int peer, WireHeader* header) const;
 
  private:
   struct ShmRequest;
@@ -119,6 +140,9 @@ class ShmTransport : public Transport {
   std::unique_ptr<PeerListener> listener_;
   int wake_fd_ = -1;      // interrupt()
   int doorbell_fd_ = -1;  // peers wake this rank here
+  std::unique_ptr<shm::Segment> window_;  // this rank's shared window (null when off)
+  int window_fd_ = -1;                    // its memfd, handed to each peer; closed with the listener
+  size_t window_slot_bytes_ = 0;
   std::atomic<bool> interrupted_{false};
   std::vector<std::unique_ptr<Connection>> connections_;  // indexed by peer rank
   RequestPool<ShmRequest> requests_;

@@ -1,0 +1,122 @@
+// Collectives through shared windows, for a communicator whose ranks are all on one host.
+//
+// The ring over shared memory copies every byte into a pair ring and out again
+// at every hop: 2(P-1) copies and as many hand-offs per block. Here each rank
+// copies its input once into its own window (shm_window.h) and every rank
+// reads the others' windows in place:
+//
+//   allreduce, small steps    every rank reduces the whole step from all P
+//                             windows, in rank order (so every rank gets the
+//                             same bits): one synchronisation per step.
+//   allreduce, large steps    rank r reduces slice r of the step from all P
+//                             windows (reduce-scatter in place), publishes it
+//                             in its window, then every rank copies the other
+//                             slices out (allgather in place): each byte is
+//                             read P times instead of moved 2(P-1) times.
+//   allgather, broadcast      everyone copies straight out of the owners' windows.
+//   reduce_scatter            rank r reduces block r from all P windows.
+//   barrier                   the arrival counters alone.
+//
+// An op larger than a window slot runs in steps of at most one slot; step t
+// uses slot t % 2, so rank r fills slot t+1 while its peers still read slot t,
+// and it reuses a slot only once every peer has finished with it.
+//
+// Failure behaviour is the transport's (same wording as pipeline_executor):
+// a peer's descriptor that differs from this rank's op is a MismatchError
+// naming both; a peer that runs another op, or sends a ring message where
+// none is due, is one too; a dead or aborting peer (side channel) is a
+// PeerError; the deadline a TimeoutError naming the ranks that did not
+// arrive; the abort flag (with ShmTransport::interrupt) an AbortedError.
+//
+// Waiting spins RCOLL_SPIN_US (yielding the core), then sleeps on this rank's
+// doorbell; see shm_window.h for the wake-up protocol.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "shm/shm_transport.h"
+#include "shm/shm_window.h"
+#include "socket_util.h"
+#include "timeline.h"
+#include "wire.h"
+
+namespace rcoll {
+
+class ShmCollectives {
+ public:
+  // True when `transport` has the window of every rank of a world of `size`.
+  static bool available(const ShmTransport& transport, int rank, int size);
+
+  // `direct_bytes`: RCOLL_SHM_COLL_DIRECT_BYTES, the allreduce step size (times
+  // the world size) up to which every rank reduces the whole step.
+  ShmCollectives(ShmTransport& transport, int rank, int size, std::chrono::microseconds spin, size_t direct_bytes);
+
+  // What the windows carry; the communicator routes these kinds here.
+  static bool handles(OpKind kind);
+
+  // Called for every op the communicator runs, whether it comes here or not:
+  // a peer stuck in a window op sees that this rank runs something else.
+  void announce(const OpDesc& op);
+
+  // Runs `op` (a kind handles() accepts) to completion on this thread. The
+  // buffers are the communicator's (allgather: `recv` holds size * count
+  // elements; reduce_scatter: `send` does). Throws RcollError naming this
+  // rank and the op on failure, timeout, mismatch or abort.
+  void run(const OpDesc& op, const char* send, char* recv, Deadline deadline, std::chrono::milliseconds timeout,
+           const std::atomic<bool>& abort_flag);
+
+  // RCOLL_TIMELINE: reductions become "reduce" slices.
+  void setTimeline(Timeline* timeline) { timeline_ = timeline; }
+  // When the first step found every peer arrived (the end of "wait for peers").
+  std::chrono::steady_clock::time_point firstCompletion() const { return first_completion_; }
+
+ private:
+  enum class Counter { kArrived, kReduced, kFinished };
+  struct RunContext {
+    const OpDesc& op;
+    Deadline deadline;
+    std::chrono::milliseconds timeout;
+    const std::atomic<bool>& abort_flag;
+  };
+
+  // Claims the next step's slot (every peer finished the step that used it),
+  // returns it.
+  char* beginStep(const RunContext& run);
+  // Publishes this rank's counter for the current step and wakes sleeping peers.
+  void publish(Counter counter);
+  // Until every peer's counter reaches `target` (checking failures between looks).
+  void waitAll(const RunContext& run, Counter counter, uint64_t target);
+  // The slot of `rank` for the current step.
+  char* slot(int rank) const { return shm::windowSlot(windows_[static_cast<size_t>(rank)], step_, slot_bytes_); }
+  void checkDescriptors(const RunContext& run);
+  // Throws if a peer failed, runs another op, sent a message, or the deadline/abort came.
+  void checkPeer(const RunContext& run, int peer, Counter counter, uint64_t target);
+
+  // out[0, count) = the windows' slots at `offset` (bytes), reduced in rank
+  // order so that every rank computes the same bits; avg divides once.
+  void reduceWindows(const OpDesc& op, char* out, size_t offset, size_t count);
+  void allreduce(const RunContext& run, const char* send, char* recv);
+  void allgather(const RunContext& run, const char* send, char* recv);
+  void reduceScatter(const RunContext& run, const char* send, char* recv);
+  void broadcast(const RunContext& run, const char* send, char* recv);
+  void barrier(const RunContext& run);
+
+  ShmTransport& transport_;
+  int rank_;
+  int size_;
+  std::chrono::microseconds spin_;
+  size_t slot_bytes_;
+  size_t direct_bytes_;
+  std::vector<char*> windows_;                 // every rank's window, indexed by rank
+  std::vector<shm::WindowControl*> controls_;  // their control blocks
+  shm::WindowControl* mine_;
+  uint64_t step_ = 0;                          // the current step (0 before the first)
+  Timeline* timeline_ = nullptr;
+  std::chrono::steady_clock::time_point first_completion_{};
+};
+
+}  // namespace rcoll
