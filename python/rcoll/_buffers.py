@@ -45,6 +45,10 @@ def dtype_code(arr: np.ndarray, rank: int, opname: str) -> int:
     code = _CODES_BY_DTYPE.get(arr.dtype)
     if code is not None:
         return code
+    if not arr.dtype.isnative:  # '>f4' is named float32 too, but its bytes are swapped
+        raise _core.InvalidArgumentError(
+            f"rank {rank}: {opname}: dtype {arr.dtype.str} is not in this machine's byte order; pass "
+            f"arr.astype(arr.dtype.newbyteorder('='))")
     code = _CODES.get(arr.dtype.name)  # bfloat16 and other extension dtypes
     if code is None:
         supported = ", ".join(sorted(_CODES))

@@ -131,6 +131,11 @@ class Communicator:
 
         In place unless `out` is given. Returns the result (or a Handle with async_op=True).
         """
+        # A plain numpy array, in place and blocking: checked and run in one C++
+        # call (it declines anything else, which takes the full path below).
+        if out is None and not async_op and self._registrations is None and \
+                self._comm.allreduce_array(array, op, timeout):
+            return array
         name = "allreduce"
         if self._on_device(array, out):
             src, dst = self._device_pair(array, out, name, writable_src=out is None)
