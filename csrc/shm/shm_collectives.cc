@@ -238,11 +238,20 @@ void ShmCollectives::checkDescriptors(const RunContext& run) {
 
 // --- collectives -----------------------------------------------------------------
 
-void ShmCollectives::reduceWindows(const OpDesc& op, char* out, size_t offset, size_t count) {
+void ShmCollectives::reduceWindows(const OpDesc& op, char* out, const char* own, size_t offset, size_t count) {
   if (count == 0) return;
   const auto start = timeline_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-  reduceInto(out, slot(0) + offset, slot(1) + offset, count, op.dtype, op.reduce_op);
-  for (int r = 2; r < size_; ++r) reduceInto(out, out, slot(r) + offset, count, op.dtype, op.reduce_op);
+  if (own == nullptr) {
+    reduceInto(out, slot(0) + offset, slot(1) + offset, count, op.dtype, op.reduce_op);
+    for (int r = 2; r < size_; ++r) reduceInto(out, out, slot(r) + offset, count, op.dtype, op.reduce_op);
+  } else {
+    bool first = true;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      reduceInto(out, first ? own : out, slot(r) + offset, count, op.dtype, op.reduce_op);
+      first = false;
+    }
+  }
   if (op.reduce_op == ReduceOp::kAvg) scaleDivide(out, count, op.dtype, static_cast<size_t>(size_));
   if (timeline_ != nullptr) {
     timeline_->slice(0, "reduce", "reduce", start, std::chrono::steady_clock::now(),
@@ -266,32 +275,42 @@ void ShmCollectives::allreduce(const RunContext& run, const char* send, char* re
   do {  // at least one step, for a count of 0 too: the descriptors still meet
     const size_t n = std::min(per_step, total - done);
     char* mine = beginStep(run);
-    copyBytes(mine, send + done * es, n * es);
+    char* out = recv + done * es;
+    const char* in = send + done * es;
+    // Small steps: every rank reduces the whole step (one hand-off, and reading
+    // a few windows costs less than a second one). Large: a slice each.
+    const bool direct = n * es * P <= direct_bytes_;
+    const size_t units = (n + align - 1) / align;
+    auto slice = [&](size_t r, size_t* lo, size_t* len) {
+      const size_t a = std::min(n, units * r / P * align), b = std::min(n, units * (r + 1) / P * align);
+      *lo = a;
+      *len = b - a;
+    };
+    size_t my_lo = 0, my_len = n;
+    if (!direct) slice(static_cast<size_t>(rank_), &my_lo, &my_len);
+    if (direct) {
+      copyBytes(mine, in, n * es);
+    } else {  // the others need every slice of this rank's input but its own
+      copyBytes(mine, in, my_lo * es);
+      copyBytes(mine + (my_lo + my_len) * es, in + (my_lo + my_len) * es, (n - my_lo - my_len) * es);
+    }
     publish(Counter::kArrived);
     waitAll(run, Counter::kArrived, step_);
     checkDescriptors(run);
-    char* out = recv + done * es;
-    // out[lo, lo + len) = slot(0) op slot(1) op ... op slot(P-1), in rank order on every rank.
-    auto reduceRange = [&](size_t lo, size_t len) { reduceWindows(op, out + lo * es, lo * es, len); };
-    // Small steps: every rank reduces the whole step (one hand-off, and reading
-    // a few windows costs less than a second one). Large: a slice each.
-    if (n * es * P <= direct_bytes_) {
-      reduceRange(0, n);
+    if (direct) {
+      // out = slot(0) op slot(1) op ... op slot(P-1), in rank order on every rank.
+      reduceWindows(op, out, nullptr, 0, n);
     } else {
-      const size_t units = (n + align - 1) / align;
-      auto slice = [&](size_t r, size_t* lo, size_t* len) {
-        const size_t a = std::min(n, units * r / P * align), b = std::min(n, units * (r + 1) / P * align);
-        *lo = a;
-        *len = b - a;
-      };
-      size_t lo = 0, len = 0;
-      slice(static_cast<size_t>(rank_), &lo, &len);
-      reduceRange(lo, len);
-      copyBytes(mine + lo * es, out + lo * es, len * es);  // this rank's share, for the others to copy
+      // Slice my_lo of this rank's own input straight from `in` (which `out`
+      // may alias: then it is the first operand, read before it is written).
+      // One rank computes each slice, so every rank still gets the same bits.
+      reduceWindows(op, out + my_lo * es, in + my_lo * es, my_lo * es, my_len);
+      copyBytes(mine + my_lo * es, out + my_lo * es, my_len * es);  // this rank's share, for the others to copy
       publish(Counter::kReduced);
       waitAll(run, Counter::kReduced, step_);
       for (int r = 0; r < size_; ++r) {
         if (r == rank_) continue;
+        size_t lo = 0, len = 0;
         slice(static_cast<size_t>(r), &lo, &len);
         copyBytes(out + lo * es, slot(r) + lo * es, len * es);
       }
@@ -340,7 +359,7 @@ void ShmCollectives::reduceScatter(const RunContext& run, const char* send, char
     publish(Counter::kArrived);
     waitAll(run, Counter::kArrived, step_);
     checkDescriptors(run);
-    reduceWindows(op, recv + done * es, me * n * es, n);
+    reduceWindows(op, recv + done * es, nullptr, me * n * es, n);
     publish(Counter::kFinished);
     done += n;
   } while (done < total);

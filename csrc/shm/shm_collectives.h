@@ -96,9 +96,11 @@ class ShmCollectives {
   // Throws if a peer failed, runs another op, sent a message, or the deadline/abort came.
   void checkPeer(const RunContext& run, int peer, Counter counter, uint64_t target);
 
-  // out[0, count) = the windows' slots at `offset` (bytes), reduced in rank
-  // order so that every rank computes the same bits; avg divides once.
-  void reduceWindows(const OpDesc& op, char* out, size_t offset, size_t count);
+  // out[0, count) = every window's slot at `offset` (bytes) reduced, in rank
+  // order (so that ranks that each compute it get the same bits); with `own`,
+  // this rank's part comes from there instead of its slot, first (`out` may
+  // alias it). avg divides once.
+  void reduceWindows(const OpDesc& op, char* out, const char* own, size_t offset, size_t count);
   void allreduce(const RunContext& run, const char* send, char* recv);
   void allgather(const RunContext& run, const char* send, char* recv);
   void reduceScatter(const RunContext& run, const char* send, char* recv);
