@@ -167,8 +167,11 @@ void ShmCollectives::checkPeer(const RunContext& run, int peer, Counter counter,
     throwError(ErrorKind::kAborted, strFormat("rank %d: %s (op #%llu) was aborted", rank_, describeOp(op).c_str(),
                                               static_cast<unsigned long long>(op.seq)));
   }
-  if (const TransportFailure* down = transport_.peerDown(peer)) {
-    throwError(down->kind, opFailureMessage(rank_, op, down->message));
+  // Any peer, not only the awaited one: a rank that died or aborted is the
+  // cause to report, even while this rank still waits on another.
+  for (int p = 0; p < size_; ++p) {
+    const TransportFailure* down = p == rank_ ? nullptr : transport_.peerDown(p);
+    if (down != nullptr) throwError(down->kind, opFailureMessage(rank_, op, down->message));
   }
   // Which op does the peer run? Loaded before the counter again: a peer
   // publishes its counter before it announces its next op, so a peer seen
