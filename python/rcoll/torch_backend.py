@@ -32,6 +32,7 @@ from typing import List, Optional
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import AllgatherOptions
 
 from . import _core, _device
 from ._registrations import RegistrationTracker
@@ -417,6 +418,14 @@ class RcollProcessGroup(dist.ProcessGroup):
             self._registrations.track(t)
         return t.data_ptr()
 
+    def _inline(self, opts, calls) -> dict:
+        """{"blocking": True} for a host op whose caller waits at once: torch
+        sets opts.asyncOp=False for a synchronous call (and calls work.wait()
+        right after), so the op runs on this thread when nothing is queued
+        ahead, instead of waking the progress thread and waiting for it.
+        Async calls (DDP's buckets) and device ops stay queued."""
+        return {"blocking": True} if calls is self._comm and not getattr(opts, "asyncOp", True) else {}
+
     def getBackendName(self) -> str:
         return BACKEND_NAME
 
@@ -467,7 +476,9 @@ class RcollProcessGroup(dist.ProcessGroup):
             op = self._op(opts, "allreduce")
             s = _Staged(t)
             staged.append(s)
-            works.append(self._on(s.buffer).allreduce(self._addr(s.buffer), self._addr(s.buffer), s.buffer.numel(), code, op, timeout))
+            calls = self._on(s.buffer)
+            works.append(calls.allreduce(self._addr(s.buffer), self._addr(s.buffer), s.buffer.numel(), code, op, timeout,
+                                         **self._inline(opts, calls)))
         return RcollWork(works, list(tensors), _copy_backs(staged), staged)
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -499,11 +510,13 @@ class RcollProcessGroup(dist.ProcessGroup):
             code = _check_tensor(t, self._rank, "broadcast")
             s = _Staged(t)
             staged.append(s)
-            works.append(self._on(s.buffer).broadcast(self._addr(s.buffer), self._addr(s.buffer), s.buffer.numel(), code, root, timeout))
+            calls = self._on(s.buffer)
+            works.append(calls.broadcast(self._addr(s.buffer), self._addr(s.buffer), s.buffer.numel(), code, root, timeout,
+                                         **self._inline(opts, calls)))
         return RcollWork(works, list(tensors), _copy_backs(staged), staged)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else AllgatherOptions()
         timeout = _timeout_seconds(opts)
         works, finishes, keep = [], [], []
         for outs, inp in zip(output_tensors, input_tensors):
@@ -511,14 +524,16 @@ class RcollProcessGroup(dist.ProcessGroup):
             self._check_outputs(outs, inp, "allgather")
             src = inp.contiguous()
             flat = torch.empty(self._size * src.numel(), dtype=src.dtype, device=src.device)
-            works.append(self._on(src, flat).allgather(self._addr(src), self._addr(flat), src.numel(), code, timeout))
+            calls = self._on(src, flat)
+            works.append(calls.allgather(self._addr(src), self._addr(flat), src.numel(), code, timeout,
+                                         **self._inline(opts, calls)))
             keep.append((src, flat))
             finishes.append(self._scatter_into(flat, outs))
         return RcollWork(works, output_tensors, lambda: [f() for f in finishes], keep)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         # output_lists is indexed [rank][input] (the transpose of allgather's).
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else AllgatherOptions()
         if not input_list:
             return _done_work(output_lists)
         code = _check_tensor(input_list[0], self._rank, "allgather_coalesced")
@@ -539,7 +554,7 @@ class RcollProcessGroup(dist.ProcessGroup):
         return RcollWork([work], output_lists, finish, (flat_in, flat_out))
 
     def all_gather_single(self, output, input, opts=None):
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else AllgatherOptions()
         code = _check_tensor(input, self._rank, "all_gather_into_tensor")
         _check_tensor(output, self._rank, "all_gather_into_tensor")
         if output.numel() != self._size * input.numel() or output.dtype != input.dtype:
@@ -548,7 +563,9 @@ class RcollProcessGroup(dist.ProcessGroup):
                 f"expected {self._size * input.numel()} {input.dtype}")
         src = input.contiguous()
         dst = _Staged(output)
-        work = self._on(src, dst.buffer).allgather(self._addr(src), self._addr(dst.buffer), src.numel(), code, _timeout_seconds(opts))
+        calls = self._on(src, dst.buffer)
+        work = calls.allgather(self._addr(src), self._addr(dst.buffer), src.numel(), code, _timeout_seconds(opts),
+                               **self._inline(opts, calls))
         return RcollWork([work], [output], _copy_backs([dst]), (src, dst))
 
     _allgather_base = all_gather_single
@@ -573,7 +590,9 @@ class RcollProcessGroup(dist.ProcessGroup):
             s = _Staged(out)
             staged.append(s)
             keep.append(flat)
-            works.append(self._on(flat, s.buffer).reduce_scatter(self._addr(flat), self._addr(s.buffer), out.numel(), code, op, timeout))
+            calls = self._on(flat, s.buffer)
+            works.append(calls.reduce_scatter(self._addr(flat), self._addr(s.buffer), out.numel(), code, op, timeout,
+                                              **self._inline(opts, calls)))
         return RcollWork(works, output_tensors, _copy_backs(staged), (staged, keep))
 
     def reduce_scatter_single(self, output, input, opts=None):
@@ -587,8 +606,9 @@ class RcollProcessGroup(dist.ProcessGroup):
                 f"expected {self._size * output.numel()} {output.dtype}")
         src = input.contiguous()
         dst = _Staged(output)
-        work = self._on(src, dst.buffer).reduce_scatter(self._addr(src), self._addr(dst.buffer), output.numel(), code, op,
-                                         _timeout_seconds(opts))
+        calls = self._on(src, dst.buffer)
+        work = calls.reduce_scatter(self._addr(src), self._addr(dst.buffer), output.numel(), code, op,
+                                    _timeout_seconds(opts), **self._inline(opts, calls))
         return RcollWork([work], [output], _copy_backs([dst]), (src, dst))
 
     _reduce_scatter_base = reduce_scatter_single
@@ -601,7 +621,7 @@ class RcollProcessGroup(dist.ProcessGroup):
 
     def barrier(self, opts=None):
         opts = opts if opts is not None else dist.BarrierOptions()
-        return RcollWork([self._comm.barrier(_timeout_seconds(opts))], [])
+        return RcollWork([self._comm.barrier(_timeout_seconds(opts), **self._inline(opts, self._comm))], [])
 
     def monitored_barrier(self, opts=None, wait_all_ranks=False):
         """A barrier bounded by opts.timeout (or a timedelta); on expiry the error
