@@ -283,7 +283,7 @@ void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
   connectMesh(*transport_, "addr/");
   connectMesh(*p2p_transport, "p2paddr/");
   if (auto* shm = dynamic_cast<ShmTransport*>(transport_.get())) {
-    if (ShmCollectives::available(*shm, rank_, size_)) {
+    if (ShmCollectives::available(*shm, size_)) {
       shm_coll_ = std::make_unique<ShmCollectives>(*shm, rank_, size_, config_.spin, config_.shm_coll_direct_bytes);
       RCOLL_INFO("rank %d: allreduce, allgather, reduce_scatter, broadcast and barrier go through shared windows "
                  "(slots of %zu bytes)", rank_, shm->windowSlotBytes());

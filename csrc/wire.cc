@@ -1,6 +1,7 @@
 #include "wire.h"
 
 #include "error.h"
+#include "op_errors.h"
 
 namespace rcoll {
 
@@ -102,11 +103,8 @@ std::string checkHeader(const WireHeader& expected, const WireHeader& got, int m
                      static_cast<unsigned long long>(expected.count), got.src_rank);
   }
   if (!same_op) {
-    return strFormat("rank %u called %s as op #%llu while rank %d called %s as op #%llu",
-                     got.src_rank, describeOp(opFromHeader(got)).c_str(),
-                     static_cast<unsigned long long>(got.seq), my_rank,
-                     describeOp(opFromHeader(expected)).c_str(),
-                     static_cast<unsigned long long>(expected.seq));
+    return differentCallsMessage(got.src_rank, describeOp(opFromHeader(got)), got.seq, my_rank,
+                                 opFromHeader(expected));
   }
   if (got.offset != expected.offset || got.bytes != expected.bytes) {
     return strFormat("rank %u sent segment [offset %llu, %llu bytes] of %s op #%llu where rank %d "

@@ -46,12 +46,11 @@ OpDesc descToOp(const shm::StepDesc& d) {
 
 }  // namespace
 
-bool ShmCollectives::available(const ShmTransport& transport, int rank, int size) {
+bool ShmCollectives::available(const ShmTransport& transport, int size) {
   if (size < 2 || transport.windowSlotBytes() < static_cast<size_t>(size) * 64) return false;
   for (int r = 0; r < size; ++r) {
     if (transport.window(r) == nullptr) return false;
   }
-  (void)rank;
   return true;
 }
 
@@ -183,10 +182,7 @@ void ShmCollectives::checkPeer(const RunContext& run, int peer, Counter counter,
   const auto their_kind = static_cast<OpKind>(current & 0xff);
   if (their_seq == op.seq && their_kind != op.kind) {
     throwError(ErrorKind::kMismatch,
-               opFailureMessage(rank_, op, strFormat("rank %d called %s as op #%llu while rank %d called %s as op #%llu",
-                                                     peer, opKindName(their_kind),
-                                                     static_cast<unsigned long long>(their_seq), rank_,
-                                                     describeOp(op).c_str(), static_cast<unsigned long long>(op.seq))));
+               opFailureMessage(rank_, op, differentCallsMessage(peer, opKindName(their_kind), their_seq, rank_, op)));
   }
   if (their_seq > op.seq) {
     throwError(ErrorKind::kMismatch,
@@ -200,10 +196,7 @@ void ShmCollectives::checkPeer(const RunContext& run, int peer, Counter counter,
   if (transport_.incomingMessage(peer, &header)) {
     const OpDesc theirs = opFromHeader(header);
     throwError(ErrorKind::kMismatch,
-               opFailureMessage(rank_, op, strFormat("rank %d called %s as op #%llu while rank %d called %s as op #%llu",
-                                                     peer, describeOp(theirs).c_str(),
-                                                     static_cast<unsigned long long>(theirs.seq), rank_,
-                                                     describeOp(op).c_str(), static_cast<unsigned long long>(op.seq))));
+               opFailureMessage(rank_, op, differentCallsMessage(peer, describeOp(theirs), theirs.seq, rank_, op)));
   }
   if (std::chrono::steady_clock::now() >= run.deadline) {
     std::set<int> silent;
@@ -229,10 +222,7 @@ void ShmCollectives::checkDescriptors(const RunContext& run) {
     }
     const OpDesc theirs = descToOp(d);
     throwError(ErrorKind::kMismatch,
-               opFailureMessage(rank_, op, strFormat("rank %d called %s as op #%llu while rank %d called %s as op #%llu",
-                                                     p, describeOp(theirs).c_str(),
-                                                     static_cast<unsigned long long>(theirs.seq), rank_,
-                                                     describeOp(op).c_str(), static_cast<unsigned long long>(op.seq))));
+               opFailureMessage(rank_, op, differentCallsMessage(p, describeOp(theirs), theirs.seq, rank_, op)));
   }
   if (first_completion_ == std::chrono::steady_clock::time_point{}) {
     first_completion_ = std::chrono::steady_clock::now();

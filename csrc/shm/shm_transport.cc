@@ -30,6 +30,14 @@ std::string closedMessage(int peer) {
   return strFormat("rank %d closed its connection (its process exited, crashed or was killed)", peer);
 }
 
+// poll()'s timeout until `deadline`, rounded up: a sub-millisecond remainder
+// must sleep, not spin on poll(0).
+int pollMilliseconds(Deadline deadline) {
+  const auto left = deadline - std::chrono::steady_clock::now();
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(left + std::chrono::microseconds(999));
+  return static_cast<int>(std::max<long long>(0, std::min<long long>(ms.count(), 1 << 30)));
+}
+
 void drainEventfd(int fd) {
   uint64_t drained = 0;
   ssize_t ignored = ::read(fd, &drained, sizeof(drained));
@@ -226,23 +234,11 @@ bool ShmTransport::sleepForWindows(Deadline deadline) {
   }
   poll_fds_.clear();
   poll_fds_.push_back({wake_fd_, POLLIN, 0});
-  poll_fds_.push_back({doorbell_fd_, POLLIN, 0});
-  poll_peers_.clear();
-  for (auto& c : connections_) {
-    if (!c || c->failed || c->closed || c->socket_broken) continue;
-    poll_fds_.push_back({c->fd, POLLIN, 0});
-    poll_peers_.push_back(c->peer);
-  }
-  const auto left = deadline - std::chrono::steady_clock::now();
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(left + std::chrono::microseconds(999));
-  const int wait_ms = static_cast<int>(std::max<long long>(0, std::min<long long>(ms.count(), 1 << 30)));
-  const int rc = ::poll(poll_fds_.data(), poll_fds_.size(), wait_ms);
+  appendWakeSources(&poll_fds_);
+  const int rc = ::poll(poll_fds_.data(), poll_fds_.size(), pollMilliseconds(deadline));
   if (rc < 0 && errno != EINTR) throwError(ErrorKind::kGeneric, "poll(): " + errnoText(errno));
   if (rc <= 0) return false;
-  if (poll_fds_[1].revents & POLLIN) drainEventfd(doorbell_fd_);
-  for (size_t i = 0; i < poll_peers_.size(); ++i) {
-    if (poll_fds_[i + 2].revents != 0) serviceSideChannel(*connections_[static_cast<size_t>(poll_peers_[i])]);
-  }
+  handleWakeSources(poll_fds_.data() + 1, poll_fds_.size() - 1);
   if (poll_fds_[0].revents & POLLIN) {
     takeInterrupt();
     return true;
@@ -527,11 +523,7 @@ bool ShmTransport::sleep(Deadline deadline) {
   const bool ready = !prepareSleep(&poll_fds_) || interrupted_.load(std::memory_order_relaxed);
   int rc = 0;
   if (!ready) {
-    // Rounded up: a sub-millisecond remainder must sleep, not spin on poll(0).
-    const auto left = deadline - std::chrono::steady_clock::now();
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(left + std::chrono::microseconds(999));
-    const int wait_ms = static_cast<int>(std::max<long long>(0, std::min<long long>(ms.count(), 1 << 30)));
-    rc = ::poll(poll_fds_.data(), poll_fds_.size(), wait_ms);
+    rc = ::poll(poll_fds_.data(), poll_fds_.size(), pollMilliseconds(deadline));
     if (rc < 0 && errno != EINTR) {
       const int err = errno;
       finishSleep(nullptr, 0);
@@ -569,13 +561,27 @@ bool ShmTransport::prepareSleep(std::vector<pollfd>* fds) {
   for (auto& c : connections_) {
     if (c && !c->failed && !c->closed && canMove(*c)) return false;
   }
+  appendWakeSources(fds);
+  return true;
+}
+
+// The doorbell, then every open side channel (their peers in poll_peers_).
+void ShmTransport::appendWakeSources(std::vector<pollfd>* fds) {
+  poll_peers_.clear();
   fds->push_back({doorbell_fd_, POLLIN, 0});
   for (auto& c : connections_) {
     if (!c || c->failed || c->closed || c->socket_broken) continue;
     fds->push_back({c->fd, POLLIN, 0});
     poll_peers_.push_back(c->peer);
   }
-  return true;
+}
+
+// `fds`: what appendWakeSources() appended, revents filled (count 0: nobody slept).
+void ShmTransport::handleWakeSources(const pollfd* fds, size_t count) {
+  if (count > 0 && (fds[0].revents & POLLIN)) drainEventfd(doorbell_fd_);
+  for (size_t i = 0; i < poll_peers_.size() && i + 1 < count; ++i) {
+    if (fds[i + 1].revents != 0) serviceSideChannel(*connections_[static_cast<size_t>(poll_peers_[i])]);
+  }
 }
 
 // `fds`: the doorbell, then poll_peers_' side channels (none when nobody slept).
@@ -584,10 +590,7 @@ Activity ShmTransport::finishSleep(const pollfd* fds, size_t count) {
   for (auto& c : connections_) {
     if (c && !c->failed && !c->closed) c->my_sleep->store(0, std::memory_order_relaxed);
   }
-  if (count > 0 && (fds[0].revents & POLLIN)) drainEventfd(doorbell_fd_);
-  for (size_t i = 0; i < poll_peers_.size() && i + 1 < count; ++i) {
-    if (fds[i + 1].revents != 0) serviceSideChannel(*connections_[static_cast<size_t>(poll_peers_[i])]);
-  }
+  handleWakeSources(fds, count);
   return progressed_ ? Activity::kFinished : Activity::kIdle;
 }
 

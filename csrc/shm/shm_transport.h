@@ -128,6 +128,8 @@ class ShmTransport : public Transport {
   void publishTail(Connection& c);
   void wakePeer(Connection& c, uint32_t wanted);
   bool sleep(Deadline deadline);  // true if interrupted
+  void appendWakeSources(std::vector<pollfd>* fds);         // doorbell + side channels, for poll()
+  void handleWakeSources(const pollfd* fds, size_t count);  // drain the doorbell, read side channels
   void takeInterrupt();
 
   void serviceSideChannel(Connection& c);
