@@ -120,6 +120,19 @@ def _run(function, *args) -> None:
         raise _invalid(str(error)) from None
 
 
+def _on_device(device, function, *args) -> None:
+    """Launches on `device`'s current stream. A launch goes to the thread's
+    current device, which must own the stream: switch only when it is another
+    (the context manager costs microseconds a call, as much as a short kernel)."""
+    import torch
+
+    if torch.cuda.current_device() == device.index:
+        _run(function, *args, torch.cuda.current_stream(device).cuda_stream)
+        return
+    with torch.cuda.device(device):
+        _run(function, *args, torch.cuda.current_stream(device).cuda_stream)
+
+
 def reduce(dst, a, b, op="sum"):
     """dst = a (op) b elementwise, enqueued on dst's device's current stream.
 
@@ -129,8 +142,6 @@ def reduce(dst, a, b, op="sum"):
     it is asynchronous: the caching allocator keeps the memory valid because
     the kernel runs on the current stream.
     """
-    import torch
-
     _check_tensor(dst, "dst")
     _check_tensor(a, "a", dst.device)
     _check_tensor(b, "b", dst.device)
@@ -139,17 +150,13 @@ def reduce(dst, a, b, op="sum"):
     if a.numel() != dst.numel() or b.numel() != dst.numel():
         raise _invalid(f"rcoll.cuda: element counts differ (dst {dst.numel()}, a {a.numel()}, b {b.numel()})")
     dtype, code = _dtype_code(dst), _op_code(op)
-    with torch.cuda.device(dst.device):  # launches go to the current device, which must own the stream
-        stream = torch.cuda.current_stream(dst.device).cuda_stream
-        _run(_cuda().reduce, dst.data_ptr(), a.data_ptr(), b.data_ptr(), dst.numel(), dtype, code, stream)
+    _on_device(dst.device, _cuda().reduce, dst.data_ptr(), a.data_ptr(), b.data_ptr(), dst.numel(), dtype, code)
     return dst
 
 
 def scale_divide(buf, divisor: int):
     """buf /= divisor in place (true division; float16/bfloat16 via float32,
     rounded once), the last step of avg. Floating-point tensors only. Returns buf."""
-    import torch
-
     _check_tensor(buf, "buf")
     try:
         count = operator.index(divisor)  # ints and numpy integers, not floats
@@ -158,7 +165,5 @@ def scale_divide(buf, divisor: int):
     if isinstance(divisor, bool) or count <= 0:
         raise _invalid(f"rcoll.cuda: divisor must be a positive integer, got {divisor!r}")
     dtype = _dtype_code(buf)
-    with torch.cuda.device(buf.device):
-        stream = torch.cuda.current_stream(buf.device).cuda_stream
-        _run(_cuda().scale_divide, buf.data_ptr(), buf.numel(), dtype, count, stream)
+    _on_device(buf.device, _cuda().scale_divide, buf.data_ptr(), buf.numel(), dtype, count)
     return buf

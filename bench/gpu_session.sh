@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine: build rcoll there (its Python, its nvcc, only
+# the GPU's own arch so the build is short), run the tests that need a GPU and
+# the GPU benchmarks, and leave every log under $OUT (or ./gpu-out).
+#
+#   bash bench/gpu_session.sh [tests|bench|all] [extra pytest args...]
+#
+# Device time is short, so this does everything in one command and keeps
+# going past a failing step: each step's log says what happened.
+set -u
+what=${1:-all}; shift || true  # any other word: build only
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-$ROOT/gpu-out}
+mkdir -p "$OUT"
+cd "$ROOT"
+export PYTHONUNBUFFERED=1
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c 'import torch,sys;print("python",sys.version.split()[0],"torch",torch.__version__,"cuda",torch.version.cuda)'
+  nvcc --version | tail -1
+  nproc
+} > "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+
+# The GPU's own compute capability, e.g. 90, so nvcc builds one arch.
+arch=$(python3 -c 'import torch;m,n=torch.cuda.get_device_capability();print(f"{m}{n}")')
+t0=$(date +%s)
+cmake -S . -B /tmp/rcoll-bld -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -Dpybind11_DIR="$(python3 -c 'import pybind11;print(pybind11.get_cmake_dir())')" \
+  -DRCOLL_CUDA_ARCHS="$arch" > "$OUT/build.log" 2>&1 &&
+  ninja -C /tmp/rcoll-bld -j"$(nproc)" >> "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+for m in _core _cuda; do cp /tmp/rcoll-bld/$m*.so python/rcoll/; done
+echo "build: $(( $(date +%s) - t0 )) s for sm_$arch"
+export PYTHONPATH=$ROOT/python
+
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  (cd tests && timeout 330 python3 -m pytest -q -p no:cacheprovider -rs --timeout 240 \
+     test_cuda.py test_cuda_collectives.py test_device_collectives.py "$@") > "$OUT/tests.log" 2>&1
+  echo "tests: exit $?"; tail -25 "$OUT/tests.log"
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  timeout 100 python3 bench/gpu_bench.py --kernels --min-bytes 64K --max-bytes 256M --iters 20 \
+    --json "$OUT/gpu_kernels.json" > "$OUT/bench.log" 2>&1
+  echo "kernels: exit $?"
+  # Two ranks on one GPU: without MPS the GPU time-slices between the two
+  # processes' contexts (every copy or kernel may wait a slice); with MPS they
+  # share it as ranks on separate GPUs would not contend. Both are reported.
+  timeout 100 python3 bench/gpu_bench.py --allreduce --min-bytes 4K --max-bytes 256M --iters 20 \
+    --json "$OUT/gpu_allreduce.json" >> "$OUT/bench.log" 2>&1
+  echo "allreduce: exit $?"
+  if command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d; then
+    echo "== under MPS" >> "$OUT/bench.log"
+    timeout 100 python3 bench/gpu_bench.py --allreduce --min-bytes 4K --max-bytes 256M --iters 20 \
+      --json "$OUT/gpu_allreduce_mps.json" >> "$OUT/bench.log" 2>&1
+    echo "allreduce under MPS: exit $?"
+    echo quit | nvidia-cuda-mps-control
+  fi
+  cat "$OUT/bench.log"
+fi
