@@ -76,6 +76,25 @@ def time_gpu(torch, fn, iters: int) -> float:
     return start.elapsed_time(end) / 1000.0 / iters
 
 
+def time_graph(torch, fn, iters: int) -> float:
+    """Seconds per call of the GPU work alone: `iters` calls captured once in a
+    CUDA graph and replayed, so no host launch cost hides a short kernel."""
+    fn()  # warm-up outside the capture (lazy initialisation)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(iters):
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1000.0 / (3 * iters)
+
+
 def kernels(torch, byte_sizes, iters):
     import rcoll.cuda
 
@@ -87,21 +106,37 @@ def kernels(torch, byte_sizes, iters):
             a = torch.randn(n, device="cuda").to(dtype)
             b = torch.randn(n, device="cuda").to(dtype)
             dst = torch.empty_like(a)
-            copy = time_gpu(torch, lambda: dst.copy_(a), iters)
+            # Two timings: "kernel" is the GPU's own time (a replayed CUDA
+            # graph), what the kernels cost inside a collective; "call" is
+            # one Python call after another, host launch cost included.
+            copy = time_graph(torch, lambda: dst.copy_(a), iters)
             copy_bw = 2 * n * es / copy
             for op, torch_fn in (("sum", lambda: torch.add(a, b, out=dst)),
                                  ("max", lambda: torch.maximum(a, b, out=dst))):
-                ours = time_gpu(torch, lambda: rcoll.cuda.reduce(dst, a, b, op), iters)
-                theirs = time_gpu(torch, torch_fn, iters)
+                ours_fn = lambda: rcoll.cuda.reduce(dst, a, b, op)  # noqa: E731
+                ours, theirs = time_graph(torch, ours_fn, iters), time_graph(torch, torch_fn, iters)
+                ours_call, theirs_call = time_gpu(torch, ours_fn, iters), time_gpu(torch, torch_fn, iters)
                 bw, torch_bw = 3 * n * es / ours, 3 * n * es / theirs
                 rows.append({"dtype": str(dtype).replace("torch.", ""), "op": op, "bytes": n * es,
                              "rcoll_GBps": bw / 1e9, "copy_GBps": copy_bw / 1e9, "torch_GBps": torch_bw / 1e9,
-                             "fraction_of_copy": bw / copy_bw, "vs_torch": bw / torch_bw})
+                             "fraction_of_copy": bw / copy_bw, "vs_torch": bw / torch_bw,
+                             "rcoll_kernel_us": ours * 1e6, "torch_kernel_us": theirs * 1e6,
+                             "rcoll_call_us": ours_call * 1e6, "torch_call_us": theirs_call * 1e6})
                 r = rows[-1]
-                print(f"{r['dtype']:>9} {op:>4} {r['bytes']:>11} B  rcoll {r['rcoll_GBps']:8.1f} GB/s  "
-                      f"copy {r['copy_GBps']:8.1f}  ({r['fraction_of_copy']:5.2f} of copy)  "
-                      f"torch {r['torch_GBps']:8.1f}  ({r['vs_torch']:5.2f} x torch)", flush=True)
+                print(f"{r['dtype']:>9} {op:>4} {r['bytes']:>11} B  kernel: rcoll {r['rcoll_GBps']:7.1f} GB/s  "
+                      f"copy {r['copy_GBps']:7.1f} ({r['fraction_of_copy']:4.2f} of copy)  "
+                      f"torch {r['torch_GBps']:7.1f} ({r['vs_torch']:4.2f} x)   call: rcoll "
+                      f"{r['rcoll_call_us']:6.1f} us  torch {r['torch_call_us']:6.1f} us", flush=True)
     return rows
+
+
+def _device_path(dist, torch, group):
+    """How rcoll moved the last CUDA op of `group`: "cuda-ipc" or "staging"."""
+    try:
+        import rcoll.torch_backend
+        return rcoll.torch_backend.device_path(group)
+    except Exception as e:  # a torch without these internals: say so, measure anyway
+        return f"unknown ({type(e).__name__})"
 
 
 def _allreduce_rank(rank, world, byte_sizes, iters):
@@ -115,7 +150,17 @@ def _allreduce_rank(rank, world, byte_sizes, iters):
 
     torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group("rcoll", init_method="env://", timeout=timedelta(seconds=300))
-    groups = {"rcoll": None, "gloo": dist.new_group(backend="gloo")}
+    groups = {"rcoll": None}
+    # The same ranks through pinned host staging instead of CUDA IPC (rank
+    # 0's RCOLL_CUDA_IPC, read when a group is created, decides for all).
+    saved = os.environ.get("RCOLL_CUDA_IPC")
+    os.environ["RCOLL_CUDA_IPC"] = "0"
+    groups["rcoll-staging"] = dist.new_group(backend="rcoll")
+    if saved is None:
+        del os.environ["RCOLL_CUDA_IPC"]
+    else:
+        os.environ["RCOLL_CUDA_IPC"] = saved
+    groups["gloo"] = dist.new_group(backend="gloo")
     rows = []
     for nbytes in byte_sizes:
         n = max(1, nbytes // 4)
@@ -136,7 +181,8 @@ def _allreduce_rank(rank, world, byte_sizes, iters):
             wrong = int((t != world * (world + 1) / 2).sum().item())
             algbw = n * 4 / seconds
             rows.append({"backend": name, "bytes": n * 4, "time_us": seconds * 1e6, "algbw_GBps": algbw / 1e9,
-                         "busbw_GBps": algbw * 2 * (world - 1) / world / 1e9, "wrong": wrong})
+                         "busbw_GBps": algbw * 2 * (world - 1) / world / 1e9, "wrong": wrong,
+                         "path": _device_path(dist, torch, group) if name.startswith("rcoll") else "gloo"})
     dist.destroy_process_group()
     return rows
 
@@ -153,10 +199,10 @@ def allreduce(byte_sizes, iters):
         row["busbw_GBps"] = row["algbw_GBps"] * 2 * (2 - 1) / 2
         row["wrong"] = sum(r[i]["wrong"] for r in results)
         rows.append(row)
-    print(f"{'size':>11} {'backend':>7} {'time us':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>6}")
+    print(f"{'size':>11} {'backend':>13} {'time us':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>6}  path")
     for r in rows:
-        print(f"{r['bytes']:>11} {r['backend']:>7} {r['time_us']:>10.1f} {r['algbw_GBps']:>8.2f} "
-              f"{r['busbw_GBps']:>8.2f} {r['wrong']:>6}")
+        print(f"{r['bytes']:>11} {r['backend']:>13} {r['time_us']:>10.1f} {r['algbw_GBps']:>8.2f} "
+              f"{r['busbw_GBps']:>8.2f} {r['wrong']:>6}  {r['path']}")
     return rows
 
 

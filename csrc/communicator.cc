@@ -54,6 +54,8 @@ struct JobInfo {
   uint64_t allreduce_rd_bytes;
   uint64_t shm_coll_slot_bytes;  // 0: RCOLL_SHM_COLL=0
   uint64_t shm_coll_direct_bytes;
+  uint64_t cuda_ipc_slot_bytes;  // 0: RCOLL_CUDA_IPC=0
+  uint64_t cuda_ipc_direct_bytes;
 };
 #pragma pack(pop)
 
@@ -133,6 +135,14 @@ std::string Communicator::describeEdges() const {
   return out;
 }
 
+const char* Communicator::devicePath() const {
+  switch (device_path_.load(std::memory_order_relaxed)) {
+    case DevicePath::kIpcWindows: return "cuda-ipc";
+    case DevicePath::kStaging: return "staging";
+    default: return "none";
+  }
+}
+
 std::vector<std::string> Communicator::transports() const {
   if (peer_transports_.empty()) return std::vector<std::string>(static_cast<size_t>(size_), "self");
   return peer_transports_;
@@ -161,6 +171,8 @@ void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
     job.allreduce_rd_bytes = config_.allreduce_rd_bytes;
     job.shm_coll_slot_bytes = config_.shm_coll ? config_.shm_coll_slot_bytes : 0;
     job.shm_coll_direct_bytes = config_.shm_coll_direct_bytes;
+    job.cuda_ipc_slot_bytes = config_.cuda_ipc ? config_.cuda_ipc_slot_bytes : 0;
+    job.cuda_ipc_direct_bytes = config_.cuda_ipc_direct_bytes;
     std::vector<uint8_t> bytes(sizeof(job));
     std::memcpy(bytes.data(), &job, sizeof(job));
     store.set(prefix + "job", bytes);
@@ -199,6 +211,16 @@ void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
       RCOLL_WARN("RCOLL_SHM_COLL_DIRECT_BYTES differs from rank 0's (%llu); using rank 0's",
                  static_cast<unsigned long long>(job.shm_coll_direct_bytes));
       config_.shm_coll_direct_bytes = job.shm_coll_direct_bytes;
+    }
+    const uint64_t my_ipc = config_.cuda_ipc ? config_.cuda_ipc_slot_bytes : 0;
+    if (job.cuda_ipc_slot_bytes != my_ipc || job.cuda_ipc_direct_bytes != config_.cuda_ipc_direct_bytes) {
+      RCOLL_WARN("RCOLL_CUDA_IPC/RCOLL_CUDA_IPC_SLOT_BYTES/RCOLL_CUDA_IPC_DIRECT_BYTES differ from rank 0's "
+                 "(%d/%llu/%llu); using rank 0's", job.cuda_ipc_slot_bytes > 0 ? 1 : 0,
+                 static_cast<unsigned long long>(job.cuda_ipc_slot_bytes),
+                 static_cast<unsigned long long>(job.cuda_ipc_direct_bytes));
+      config_.cuda_ipc = job.cuda_ipc_slot_bytes > 0;
+      if (config_.cuda_ipc) config_.cuda_ipc_slot_bytes = job.cuda_ipc_slot_bytes;
+      config_.cuda_ipc_direct_bytes = job.cuda_ipc_direct_bytes;
     }
   }
   std::memcpy(info_.token, job.token, sizeof(info_.token));
@@ -629,7 +651,7 @@ std::shared_ptr<Work> Communicator::allToAll(const void* send, void* recv, const
 }
 
 void Communicator::runOp(const Op& op) {
-  if (shm_coll_) shm_coll_->announce(op.desc);
+  if (shm_coll_) shm_coll_->announce(op.desc, op.device >= 0);
   if (op.device >= 0) return runDeviceOp(op);
   const OpDesc& d = op.desc;
   const size_t es = elementSize(d.dtype);
@@ -747,6 +769,19 @@ void Communicator::runDeviceOp(const Op& op) {
   const std::string context =
       strFormat("rank %d: %s (op #%llu) on device %d", rank_, describeOp(d).c_str(),
                 static_cast<unsigned long long>(d.seq), op.device);
+  // Every rank on one host: device to device through the CUDA IPC windows,
+  // when all ranks could set them up (the same answer on every rank).
+  if (shm_coll_) {
+    const ShmCollectives::DeviceConfig ipc{installedDeviceApi(), op.device,
+                                           config_.cuda_ipc ? config_.cuda_ipc_slot_bytes : 0,
+                                           config_.cuda_ipc_direct_bytes};
+    if (shm_coll_->runDevice(d, op.send, op.recv, ipc, op.ready.get(), op.work->deviceCompletion().get(), deadline,
+                             op.timeout, abort_flag_)) {
+      device_path_.store(DevicePath::kIpcWindows, std::memory_order_relaxed);
+      return;
+    }
+  }
+  device_path_.store(DevicePath::kStaging, std::memory_order_relaxed);
   if (!device_executor_) {
     try {
       device_executor_ = std::make_unique<DeviceStagingExecutor>(
@@ -944,7 +979,11 @@ void Communicator::recordTimeline(const Op& op, std::chrono::steady_clock::time_
   auto first = op.device >= 0 ? (device_executor_ ? device_executor_->firstCompletion()
                                                          : std::chrono::steady_clock::time_point{})
                     : executor_ ? executor_->firstCompletion() : std::chrono::steady_clock::time_point{};
-  if (op.device < 0 && shm_coll_ && ShmCollectives::handles(op.desc.kind)) first = shm_coll_->firstCompletion();
+  if (shm_coll_ && ShmCollectives::handles(op.desc.kind)) {
+    // Device ops too, when they went through the device windows (then it is this op's).
+    const auto windows_first = shm_coll_->firstCompletion();
+    if (op.device < 0 || windows_first > start) first = windows_first;
+  }
   if (first > start && first <= end) {
     timeline_->slice(0, "wait for peers", "wait", start, first);
     timeline_->slice(0, "transfer", "transfer", first, end);

@@ -74,6 +74,10 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   // The transport of each rank's edge, indexed by rank: "self" for this rank,
   // else "shm", "tcp" or "ib" (edge_plan.h).
   std::vector<std::string> transports() const;
+  // How the last device-buffer op moved its data: "cuda-ipc" (device windows,
+  // every rank on one host), "staging" (pinned host memory and a transport),
+  // or "none" before the first.
+  const char* devicePath() const;
   std::string describeEdges() const;  // "per rank: 0 self, 1 shm, 2 tcp", for logs and the timeline
   // Thread-safe: [data, data + bytes) is being freed; drops cached RDMA registrations of it.
   void invalidateMemory(const void* data, size_t bytes);
@@ -202,6 +206,8 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   std::unique_ptr<PipelineExecutor> executor_;
   // Every rank on this host: the window collectives (shm/shm_collectives.h); else null.
   std::unique_ptr<ShmCollectives> shm_coll_;
+  enum class DevicePath { kNone, kIpcWindows, kStaging };
+  std::atomic<DevicePath> device_path_{DevicePath::kNone};
   std::unique_ptr<P2PEngine> p2p_;   // own sockets and thread; none in a world of size 1
   // Device ops: created by the first one, on the progress thread; destroyed
   // before the transport it registered its staging memory with.

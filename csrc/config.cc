@@ -27,6 +27,14 @@ const std::vector<ConfigVar>& configVars() {
                                               "of ranks stay within this, every rank reduces the whole step "
                                               "itself (one hand-off); above it each rank reduces its slice and "
                                               "the others copy it (each byte read once); rank 0's value is used"},
+      {"RCOLL_CUDA_IPC", "1", "CUDA buffers of ranks that all share one host go device to device through "
+                              "CUDA IPC windows (reduced on the GPU); 0 stages them through pinned host "
+                              "memory; rank 0's value is used by every rank"},
+      {"RCOLL_CUDA_IPC_SLOT_BYTES", "16M", "device memory per CUDA IPC window slot (two per rank); larger ops "
+                                           "run in steps of this size (4K to 1G; rank 0's value is used)"},
+      {"RCOLL_CUDA_IPC_DIRECT_BYTES", "1M", "CUDA IPC allreduce: while a step's bytes times the number of "
+                                            "ranks stay within this, every rank reduces the whole step (one "
+                                            "hand-off); above it each reduces a slice; rank 0's value is used"},
       {"RCOLL_SHM_RING_BYTES", "4M", "shared-memory ring per direction and pair of ranks (4K to 1G)"},
       {"RCOLL_SOCKET_IFNAME", "", "network interface whose IPv4 address data sockets bind to "
                                   "(default: the address that reaches the rendezvous store)"},
@@ -148,6 +156,17 @@ Config Config::fromEnvironment() {
   }
   if (const char* v = envOrNull("RCOLL_SHM_COLL_DIRECT_BYTES")) {
     config.shm_coll_direct_bytes = parseByteSize("RCOLL_SHM_COLL_DIRECT_BYTES", v);
+  }
+  if (const char* v = envOrNull("RCOLL_CUDA_IPC")) config.cuda_ipc = parseInt("RCOLL_CUDA_IPC", v, 0, 1) == 1;
+  if (const char* v = envOrNull("RCOLL_CUDA_IPC_SLOT_BYTES")) {
+    config.cuda_ipc_slot_bytes = parseByteSize("RCOLL_CUDA_IPC_SLOT_BYTES", v);
+    if (config.cuda_ipc_slot_bytes < 4096 || config.cuda_ipc_slot_bytes > (size_t{1} << 30)) {
+      throwError(ErrorKind::kConfig, strFormat("RCOLL_CUDA_IPC_SLOT_BYTES=%s must be between 4K and 1G", v));
+    }
+    config.cuda_ipc_slot_bytes = (config.cuda_ipc_slot_bytes + 255) / 256 * 256;
+  }
+  if (const char* v = envOrNull("RCOLL_CUDA_IPC_DIRECT_BYTES")) {
+    config.cuda_ipc_direct_bytes = parseByteSize("RCOLL_CUDA_IPC_DIRECT_BYTES", v);
   }
   if (const char* v = envOrNull("RCOLL_HOSTID")) config.host_id = v;
   if (const char* v = envOrNull("RCOLL_IB_HCA")) config.ib_hca = v;

@@ -26,8 +26,11 @@
 extern "C" {
 #endif
 
-#define RCOLL_DEVICE_API_VERSION 1
+#define RCOLL_DEVICE_API_VERSION 2
 #define RCOLL_DEVICE_API_CAPSULE "rcoll_device_api_v1"
+
+/* Bytes of an inter-process memory handle (cudaIpcMemHandle_t is 64). */
+#define RCOLL_IPC_HANDLE_BYTES 64
 
 enum {
   RCOLL_EVENT_DONE = 0,      /* event_query(): the work recorded before the event finished */
@@ -76,6 +79,16 @@ typedef struct rcoll_device_api_v1 {
 
   /* Why the calling thread's last call failed. */
   const char* (*last_error)(void);
+
+  /* Version 2: device memory shared between processes of one host (CUDA IPC),
+   * for the shared-window collectives (csrc/shm/shm_device_windows.cc).
+   * ipc_handle() exports a block from device_alloc() (its base address) as
+   * RCOLL_IPC_HANDLE_BYTES opaque bytes; another process maps it for `device`
+   * with ipc_open() and unmaps it with ipc_close(). The exporter keeps the
+   * block until every importer closed it. */
+  int (*ipc_handle)(void* device_ptr, void* handle);
+  int (*ipc_open)(int device, const void* handle, void** device_ptr);
+  int (*ipc_close)(void* device_ptr);
 } rcoll_device_api_v1;
 
 #ifdef __cplusplus

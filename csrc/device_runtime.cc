@@ -27,7 +27,9 @@ void installDeviceApi(const DeviceApi* api) {
       reinterpret_cast<const void*>(api->reduce_async),      reinterpret_cast<const void*>(api->scale_divide_async),
       reinterpret_cast<const void*>(api->event_create),      reinterpret_cast<const void*>(api->event_record),
       reinterpret_cast<const void*>(api->event_query),       reinterpret_cast<const void*>(api->event_destroy),
-      reinterpret_cast<const void*>(api->stream_wait_event), reinterpret_cast<const void*>(api->last_error)};
+      reinterpret_cast<const void*>(api->stream_wait_event), reinterpret_cast<const void*>(api->last_error),
+      reinterpret_cast<const void*>(api->ipc_handle),        reinterpret_cast<const void*>(api->ipc_open),
+      reinterpret_cast<const void*>(api->ipc_close)};
   for (const void* member : members) {
     if (member == nullptr) throwError(ErrorKind::kConfig, "set_device_api: the table has a null function");
   }

@@ -9,7 +9,15 @@ import torch
 import torch.distributed as dist
 
 import rcoll.torch_backend  # noqa: F401
+from device_workers import expected_path
 from torch_workers import DTYPES, OPS, _input, _reference, _same, _supported
+
+
+def _check_path(world, failures):
+    """Device ops of ranks on one host go through CUDA IPC (unless turned off)."""
+    path = rcoll.torch_backend.device_path()
+    if path != expected_path(world):
+        failures.append(f"device ops went through {path!r}, expected {expected_path(world)!r}")
 
 
 def _init(rank):
@@ -36,6 +44,7 @@ def all_reduce_matrix(rank, world):
                     dist.all_reduce(t, op=OPS[op], async_op=True).wait()
                 if not _same(t.cpu(), want):
                     failures.append(f"all_reduce {dtype} {op} n={n}")
+    _check_path(world, failures)
     dist.destroy_process_group()
     return cases, failures
 
@@ -76,6 +85,7 @@ def other_collectives(rank, world):
         got = torch.empty(n, device=device)
         dist.reduce_scatter(got, ins, op=dist.ReduceOp.MAX)
         check(f"reduce_scatter list n={n}", torch.equal(got.cpu(), torch.full((n,), float(world - 1 + rank))))
+    _check_path(world, failures)
     dist.destroy_process_group()
     return cases, failures
 
@@ -137,5 +147,7 @@ def numpy_api_with_torch_tensors(rank, world):
             r = comm.reduce_scatter(torch.ones(world * n, dtype=dtype, device=device))
             if not torch.all(r.cpu() == world):
                 failures.append(f"reduce_scatter {dtype} n={n}")
+    if comm.device_path != expected_path(world):
+        failures.append(f"device ops went through {comm.device_path!r}, expected {expected_path(world)!r}")
     comm.shutdown()
     return cases, failures

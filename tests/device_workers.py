@@ -8,6 +8,7 @@ path runs (Python checks, stream events, pinned staging, D2H/H2D copies,
 reductions through the device API, completion events) and every result is
 checked exactly against numpy. This checks the orchestration, not CUDA.
 """
+import os
 import time
 
 import numpy as np
@@ -45,8 +46,21 @@ def dev(array, **kwargs):
     return HostBackedDeviceArray(array, **kwargs)
 
 
+def expected_path(world):
+    """The device path every rank must agree on: CUDA IPC windows when all
+    ranks share shared memory (RCOLL_TRANSPORT=shm) and RCOLL_CUDA_IPC is on."""
+    ipc = os.environ.get("RCOLL_TRANSPORT") == "shm" and os.environ.get("RCOLL_CUDA_IPC", "1") != "0" and \
+        os.environ.get("RCOLL_SHM_COLL", "1") != "0"
+    return "cuda-ipc" if ipc and world > 1 else "staging"
+
+
+def check_path(comm, world, failures):
+    if comm.device_path != expected_path(world):
+        failures.append(f"device ops went through {comm.device_path!r}, expected {expected_path(world)!r}")
+
+
 def sizes_for(world):
-    sizes = {0, 1, 7, 1000, 1003, 5000}
+    sizes = {0, 1, 7, 1000, 1003, 5000}  # 5000: several 4K device-window slots with SMALL_CHUNKS
     sizes.add(world - 1)
     sizes.add(3 * world + 1)
     return sorted(sizes)
@@ -83,6 +97,7 @@ def allreduce_sweep(rank, world, seed=11):
                 if not same(got, expected):
                     failures.append(f"allreduce {dtype} {op} n={n}: {differences(got, expected)}")
     assert "emulated" in _core.device_api_name()
+    check_path(comm, world, failures)
     return case, failures
 
 
@@ -103,6 +118,7 @@ def allgather_sweep(rank, world, seed=12):
                     comm.allgather(dev(x), out=dev(out))
                 if not same(out, expected):
                     failures.append(f"allgather {dtype} n={n} in_place={in_place}: {differences(out, expected)}")
+    check_path(comm, world, failures)
     return case, failures
 
 
@@ -123,6 +139,7 @@ def broadcast_sweep(rank, world, seed=13):
                     comm.broadcast(dev(x), root=root, out=dev(got))
                 if not same(got, expected):
                     failures.append(f"broadcast {dtype} n={n} root={root}: {differences(got, expected)}")
+    check_path(comm, world, failures)
     return case, failures
 
 
@@ -141,6 +158,7 @@ def reduce_scatter_sweep(rank, world, seed=14):
                 comm.reduce_scatter(dev(x), op, out=dev(got))
                 if not same(got, expected[rank * n:(rank + 1) * n]):
                     failures.append(f"reduce_scatter {dtype} {op} n={n}: wrong result")
+    check_path(comm, world, failures)
     return case, failures
 
 
@@ -184,7 +202,7 @@ def many_async(rank, world, n_ops=24):
 
 
 def mismatch(rank, world, kind):
-    """Rank 1 disagrees with the others (count or dtype) on a device allreduce."""
+    """Rank 1 disagrees with the others (count, dtype, or host memory) on a device allreduce."""
     comm = rcoll.init(timeout=20)
     comm.barrier()
     odd = rank == 1
@@ -192,7 +210,8 @@ def mismatch(rank, world, kind):
     dtype = np.float64 if odd and kind == "dtype" else np.float32
     t0 = time.monotonic()
     try:
-        comm.allreduce(dev(np.ones(n, dtype)))
+        x = np.ones(n, dtype)
+        comm.allreduce(x if odd and kind == "memory" else dev(x))
         return ("ok", "", time.monotonic() - t0)
     except rcoll.RcollError as e:
         return (type(e).__name__, str(e), time.monotonic() - t0)
@@ -268,6 +287,7 @@ def every_collective_once(rank, world, seed=15):
         expected = reduce_reference(_stack(seed, world, dtype, n * world, "max"), dtype, "max", world)
         if not same(got, expected[rank * n:(rank + 1) * n]):
             failures.append(f"reduce_scatter n={n}")
+    check_path(comm, world, failures)
     return case, failures
 
 

@@ -30,9 +30,16 @@ def gpu():
     _gpu_or_skip()
 
 
-@pytest.fixture(autouse=True, params=["shm", "tcp"])
+# "shm": device to device through CUDA IPC windows; "shm-steps": the same in
+# 64K steps, slices above 64K; "shm-staging": RCOLL_CUDA_IPC=0, pinned host
+# staging over the shm ring; "tcp": staging over sockets.
+@pytest.fixture(autouse=True, params=["shm", "shm-steps", "shm-staging", "tcp"])
 def transport(request, monkeypatch):
-    monkeypatch.setenv("RCOLL_TRANSPORT", request.param)
+    monkeypatch.setenv("RCOLL_TRANSPORT", request.param.split("-")[0])
+    monkeypatch.setenv("RCOLL_CUDA_IPC", "0" if request.param == "shm-staging" else "1")
+    if request.param == "shm-steps":
+        monkeypatch.setenv("RCOLL_CUDA_IPC_SLOT_BYTES", "64K")
+        monkeypatch.setenv("RCOLL_CUDA_IPC_DIRECT_BYTES", "64K")
     return request.param
 
 

@@ -24,9 +24,14 @@ EMULATE = {"RCOLL_TESTING_EMULATE_DEVICE": "1"}
 OPS_CALLED = ("allreduce", "allgather", "broadcast")
 
 
-@pytest.fixture(autouse=True, params=["shm", "tcp"])
+# "shm": every rank on one host, so device ops go through the CUDA IPC
+# windows (emulated: memfd-backed "device" memory mapped by the peers);
+# "shm-staging": the same with RCOLL_CUDA_IPC=0, pinned staging over the shm
+# ring; "tcp": staging over sockets. Workers check which path ran.
+@pytest.fixture(autouse=True, params=["shm", "shm-staging", "tcp"])
 def transport(request, monkeypatch):
-    monkeypatch.setenv("RCOLL_TRANSPORT", request.param)
+    monkeypatch.setenv("RCOLL_TRANSPORT", request.param.split("-")[0])
+    monkeypatch.setenv("RCOLL_CUDA_IPC", "0" if request.param == "shm-staging" else "1")
     return request.param
 
 
@@ -39,7 +44,9 @@ def _check(results):
 @pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("chunks", ["small", "default"])
 def test_allreduce_every_dtype_and_op(world, chunks):
-    env = dict(EMULATE, **(SMALL_CHUNKS if chunks == "small" else {}))
+    # small: many segments and steps, and the sliced IPC allreduce (direct 0).
+    small = dict(SMALL_CHUNKS, RCOLL_CUDA_IPC_DIRECT_BYTES="0")
+    env = dict(EMULATE, **(small if chunks == "small" else {}))
     _check(spawn.run(w.allreduce_sweep, world, timeout=240, env=env))
 
 
@@ -85,8 +92,10 @@ def test_device_and_host_ops_in_flight_together(world):
     _check(spawn.run(w.many_async, world, timeout=120, env=dict(EMULATE, **SMALL_CHUNKS)))
 
 
-@pytest.mark.parametrize("kind", ["count", "dtype"])
-def test_mismatch_names_both_ranks(kind):
+@pytest.mark.parametrize("kind", ["count", "dtype", "memory"])
+def test_mismatch_names_both_ranks(kind, transport):
+    if kind == "memory" and transport == "tcp":
+        pytest.skip("over the ring, host and device buffers of one op interoperate (the wire is the same)")
     results = spawn.run(w.mismatch, 2, kind, timeout=60, env=EMULATE)
     for rank, (name, message, seconds) in enumerate(results):
         assert name in ("MismatchError", "PeerError"), (rank, name, message)
@@ -94,6 +103,8 @@ def test_mismatch_names_both_ranks(kind):
         assert f"rank {rank}" in message and "allreduce(" in message, message
     name, message, _ = results[1]
     assert "rank 0" in message and "rank 1" in message, message
+    if kind == "memory":  # whoever saw it first says what differs
+        assert any("host (CPU)" in m and "device (GPU)" in m for _, m, _ in results), results
 
 
 def test_dead_peer_fails_the_survivors_naming_it():

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "cuda_reduce.h"
@@ -121,6 +122,27 @@ int streamWaitEvent(void* stream, void* event) {
 
 const char* lastError() { return rcollCudaLastError(); }
 
+static_assert(sizeof(cudaIpcMemHandle_t) <= RCOLL_IPC_HANDLE_BYTES, "a CUDA IPC handle fits the table's handle bytes");
+
+int ipcHandle(void* ptr, void* handle) {
+  cudaIpcMemHandle_t exported{};
+  const cudaError_t error = cudaIpcGetMemHandle(&exported, ptr);
+  if (error != cudaSuccess) return failCuda(error, "cudaIpcGetMemHandle");
+  std::memset(handle, 0, RCOLL_IPC_HANDLE_BYTES);
+  std::memcpy(handle, &exported, sizeof(exported));
+  return RCOLL_CUDA_SUCCESS;
+}
+int ipcOpen(int device, const void* handle, void** ptr) {
+  cudaIpcMemHandle_t imported{};
+  std::memcpy(&imported, handle, sizeof(imported));
+  *ptr = nullptr;
+  // Lazy peer access: another GPU's block is reachable once mapped (NVLink or
+  // PCIe peer-to-peer); the same GPU's needs none.
+  return onDevice(device, "cudaIpcOpenMemHandle",
+                  [&] { return cudaIpcOpenMemHandle(ptr, imported, cudaIpcMemLazyEnablePeerAccess); });
+}
+int ipcClose(void* ptr) { return check(cudaIpcCloseMemHandle(ptr), "cudaIpcCloseMemHandle"); }
+
 const rcoll_device_api_v1 kCudaApi = {
     RCOLL_DEVICE_API_VERSION,
     "cuda",
@@ -144,6 +166,9 @@ const rcoll_device_api_v1 kCudaApi = {
     eventDestroy,
     streamWaitEvent,
     lastError,
+    ipcHandle,
+    ipcOpen,
+    ipcClose,
 };
 
 }  // namespace

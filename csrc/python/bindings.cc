@@ -456,6 +456,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("transport", &Communicator::transportName)
       .def_property_readonly("transports", &Communicator::transports)
+      .def_property_readonly("device_path", &Communicator::devicePath)
       .def_property_readonly("timeout", [](const Communicator& c) { return c.defaultTimeout().count() / 1000.0; })
       .def_property_readonly("chunk_bytes", [](const Communicator& c) { return c.config().chunk_bytes; })
       // The collectives validate and enqueue. With blocking=True the caller is

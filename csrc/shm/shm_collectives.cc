@@ -22,7 +22,9 @@ std::atomic<uint64_t>& counterOf(shm::WindowControl* control, int which) {
   switch (which) {
     case 0: return control->arrived.value;
     case 1: return control->reduced.value;
-    default: return control->finished.value;
+    case 2: return control->finished.value;
+    case 3: return control->device_published.value;
+    default: return control->device_opened.value;
   }
 }
 
@@ -31,7 +33,18 @@ void copyBytes(void* dst, const void* src, size_t bytes) {
   if (bytes > 0) std::memcpy(dst, src, bytes);
 }
 
-uint64_t packOp(const OpDesc& op) { return op.seq << 8 | static_cast<uint64_t>(op.kind); }
+// current_op: seq << 8 | device << 7 | OpKind (kinds are < 128).
+constexpr uint64_t kDeviceBit = 0x80;
+uint64_t packOp(const OpDesc& op, bool device) {
+  return op.seq << 8 | (device ? kDeviceBit : 0) | static_cast<uint64_t>(op.kind);
+}
+
+const char* memoryName(bool device) { return device ? "device (GPU)" : "host (CPU)"; }
+
+std::string memoryMismatch(int peer, bool their_device, int rank, bool my_device) {
+  return strFormat("rank %d passed %s buffers and rank %d %s buffers: pass tensors of one kind (all CUDA or all CPU) "
+                   "on every rank", peer, memoryName(their_device), rank, memoryName(my_device));
+}
 
 OpDesc descToOp(const shm::StepDesc& d) {
   OpDesc op;
@@ -74,8 +87,10 @@ ShmCollectives::ShmCollectives(ShmTransport& transport, int rank, int size, std:
   mine_ = controls_[static_cast<size_t>(rank)];
 }
 
-void ShmCollectives::announce(const OpDesc& op) {
-  mine_->current_op.value.store(packOp(op), std::memory_order_seq_cst);
+ShmCollectives::~ShmCollectives() = default;
+
+void ShmCollectives::announce(const OpDesc& op, bool device) {
+  mine_->current_op.value.store(packOp(op, device), std::memory_order_seq_cst);
   // A peer asleep in a window op must look: it may be waiting for this rank in vain.
   for (int p = 0; p < size_; ++p) {
     if (p != rank_ && controls_[static_cast<size_t>(p)]->sleeping.bits.load(std::memory_order_seq_cst) != 0) {
@@ -113,6 +128,7 @@ char* ShmCollectives::beginStep(const RunContext& run) {
   d.dtype = static_cast<uint32_t>(run.op.dtype);
   d.reduce_op = static_cast<uint32_t>(run.op.reduce_op);
   d.root = run.op.root;
+  d.memory = run.device ? shm::kDeviceMemory : shm::kHostMemory;
   return slot(rank_);
 }
 
@@ -179,10 +195,14 @@ void ShmCollectives::checkPeer(const RunContext& run, int peer, Counter counter,
   std::atomic<uint64_t>& value = counterOf(controls_[static_cast<size_t>(peer)], static_cast<int>(counter));
   if (value.load(std::memory_order_seq_cst) >= target) return;
   const uint64_t their_seq = current >> 8;
-  const auto their_kind = static_cast<OpKind>(current & 0xff);
+  const auto their_kind = static_cast<OpKind>(current & (kDeviceBit - 1));
+  const bool their_device = (current & kDeviceBit) != 0;
   if (their_seq == op.seq && their_kind != op.kind) {
     throwError(ErrorKind::kMismatch,
                opFailureMessage(rank_, op, differentCallsMessage(peer, opKindName(their_kind), their_seq, rank_, op)));
+  }
+  if (their_seq == op.seq && their_device != run.device) {
+    throwError(ErrorKind::kMismatch, opFailureMessage(rank_, op, memoryMismatch(peer, their_device, rank_, run.device)));
   }
   if (their_seq > op.seq) {
     throwError(ErrorKind::kMismatch,
@@ -215,10 +235,13 @@ void ShmCollectives::checkDescriptors(const RunContext& run) {
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     const shm::StepDesc& d = controls_[static_cast<size_t>(p)]->desc[step_ % 2];
+    const uint32_t memory = run.device ? shm::kDeviceMemory : shm::kHostMemory;
     if (d.seq == op.seq && d.count == op.count && d.kind == static_cast<uint32_t>(op.kind) &&
         d.dtype == static_cast<uint32_t>(op.dtype) && d.reduce_op == static_cast<uint32_t>(op.reduce_op) &&
         d.root == op.root) {
-      continue;
+      if (d.memory == memory) continue;
+      throwError(ErrorKind::kMismatch,
+                 opFailureMessage(rank_, op, memoryMismatch(p, d.memory == shm::kDeviceMemory, rank_, run.device)));
     }
     const OpDesc theirs = descToOp(d);
     throwError(ErrorKind::kMismatch,

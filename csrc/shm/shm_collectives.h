@@ -30,14 +30,22 @@
 //
 // Waiting spins RCOLL_SPIN_US (yielding the core), then sleeps on this rank's
 // doorbell; see shm_window.h for the wake-up protocol.
+//
+// CUDA buffers take the same steps through device windows (CUDA IPC) when
+// every rank could map every other's: shm_device_windows.h,
+// shm_collectives_device.cc.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
+#include "device_runtime.h"
+#include "shm/shm_device_windows.h"
 #include "shm/shm_transport.h"
 #include "shm/shm_window.h"
 #include "socket_util.h"
@@ -54,13 +62,15 @@ class ShmCollectives {
   // `direct_bytes`: RCOLL_SHM_COLL_DIRECT_BYTES, the allreduce step size (times
   // the world size) up to which every rank reduces the whole step.
   ShmCollectives(ShmTransport& transport, int rank, int size, std::chrono::microseconds spin, size_t direct_bytes);
+  ~ShmCollectives();
 
   // What the windows carry; the communicator routes these kinds here.
   static bool handles(OpKind kind);
 
   // Called for every op the communicator runs, whether it comes here or not:
   // a peer stuck in a window op sees that this rank runs something else.
-  void announce(const OpDesc& op);
+  // `device`: the op's buffers are device memory.
+  void announce(const OpDesc& op, bool device);
 
   // Runs `op` (a kind handles() accepts) to completion on this thread. The
   // buffers are the communicator's (allgather: `recv` holds size * count
@@ -69,18 +79,38 @@ class ShmCollectives {
   void run(const OpDesc& op, const char* send, char* recv, Deadline deadline, std::chrono::milliseconds timeout,
            const std::atomic<bool>& abort_flag);
 
+  // The same for device buffers of `config.device`, through the device
+  // windows (a kind handles() accepts, barrier excepted). The op's copies
+  // wait for `ready` (the caller's stream; may be null); `done` (may be null)
+  // is recorded once its results are in place. The first call sets the device
+  // windows up with every peer; returns false, having run nothing, when they
+  // are off (RCOLL_CUDA_IPC=0 on rank 0, or some rank could not export or map
+  // one): the caller then takes the staging path, as every rank does.
+  struct DeviceConfig {
+    const DeviceApi* api;
+    int device;
+    size_t slot_bytes;    // 0: device windows off
+    size_t direct_bytes;
+  };
+  bool runDevice(const OpDesc& op, const char* send, char* recv, const DeviceConfig& config, const DeviceEvent* ready,
+                 DeviceEvent* done, Deadline deadline, std::chrono::milliseconds timeout,
+                 const std::atomic<bool>& abort_flag);
+  // Whether device ops run through the device windows ("on", "off: why", "not set up").
+  std::string deviceWindowsState() const;
+
   // RCOLL_TIMELINE: reductions become "reduce" slices.
   void setTimeline(Timeline* timeline) { timeline_ = timeline; }
   // When the first step found every peer arrived (the end of "wait for peers").
   std::chrono::steady_clock::time_point firstCompletion() const { return first_completion_; }
 
  private:
-  enum class Counter { kArrived, kReduced, kFinished };
+  enum class Counter { kArrived, kReduced, kFinished, kDevicePublished, kDeviceOpened };
   struct RunContext {
     const OpDesc& op;
     Deadline deadline;
     std::chrono::milliseconds timeout;
     const std::atomic<bool>& abort_flag;
+    bool device = false;  // the op's buffers are device memory
   };
 
   // Claims the next step's slot (every peer finished the step that used it),
@@ -107,6 +137,24 @@ class ShmCollectives {
   void broadcast(const RunContext& run, const char* send, char* recv);
   void barrier(const RunContext& run);
 
+  // Device windows (shm_collectives_device.cc).
+  bool setUpDevice(const RunContext& run, const DeviceConfig& config);
+  // Publishes this rank's export (`mine_failed`: why it failed, else empty),
+  // maps the peers', and decides with them whether the windows are on.
+  bool agreeOnDevice(const RunContext& run, const std::string& mine_failed);
+  std::string deviceContext(const OpDesc& op) const;
+  char* deviceSlot(int rank) const;
+  void deviceCheck(int rc, const OpDesc& op, const char* what) const;
+  void deviceCopy(const OpDesc& op, void* dst, const void* src, size_t bytes);
+  // out = every device slot at `offset` (bytes) reduced in rank order; avg divides.
+  void deviceReduceSlots(const OpDesc& op, char* out, size_t offset, size_t count);
+  // Until the device window stream finished what was queued (the end of a phase).
+  void deviceWait(const RunContext& run);
+  void deviceAllreduce(const RunContext& run, const char* send, char* recv);
+  void deviceAllgather(const RunContext& run, const char* send, char* recv);
+  void deviceReduceScatter(const RunContext& run, const char* send, char* recv);
+  void deviceBroadcast(const RunContext& run, const char* send, char* recv);
+
   ShmTransport& transport_;
   int rank_;
   int size_;
@@ -119,6 +167,7 @@ class ShmCollectives {
   uint64_t step_ = 0;                          // the current step (0 before the first)
   Timeline* timeline_ = nullptr;
   std::chrono::steady_clock::time_point first_completion_{};
+  std::unique_ptr<ShmDeviceWindows> device_;   // created by the first device op
 };
 
 }  // namespace rcoll

@@ -12,6 +12,10 @@
 //   slot 0   slot_bytes
 //   slot 1   slot_bytes
 //
+// Device (GPU) buffers take the same steps and counters, with the data in a
+// device window of each rank instead (CUDA IPC: shm_device_windows.h); the
+// control page carries its handle.
+//
 // Only the owner writes its window; peers only read it. Progress is counted
 // in *steps* (one step moves at most one slot of data; an op takes one or
 // more), numbered 1, 2, ... identically on every rank because every rank runs
@@ -29,13 +33,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "device_api.h"
 #include "shm/shm_ring.h"
 
 namespace rcoll {
 namespace shm {
 
 constexpr uint64_t kWindowMagic = 0x314e57444c4f4352ull;  // "RCOLDWN1"
-constexpr uint32_t kWindowVersion = 1;
+constexpr uint32_t kWindowVersion = 2;  // 2: StepDesc.memory, the device window fields
 constexpr size_t kWindowControlBytes = 4096;
 constexpr size_t kMinWindowSlotBytes = 4096;
 constexpr size_t kMaxWindowSlotBytes = size_t{1} << 30;
@@ -49,7 +54,16 @@ struct StepDesc {
   uint32_t dtype;   // DataType
   uint32_t reduce_op;
   uint32_t root;
+  uint32_t memory;  // kHostMemory or kDeviceMemory: where this rank's buffers live
+  uint32_t pad;
 };
+constexpr uint32_t kHostMemory = 0;
+constexpr uint32_t kDeviceMemory = 1;
+
+// device_published / device_opened values.
+constexpr uint64_t kDeviceNotYet = 0;
+constexpr uint64_t kDeviceOk = 1;
+constexpr uint64_t kDeviceFailed = 2;
 
 struct WindowControl {
   // Written by the owner before any peer maps the window; read-only after.
@@ -69,6 +83,16 @@ struct WindowControl {
   SharedIndex current_op;
   // desc[t % 2]: the op of step t, written before `arrived` is published.
   alignas(64) StepDesc desc[2];
+  // The owner's *device* window (CUDA IPC, shm_device_windows.h), set up at
+  // the first device op the windows carry: its two device slots of
+  // device_slot_bytes, exported as ipc_handle. device_published says whether
+  // the handle is valid (written before it), device_opened whether the owner
+  // mapped every peer's device window; both kDeviceNotYet/Ok/Failed.
+  SharedIndex device_published;
+  SharedIndex device_opened;
+  alignas(64) uint64_t device_slot_bytes;
+  int64_t device;
+  unsigned char ipc_handle[RCOLL_IPC_HANDLE_BYTES];
 };
 static_assert(sizeof(WindowControl) <= kWindowControlBytes, "the window control block fits page 0");
 

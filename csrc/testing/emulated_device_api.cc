@@ -1,6 +1,8 @@
 #include "testing/emulated_device_api.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <chrono>
 #include <condition_variable>
@@ -14,6 +16,11 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <unordered_map>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "dtype.h"
 #include "reduce_kernels.h"
@@ -136,14 +143,99 @@ int allocAligned(size_t bytes, void** ptr) {
   *ptr = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
   return *ptr != nullptr ? 0 : failWith("out of memory");
 }
-int deviceAlloc(int device, size_t bytes, void** ptr) {
-  if (device != 0) return failWith("only device 0 exists");
-  return allocAligned(bytes, ptr);
-}
 int freeMemory(void* ptr) {
   std::free(ptr);
   return 0;
 }
+
+// "Device" memory is a shared mapping of a memfd, so that another process can
+// map it (ipc_open) as CUDA IPC maps a GPU block: the handle names the owner's
+// pid and descriptor, opened through /proc/<pid>/fd (same user).
+struct Mapping {
+  int fd;  // -1: an imported mapping (ipc_open)
+  size_t bytes;
+};
+std::mutex g_mappings_mutex;
+std::unordered_map<void*, Mapping> g_mappings;
+
+struct EmulatedIpcHandle {
+  uint64_t magic;
+  int64_t pid;
+  int64_t fd;
+  uint64_t bytes;
+};
+static_assert(sizeof(EmulatedIpcHandle) <= RCOLL_IPC_HANDLE_BYTES, "the handle fits");
+constexpr uint64_t kIpcMagic = 0x4350494d45444352ull;  // "RCDEMIPC"
+
+int deviceAlloc(int device, size_t bytes, void** ptr) {
+  if (device != 0) return failWith("only device 0 exists");
+  *ptr = nullptr;
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096;
+  const int fd = memfd_create("rcoll-emulated-device", MFD_CLOEXEC);
+  if (fd < 0) return failWith(std::string("memfd_create: ") + std::strerror(errno));
+  if (ftruncate(fd, static_cast<off_t>(rounded)) != 0) {
+    close(fd);
+    return failWith(std::string("ftruncate: ") + std::strerror(errno));
+  }
+  void* p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    close(fd);
+    return failWith(std::string("mmap: ") + std::strerror(errno));
+  }
+  std::lock_guard<std::mutex> lock(g_mappings_mutex);
+  g_mappings[p] = Mapping{fd, rounded};
+  *ptr = p;
+  return 0;
+}
+int unmap(void* ptr, bool imported) {
+  Mapping m{};
+  {
+    std::lock_guard<std::mutex> lock(g_mappings_mutex);
+    auto it = g_mappings.find(ptr);
+    if (it == g_mappings.end() || (it->second.fd < 0) != imported) {
+      return failWith(imported ? "ipc_close of an address ipc_open did not return"
+                               : "device_free of an address device_alloc did not return");
+    }
+    m = it->second;
+    g_mappings.erase(it);
+  }
+  munmap(ptr, m.bytes);
+  if (m.fd >= 0) close(m.fd);
+  return 0;
+}
+int deviceFree(void* ptr) { return unmap(ptr, false); }
+int ipcHandle(void* ptr, void* handle) {
+  EmulatedIpcHandle h{kIpcMagic, static_cast<int64_t>(getpid()), -1, 0};
+  {
+    std::lock_guard<std::mutex> lock(g_mappings_mutex);
+    auto it = g_mappings.find(ptr);
+    if (it == g_mappings.end() || it->second.fd < 0) return failWith("ipc_handle of an address device_alloc did not return");
+    h.fd = it->second.fd;
+    h.bytes = it->second.bytes;
+  }
+  std::memset(handle, 0, RCOLL_IPC_HANDLE_BYTES);
+  std::memcpy(handle, &h, sizeof(h));
+  return 0;
+}
+int ipcOpen(int device, const void* handle, void** ptr) {
+  if (device != 0) return failWith("only device 0 exists");
+  *ptr = nullptr;
+  EmulatedIpcHandle h{};
+  std::memcpy(&h, handle, sizeof(h));
+  if (h.magic != kIpcMagic) return failWith("ipc_open: not an emulated IPC handle");
+  if (h.pid == static_cast<int64_t>(getpid())) return failWith("ipc_open: a process cannot open its own handle");
+  const std::string path = "/proc/" + std::to_string(h.pid) + "/fd/" + std::to_string(h.fd);
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return failWith("ipc_open: " + path + ": " + std::strerror(errno));
+  void* p = mmap(nullptr, h.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return failWith(std::string("ipc_open: mmap: ") + std::strerror(errno));
+  std::lock_guard<std::mutex> lock(g_mappings_mutex);
+  g_mappings[p] = Mapping{-1, h.bytes};
+  *ptr = p;
+  return 0;
+}
+int ipcClose(void* ptr) { return unmap(ptr, true); }
 int copyAsync(void* dst, const void* src, size_t bytes, void* stream) {
   if (bytes > 0 && (dst == nullptr || src == nullptr)) return failWith("copy with a null pointer");
   enqueue(stream, [=] { std::memmove(dst, src, bytes); });
@@ -205,7 +297,7 @@ const rcoll_device_api_v1 kEmulatedApi = {
     streamDestroy,
     streamSynchronize,
     deviceAlloc,
-    freeMemory,
+    deviceFree,
     allocAligned,
     freeMemory,
     copyAsync,
@@ -219,6 +311,9 @@ const rcoll_device_api_v1 kEmulatedApi = {
     eventDestroy,
     streamWaitEvent,
     lastError,
+    ipcHandle,
+    ipcOpen,
+    ipcClose,
 };
 
 }  // namespace

@@ -44,11 +44,13 @@ def _info(_args) -> int:
     print("              host has an active RDMA port, else TCP. RCOLL_TRANSPORT=tcp|ib forces one transport")
     print("              on every pair; RCOLL_TRANSPORT=shm requires every rank on one host.")
     print("environment:")
-    for name, default, meaning in _core.config_vars():
+    variables = _core.config_vars()
+    width = max(len(name) for name, _, _ in variables)  # the longest name keeps the columns aligned
+    for name, default, meaning in variables:
         value = os.environ.get(name)
         shown = value if value is not None else f"(unset, default {default or 'none'})"
-        print(f"  {name:<26} {shown}")
-        print(f"  {'':<26}   {meaning}")
+        print(f"  {name:<{width}} {shown}")
+        print(f"  {'':<{width}}   {meaning}")
     return 0
 
 

@@ -103,6 +103,13 @@ class Communicator:
         return list(self._comm.transports)
 
     @property
+    def device_path(self) -> str:
+        """How the last op on GPU buffers moved its data: "cuda-ipc" (device to
+        device through CUDA IPC windows: every rank on one host), "staging"
+        (pinned host memory over the transport), or "none" before the first."""
+        return self._comm.device_path
+
+    @property
     def timeout(self) -> float:
         return self._comm.timeout
 

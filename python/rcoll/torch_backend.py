@@ -808,6 +808,18 @@ def _combined(works: List[RcollWork], result) -> RcollWork:
 # ---------------------------------------------------------------------------------------
 # Registration
 # ---------------------------------------------------------------------------------------
+def device_path(group=None) -> str:
+    """How the last op on CUDA tensors of `group` (default: the default group)
+    moved its data: "cuda-ipc" (device to device, every rank on one host),
+    "staging" (pinned host memory over the network) or "none" yet."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, RcollProcessGroup):
+        pg = pg._get_backend(torch.device("cuda"))
+    if not isinstance(pg, RcollProcessGroup):
+        raise ValueError(f"{group!r} is not an rcoll process group")
+    return pg._comm.device_path
+
+
 def _create_process_group(store, rank, size, timeout):
     return RcollProcessGroup(store, rank, size, timeout)
 
