@@ -56,7 +56,9 @@ const std::vector<ConfigVar>& configVars() {
                                         "while unused; 0 registers per operation"},
       {"RCOLL_IBVERBS_LIB", "", "libibverbs to dlopen (default: libibverbs.so.1, then libibverbs.so)"},
       {"RCOLL_TIMELINE", "", "write a Chrome trace of every op (queue, wait for peers, transfer, reduce) to "
-                             "<value>.rank<N>.json; open in chrome://tracing or ui.perfetto.dev"},
+                             "<value>.rank<N>.json (a process's later communicators, e.g. torch "
+                             "sub-groups: <value>.rank<N>.comm<K>.json); open in chrome://tracing or "
+                             "ui.perfetto.dev"},
       {"RCOLL_ALLREDUCE_RD_BYTES", "32K", "allreduce buffers up to this size use recursive doubling "
                                          "(log2(P) exchanges of the whole buffer) instead of the ring; "
                                          "0 always uses the ring; rank 0's value is used by every rank"},

@@ -1,6 +1,7 @@
 #include "timeline.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 
 #include "error.h"
@@ -10,7 +11,14 @@ namespace rcoll {
 std::unique_ptr<Timeline> Timeline::fromEnvironment(int rank) {
   const char* base = std::getenv("RCOLL_TIMELINE");
   if (base == nullptr || *base == '\0') return nullptr;
-  return std::make_unique<Timeline>(strFormat("%s.rank%d.json", base, rank), rank);
+  // One file per communicator: torch sub-groups live in the same process as
+  // the default group, and two writers of one file would interleave. Ranks
+  // create their groups in the same order, so the numbers match across ranks.
+  static std::atomic<int> opened{0};
+  const int k = ++opened;
+  return std::make_unique<Timeline>(k == 1 ? strFormat("%s.rank%d.json", base, rank)
+                                           : strFormat("%s.rank%d.comm%d.json", base, rank, k),
+                                    rank);
 }
 
 Timeline::Timeline(const std::string& path, int rank)

@@ -45,3 +45,12 @@ def test_timeline_holds_every_op_with_its_phases(tmp_path, windows):
         labels = [e["args"]["labels"] for e in events if e["ph"] == "M" and e["name"] == "process_labels"]
         assert labels == [f"transport shm; per rank: {rank} self, {1 - rank} shm" if rank == 0 else
                           f"transport shm; per rank: {1 - rank} shm, {rank} self"], labels
+
+
+def test_each_communicator_of_a_process_writes_its_own_file(tmp_path):
+    env = {"RCOLL_TIMELINE": str(tmp_path / "trace")}
+    assert spawn.run(w.two_communicators, 2, spawn.free_port(), timeout=60, env=env) == [True, True]
+    for rank in range(2):
+        for name, op in ((f"trace.rank{rank}.json", "allreduce #1"), (f"trace.rank{rank}.comm2.json", "allgather #1")):
+            events = json.loads((tmp_path / name).read_text())  # each one strict JSON, not two writers' interleaving
+            assert [e["name"] for e in events if e.get("cat") == "op"] == [op], (name, events)

@@ -15,3 +15,14 @@ def some_ops(rank, world):
         comm.recv(np.empty(5), 0)
     comm.shutdown()  # closes the timeline file
     return True
+
+
+def two_communicators(rank, world, port):
+    """Two communicators in one process (as torch sub-groups are): one trace file each."""
+    first = rcoll.init(timeout=60)
+    second = rcoll.init(timeout=60, master_port=port)
+    first.allreduce(np.ones(4, np.float32))
+    second.allgather(np.ones(3))
+    second.shutdown()
+    first.shutdown()
+    return True
