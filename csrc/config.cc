@@ -65,6 +65,8 @@ const std::vector<ConfigVar>& configVars() {
       {"RCOLL_SPIN_US", "50", "microseconds a waiting rank busy-polls its connections (yielding the core "
                               "between polls) before it sleeps; 0 sleeps at once (lowest CPU use, higher latency)"},
       {"RCOLL_SHUTDOWN_TIMEOUT", "10", "seconds shutdown() lets pending operations finish before aborting them"},
+      {"RCOLL_TESTING_EMULATE_DEVICE_ID", "emulated:0", "tests only: the emulated GPU's identity; ranks with "
+                                                        "different ones have no peer access (CUDA IPC falls back)"},
       {"RCOLL_TESTING_EMULATE_DEVICE", "0", "tests only: 1 runs GPU-buffer collectives on a host-memory emulation "
                                             "of the device runtime (checks rcoll's staging, not CUDA)"},
   };

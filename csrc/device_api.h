@@ -31,6 +31,16 @@ extern "C" {
 
 /* Bytes of an inter-process memory handle (cudaIpcMemHandle_t is 64). */
 #define RCOLL_IPC_HANDLE_BYTES 64
+/* Bytes of a GPU identity, NUL included (a PCI bus id "0000:3b:00.0"). */
+#define RCOLL_DEVICE_ID_BYTES 32
+
+/* peer_access() answers. */
+enum {
+  RCOLL_PEER_SAME_DEVICE = 1,  /* the peer's GPU is this one */
+  RCOLL_PEER_ACCESS = 2,       /* another GPU whose memory kernels here can read (NVLink, PCIe P2P) */
+  RCOLL_PEER_NOT_VISIBLE = 3,  /* not a GPU of this process (CUDA_VISIBLE_DEVICES) */
+  RCOLL_PEER_NO_ACCESS = 4     /* visible, but no peer-to-peer path to it */
+};
 
 enum {
   RCOLL_EVENT_DONE = 0,      /* event_query(): the work recorded before the event finished */
@@ -89,6 +99,12 @@ typedef struct rcoll_device_api_v1 {
   int (*ipc_handle)(void* device_ptr, void* handle);
   int (*ipc_open)(int device, const void* handle, void** device_ptr);
   int (*ipc_close)(void* device_ptr);
+  /* `device`'s identity as every process of the host names it (the PCI bus
+   * id; device ordinals differ between processes with CUDA_VISIBLE_DEVICES),
+   * and whether kernels on `device` can read the memory of the GPU named
+   * `peer_id`: RCOLL_PEER_* in *access. */
+  int (*device_id)(int device, char* id, size_t bytes);
+  int (*peer_access)(int device, const char* peer_id, int* access);
 } rcoll_device_api_v1;
 
 #ifdef __cplusplus

@@ -29,7 +29,8 @@ void installDeviceApi(const DeviceApi* api) {
       reinterpret_cast<const void*>(api->event_query),       reinterpret_cast<const void*>(api->event_destroy),
       reinterpret_cast<const void*>(api->stream_wait_event), reinterpret_cast<const void*>(api->last_error),
       reinterpret_cast<const void*>(api->ipc_handle),        reinterpret_cast<const void*>(api->ipc_open),
-      reinterpret_cast<const void*>(api->ipc_close)};
+      reinterpret_cast<const void*>(api->ipc_close),         reinterpret_cast<const void*>(api->device_id),
+      reinterpret_cast<const void*>(api->peer_access)};
   for (const void* member : members) {
     if (member == nullptr) throwError(ErrorKind::kConfig, "set_device_api: the table has a null function");
   }

@@ -320,3 +320,22 @@ def rooted_sweep(rank, world, seed=16):
                 if not same(block, full[rank * n:(rank + 1) * n]):
                     failures.append(f"scatter {dtype} n={n} root={root}")
     return case, failures
+
+
+def rank_without_peer_access(rank, world, seed=17):
+    """Rank 1's GPU has no peer access to the others' (emulated): CUDA IPC must
+    be off on every rank, and the ops still right through staging."""
+    if rank == 1:
+        os.environ["RCOLL_TESTING_EMULATE_DEVICE_ID"] = "emulated:1"
+    comm = rcoll.init()
+    failures, case = [], 0
+    dtype = np.dtype(np.float32)
+    for n in (1, 1003):
+        for _ in range(2):  # the fallback holds for later ops too
+            case += 1
+            x = make_input(seed, rank, dtype, n, "sum")
+            comm.allreduce(dev(x))
+            expected = reduce_reference(_stack(seed, world, dtype, n, "sum"), dtype, "sum", world)
+            if not same(x, expected):
+                failures.append(f"allreduce n={n}: {differences(x, expected)}")
+    return comm.device_path, case, failures

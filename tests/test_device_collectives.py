@@ -92,6 +92,16 @@ def test_device_and_host_ops_in_flight_together(world):
     _check(spawn.run(w.many_async, world, timeout=120, env=dict(EMULATE, **SMALL_CHUNKS)))
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_rank_without_peer_access_turns_cuda_ipc_off_for_all(world, transport):
+    if transport != "shm":
+        pytest.skip("CUDA IPC is only tried when every rank shares memory")
+    for rank, (path, cases, failures) in enumerate(spawn.run(w.rank_without_peer_access, world, timeout=120,
+                                                             env=EMULATE)):
+        assert path == "staging", (rank, path)
+        assert cases > 0 and failures == [], (rank, failures)
+
+
 @pytest.mark.parametrize("kind", ["count", "dtype", "memory"])
 def test_mismatch_names_both_ranks(kind, transport):
     if kind == "memory" and transport == "tcp":

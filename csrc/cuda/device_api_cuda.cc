@@ -143,6 +143,27 @@ int ipcOpen(int device, const void* handle, void** ptr) {
 }
 int ipcClose(void* ptr) { return check(cudaIpcCloseMemHandle(ptr), "cudaIpcCloseMemHandle"); }
 
+int deviceId(int device, char* id, size_t bytes) {
+  return check(cudaDeviceGetPCIBusId(id, static_cast<int>(bytes), device), "cudaDeviceGetPCIBusId");
+}
+int peerAccess(int device, const char* peer_id, int* access) {
+  int peer = -1;
+  if (cudaDeviceGetByPCIBusId(&peer, peer_id) != cudaSuccess) {
+    (void)cudaGetLastError();  // an answer (not visible here), not an error to report later
+    *access = RCOLL_PEER_NOT_VISIBLE;
+    return RCOLL_CUDA_SUCCESS;
+  }
+  if (peer == device) {
+    *access = RCOLL_PEER_SAME_DEVICE;
+    return RCOLL_CUDA_SUCCESS;
+  }
+  int can = 0;
+  const cudaError_t error = cudaDeviceCanAccessPeer(&can, device, peer);
+  if (error != cudaSuccess) return failCuda(error, "cudaDeviceCanAccessPeer");
+  *access = can != 0 ? RCOLL_PEER_ACCESS : RCOLL_PEER_NO_ACCESS;
+  return RCOLL_CUDA_SUCCESS;
+}
+
 const rcoll_device_api_v1 kCudaApi = {
     RCOLL_DEVICE_API_VERSION,
     "cuda",
@@ -169,6 +190,8 @@ const rcoll_device_api_v1 kCudaApi = {
     ipcHandle,
     ipcOpen,
     ipcClose,
+    deviceId,
+    peerAccess,
 };
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstring>
 #include <thread>
 
 #include "error.h"
@@ -111,6 +112,9 @@ bool ShmCollectives::setUpDevice(const RunContext& run, const DeviceConfig& conf
     deviceCheck(dev.api.device_alloc(dev.device, 2 * dev.slot_bytes, reinterpret_cast<void**>(&dev.own)), run.op,
                 "allocating the device window");
     deviceCheck(dev.api.ipc_handle(dev.own, mine_->ipc_handle), run.op, "exporting the device window");
+    std::memset(mine_->device_id, 0, sizeof(mine_->device_id));
+    deviceCheck(dev.api.device_id(dev.device, mine_->device_id, sizeof(mine_->device_id) - 1), run.op,
+                "naming the GPU");
   } catch (const RcollError& e) {
     mine_failed = e.what();
   }
@@ -149,6 +153,26 @@ bool ShmCollectives::agreeOnDevice(const RunContext& run, const std::string& min
     if (p == rank_) continue;
     shm::WindowControl* theirs = controls_[static_cast<size_t>(p)];
     if (theirs->device_published.value.load(std::memory_order_acquire) != shm::kDeviceOk) continue;  // they say why
+    // The kernels here read the peer's slots: its GPU must be this one or
+    // one with peer access (VMs with passthrough GPUs often have none).
+    char their_id[RCOLL_DEVICE_ID_BYTES] = {};
+    std::memcpy(their_id, theirs->device_id, sizeof(their_id) - 1);
+    int access = 0;
+    if (dev.api.peer_access(dev.device, their_id, &access) != 0) {
+      const char* err = dev.api.last_error();
+      why = strFormat("rank %d could not check its access to rank %d's GPU %s: %s", rank_, p, their_id,
+                      err != nullptr ? err : "device runtime error");
+      break;
+    }
+    if (access == RCOLL_PEER_NOT_VISIBLE) {
+      why = strFormat("rank %d's GPU %s is not visible to rank %d (CUDA_VISIBLE_DEVICES?)", p, their_id, rank_);
+      break;
+    }
+    if (access == RCOLL_PEER_NO_ACCESS) {
+      why = strFormat("rank %d's GPU %s has no peer-to-peer access to rank %d's GPU %s", p, their_id, rank_,
+                      mine_->device_id);
+      break;
+    }
     const int rc = dev.api.ipc_open(dev.device, theirs->ipc_handle,
                                     reinterpret_cast<void**>(&dev.blocks[static_cast<size_t>(p)]));
     if (rc != 0) {

@@ -91,7 +91,8 @@ struct WindowControl {
   SharedIndex device_published;
   SharedIndex device_opened;
   alignas(64) uint64_t device_slot_bytes;
-  int64_t device;
+  int64_t device;                    // the owner's ordinal (its own numbering: for messages)
+  char device_id[RCOLL_DEVICE_ID_BYTES];  // the GPU's identity on the host (PCI bus id)
   unsigned char ipc_handle[RCOLL_IPC_HANDLE_BYTES];
 };
 static_assert(sizeof(WindowControl) <= kWindowControlBytes, "the window control block fits page 0");

@@ -236,6 +236,26 @@ int ipcOpen(int device, const void* handle, void** ptr) {
   return 0;
 }
 int ipcClose(void* ptr) { return unmap(ptr, true); }
+
+// Every emulated process has one GPU, "emulated:0" unless
+// RCOLL_TESTING_EMULATE_DEVICE_ID names it otherwise; two different names are
+// two GPUs without peer access (tests of the CUDA IPC fallback).
+std::string emulatedDeviceId() {
+  const char* id = std::getenv("RCOLL_TESTING_EMULATE_DEVICE_ID");
+  return id != nullptr && *id != '\0' ? id : "emulated:0";
+}
+int deviceId(int device, char* id, size_t bytes) {
+  if (device != 0) return failWith("only device 0 exists");
+  const std::string mine = emulatedDeviceId();
+  if (bytes == 0 || mine.size() >= bytes) return failWith("device id buffer too small");
+  std::memcpy(id, mine.c_str(), mine.size() + 1);
+  return 0;
+}
+int peerAccess(int device, const char* peer_id, int* access) {
+  if (device != 0) return failWith("only device 0 exists");
+  *access = emulatedDeviceId() == peer_id ? RCOLL_PEER_SAME_DEVICE : RCOLL_PEER_NO_ACCESS;
+  return 0;
+}
 int copyAsync(void* dst, const void* src, size_t bytes, void* stream) {
   if (bytes > 0 && (dst == nullptr || src == nullptr)) return failWith("copy with a null pointer");
   enqueue(stream, [=] { std::memmove(dst, src, bytes); });
@@ -314,6 +334,8 @@ const rcoll_device_api_v1 kEmulatedApi = {
     ipcHandle,
     ipcOpen,
     ipcClose,
+    deviceId,
+    peerAccess,
 };
 
 }  // namespace
