@@ -17,8 +17,8 @@ const std::vector<ConfigVar>& configVars() {
       {"RCOLL_SHM_DISABLE", "0", "1: never use shared memory (auto then picks verbs or TCP)"},
       {"RCOLL_HOSTID", "", "this rank's host identity (default: boot id and network namespace); ranks with "
                            "the same value use shared memory with each other, so it must name one machine"},
-      {"RCOLL_SHM_COLL", "1", "1: when every rank is on one host, allreduce, allgather, reduce_scatter, broadcast, "
-                              "reduce, gather, scatter and barrier go through shared windows (each rank publishes its data once and the "
+      {"RCOLL_SHM_COLL", "1", "1: when every rank is on one host, allreduce, allgather, reduce_scatter, broadcast "
+                              "and barrier go through shared windows (each rank publishes its data once and the "
                               "others read and reduce it in place) instead of the ring; 0: the ring over shared "
                               "memory; rank 0's value is used by every rank"},
       {"RCOLL_SHM_COLL_SLOT_BYTES", "1M", "each rank's shared-window slot (it has two): larger ops go through in "

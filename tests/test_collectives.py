@@ -114,7 +114,6 @@ def test_large_buffers_default_chunks(world):
     _check(spawn.run(w.large_sweep, world, timeout=240))
 
 
-@WINDOW_OPS
 @pytest.mark.parametrize("world", [2, 3])
 def test_large_rooted_and_alltoall_default_chunks(world):
     _check(spawn.run(w.large_rooted_sweep, world, timeout=240))
@@ -133,26 +132,16 @@ def test_rendezvous_through_a_caller_supplied_store(world):
         assert used
 
 
-@WINDOW_OPS
 @pytest.mark.parametrize("world", WORLDS)
 def test_reduce_matrix(world):
     _check(spawn.run(w.reduce_sweep, world, timeout=240, env=SMALL_CHUNKS))
 
 
-@pytest.mark.transports(["shm"])
-@pytest.mark.parametrize("world", [2, 3, 5])
-def test_reduce_matrix_window_slices(world):
-    # Direct bytes 0: every step sliced (each rank reduces a slice, the root collects).
-    _check(spawn.run(w.reduce_sweep, world, timeout=240, env=dict(SMALL_CHUNKS, RCOLL_SHM_COLL_DIRECT_BYTES="0")))
-
-
-@WINDOW_OPS
 @pytest.mark.parametrize("world", WORLDS)
 def test_gather_matrix(world):
     _check(spawn.run(w.gather_sweep, world, timeout=240, env=SMALL_CHUNKS))
 
 
-@WINDOW_OPS
 @pytest.mark.parametrize("world", WORLDS)
 def test_scatter_matrix(world):
     _check(spawn.run(w.scatter_sweep, world, timeout=240, env=SMALL_CHUNKS))

@@ -69,8 +69,7 @@ bool ShmCollectives::available(const ShmTransport& transport, int size) {
 
 bool ShmCollectives::handles(OpKind kind) {
   return kind == OpKind::kAllreduce || kind == OpKind::kAllgather || kind == OpKind::kReduceScatter ||
-         kind == OpKind::kBroadcast || kind == OpKind::kBarrier || kind == OpKind::kReduce ||
-         kind == OpKind::kGather || kind == OpKind::kScatter;
+         kind == OpKind::kBroadcast || kind == OpKind::kBarrier;
 }
 
 ShmCollectives::ShmCollectives(ShmTransport& transport, int rank, int size, std::chrono::microseconds spin,
@@ -110,9 +109,6 @@ void ShmCollectives::run(const OpDesc& op, const char* send, char* recv, Deadlin
     case OpKind::kReduceScatter: return reduceScatter(ctx, send, recv);
     case OpKind::kBroadcast: return broadcast(ctx, send, recv);
     case OpKind::kBarrier: return barrier(ctx);
-    case OpKind::kReduce: return reduce(ctx, send, recv);
-    case OpKind::kGather: return gather(ctx, send, recv);
-    case OpKind::kScatter: return scatter(ctx, send, recv);
     default:
       throwError(ErrorKind::kGeneric, strFormat("rank %d: %s is not a shared-window collective", rank_,
                                                 describeOp(op).c_str()));
@@ -188,8 +184,8 @@ void ShmCollectives::checkPeer(const RunContext& run, int peer, Counter counter,
   }
   // Any peer, not only the awaited one: a rank that died or aborted is the
   // cause to report, even while this rank still waits on another. But a peer
-  // that already published what this wait needs may have finished the op and
-  // gone (a rooted op's other ranks are done before the root): not a failure.
+  // that already published what this wait needs may have finished its part
+  // and gone: that alone is not a failure of this op.
   for (int p = 0; p < size_; ++p) {
     const TransportFailure* down = p == rank_ ? nullptr : transport_.peerDown(p);
     if (down == nullptr) continue;
@@ -407,122 +403,6 @@ void ShmCollectives::broadcast(const RunContext& run, const char* send, char* re
     waitAll(run, Counter::kArrived, step_);
     checkDescriptors(run);
     if (rank_ != root) copyBytes(recv + done * es, slot(root), n * es);
-    publish(Counter::kFinished);
-    done += n;
-  } while (done < total);
-}
-
-void ShmCollectives::reduce(const RunContext& run, const char* send, char* recv) {
-  const OpDesc& op = run.op;
-  const size_t es = elementSize(op.dtype);
-  const size_t total = op.count;
-  const int root = static_cast<int>(op.root);
-  const bool is_root = rank_ == root;
-  const size_t per_step = slot_bytes_ / es;
-  const size_t P = static_cast<size_t>(size_);
-  const size_t align = std::max<size_t>(1, 64 / es);
-  size_t done = 0;
-  do {
-    const size_t n = std::min(per_step, total - done);
-    char* mine = beginStep(run);
-    const char* in = send + done * es;
-    // As allreduce: small steps are reduced whole (by the root alone here),
-    // large ones a slice per rank, which the root then collects.
-    const bool direct = n * es * P <= direct_bytes_;
-    const size_t units = (n + align - 1) / align;
-    auto slice = [&](size_t r, size_t* lo, size_t* len) {
-      const size_t a = std::min(n, units * r / P * align), b = std::min(n, units * (r + 1) / P * align);
-      *lo = a;
-      *len = b - a;
-    };
-    size_t my_lo = 0, my_len = 0;
-    if (!direct) slice(static_cast<size_t>(rank_), &my_lo, &my_len);
-    if (direct && is_root) {
-      // The root reads the others' slots; its own part comes from `in`.
-    } else if (direct) {
-      copyBytes(mine, in, n * es);
-    } else {  // the others need every slice of this rank's input but its own
-      copyBytes(mine, in, my_lo * es);
-      copyBytes(mine + (my_lo + my_len) * es, in + (my_lo + my_len) * es, (n - my_lo - my_len) * es);
-    }
-    publish(Counter::kArrived);
-    waitAll(run, Counter::kArrived, step_);
-    checkDescriptors(run);
-    if (direct) {
-      // `recv` may alias `send` on the root: `in` is the first operand, read before it is written.
-      if (is_root) reduceWindows(op, recv + done * es, in, 0, n);
-    } else {
-      // This rank's slice, reduced into its own slot (no peer reads that part of it).
-      reduceWindows(op, mine + my_lo * es, in + my_lo * es, my_lo * es, my_len);
-      publish(Counter::kReduced);
-      if (is_root) {
-        waitAll(run, Counter::kReduced, step_);
-        for (int r = 0; r < size_; ++r) {
-          size_t lo = 0, len = 0;
-          slice(static_cast<size_t>(r), &lo, &len);
-          copyBytes(recv + (done + lo) * es, slot(r) + lo * es, len * es);
-        }
-      }
-    }
-    publish(Counter::kFinished);
-    done += n;
-  } while (done < total);
-}
-
-void ShmCollectives::gather(const RunContext& run, const char* send, char* recv) {
-  const size_t es = elementSize(run.op.dtype);
-  const size_t total = run.op.count;  // per rank
-  const int root = static_cast<int>(run.op.root);
-  const bool is_root = rank_ == root;
-  if (is_root) {
-    char* own = recv + static_cast<size_t>(root) * total * es;
-    if (send != own) std::memmove(own, send, total * es);
-  }
-  const size_t per_step = slot_bytes_ / es;
-  size_t done = 0;
-  do {
-    const size_t n = std::min(per_step, total - done);
-    char* mine = beginStep(run);
-    if (!is_root) copyBytes(mine, send + done * es, n * es);
-    publish(Counter::kArrived);
-    waitAll(run, Counter::kArrived, step_);
-    checkDescriptors(run);
-    if (is_root) {
-      for (int r = 0; r < size_; ++r) {
-        if (r != rank_) copyBytes(recv + (static_cast<size_t>(r) * total + done) * es, slot(r), n * es);
-      }
-    }
-    publish(Counter::kFinished);
-    done += n;
-  } while (done < total);
-}
-
-void ShmCollectives::scatter(const RunContext& run, const char* send, char* recv) {
-  const size_t es = elementSize(run.op.dtype);
-  const size_t total = run.op.count;  // per rank: the root's send holds size * total elements
-  const size_t P = static_cast<size_t>(size_);
-  const int root = static_cast<int>(run.op.root);
-  const bool is_root = rank_ == root;
-  const size_t me = static_cast<size_t>(rank_);
-  if (is_root) {
-    const char* own = send + me * total * es;
-    if (recv != own) std::memmove(recv, own, total * es);
-  }
-  const size_t per_step = slot_bytes_ / (es * P);  // >= 1: available() asks for slot >= 64 * size
-  size_t done = 0;
-  do {
-    const size_t n = std::min(per_step, total - done);
-    char* mine = beginStep(run);
-    // The root's slot: block j's n elements at j * n.
-    if (is_root) {
-      for (size_t j = 0; j < P; ++j) {
-        if (j != me) copyBytes(mine + j * n * es, send + (j * total + done) * es, n * es);
-      }
-    }
-    publish(Counter::kArrived);
-    waitAll(run, Counter::kArrived, step_);
-    checkDescriptors(run);
-    if (!is_root) copyBytes(recv + done * es, slot(root) + me * n * es, n * es);
     publish(Counter::kFinished);
     done += n;
   } while (done < total);

@@ -16,10 +16,6 @@
 //   allgather, broadcast      everyone copies straight out of the owners' windows.
 //   reduce_scatter            rank r reduces block r from all P windows.
 //   barrier                   the arrival counters alone.
-//   reduce                    as allreduce, but only the root keeps the
-//                             result (large steps: each rank reduces a slice
-//                             into its own slot, the root copies them).
-//   gather, scatter           the root copies out of / into the windows.
 //
 // An op larger than a window slot runs in steps of at most one slot; step t
 // uses slot t % 2, so rank r fills slot t+1 while its peers still read slot t,
@@ -84,7 +80,7 @@ class ShmCollectives {
            const std::atomic<bool>& abort_flag);
 
   // The same for device buffers of `config.device`, through the device
-  // windows (allreduce, allgather, reduce_scatter, broadcast). The op's copies
+  // windows (a kind handles() accepts, barrier excepted). The op's copies
   // wait for `ready` (the caller's stream; may be null); `done` (may be null)
   // is recorded once its results are in place. The first call sets the device
   // windows up with every peer; returns false, having run nothing, when they
@@ -140,9 +136,6 @@ class ShmCollectives {
   void reduceScatter(const RunContext& run, const char* send, char* recv);
   void broadcast(const RunContext& run, const char* send, char* recv);
   void barrier(const RunContext& run);
-  void reduce(const RunContext& run, const char* send, char* recv);
-  void gather(const RunContext& run, const char* send, char* recv);
-  void scatter(const RunContext& run, const char* send, char* recv);
 
   // Device windows (shm_collectives_device.cc).
   bool setUpDevice(const RunContext& run, const DeviceConfig& config);

@@ -213,9 +213,7 @@ bool ShmCollectives::agreeOnDevice(const RunContext& run, const std::string& min
 bool ShmCollectives::runDevice(const OpDesc& op, const char* send, char* recv, const DeviceConfig& config,
                                const DeviceEvent* ready, DeviceEvent* done, Deadline deadline,
                                std::chrono::milliseconds timeout, const std::atomic<bool>& abort_flag) {
-  const bool device_kind = op.kind == OpKind::kAllreduce || op.kind == OpKind::kAllgather ||
-                           op.kind == OpKind::kReduceScatter || op.kind == OpKind::kBroadcast;
-  if (!device_kind) return false;  // reduce, gather, scatter: staging
+  if (!handles(op.kind) || op.kind == OpKind::kBarrier) return false;
   if (device_ && device_->state == ShmDeviceWindows::State::kOff) return false;
   first_completion_ = {};
   RunContext ctx{op, deadline, timeout, abort_flag, true};
