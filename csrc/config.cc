@@ -99,6 +99,17 @@ size_t parseByteSize(const std::string& name, const std::string& value) {
   return static_cast<size_t>(number * scale);
 }
 
+namespace {
+// A window slot size: 4K to 1G, rounded up to `align` bytes.
+size_t parseSlotBytes(const char* name, const char* value, size_t align) {
+  const size_t bytes = parseByteSize(name, value);
+  if (bytes < 4096 || bytes > (size_t{1} << 30)) {
+    throwError(ErrorKind::kConfig, strFormat("%s=%s must be between 4K and 1G", name, value));
+  }
+  return (bytes + align - 1) / align * align;
+}
+}  // namespace
+
 static const char* envOrNull(const char* name) {
   const char* value = std::getenv(name);
   return (value != nullptr && *value != '\0') ? value : nullptr;
@@ -152,22 +163,14 @@ Config Config::fromEnvironment() {
   }
   if (const char* v = envOrNull("RCOLL_SHM_COLL")) config.shm_coll = parseInt("RCOLL_SHM_COLL", v, 0, 1) == 1;
   if (const char* v = envOrNull("RCOLL_SHM_COLL_SLOT_BYTES")) {
-    config.shm_coll_slot_bytes = parseByteSize("RCOLL_SHM_COLL_SLOT_BYTES", v);
-    if (config.shm_coll_slot_bytes < 4096 || config.shm_coll_slot_bytes > (size_t{1} << 30)) {
-      throwError(ErrorKind::kConfig, strFormat("RCOLL_SHM_COLL_SLOT_BYTES=%s must be between 4K and 1G", v));
-    }
-    config.shm_coll_slot_bytes = (config.shm_coll_slot_bytes + 63) / 64 * 64;
+    config.shm_coll_slot_bytes = parseSlotBytes("RCOLL_SHM_COLL_SLOT_BYTES", v, 64);
   }
   if (const char* v = envOrNull("RCOLL_SHM_COLL_DIRECT_BYTES")) {
     config.shm_coll_direct_bytes = parseByteSize("RCOLL_SHM_COLL_DIRECT_BYTES", v);
   }
   if (const char* v = envOrNull("RCOLL_CUDA_IPC")) config.cuda_ipc = parseInt("RCOLL_CUDA_IPC", v, 0, 1) == 1;
   if (const char* v = envOrNull("RCOLL_CUDA_IPC_SLOT_BYTES")) {
-    config.cuda_ipc_slot_bytes = parseByteSize("RCOLL_CUDA_IPC_SLOT_BYTES", v);
-    if (config.cuda_ipc_slot_bytes < 4096 || config.cuda_ipc_slot_bytes > (size_t{1} << 30)) {
-      throwError(ErrorKind::kConfig, strFormat("RCOLL_CUDA_IPC_SLOT_BYTES=%s must be between 4K and 1G", v));
-    }
-    config.cuda_ipc_slot_bytes = (config.cuda_ipc_slot_bytes + 255) / 256 * 256;
+    config.cuda_ipc_slot_bytes = parseSlotBytes("RCOLL_CUDA_IPC_SLOT_BYTES", v, 256);
   }
   if (const char* v = envOrNull("RCOLL_CUDA_IPC_DIRECT_BYTES")) {
     config.cuda_ipc_direct_bytes = parseByteSize("RCOLL_CUDA_IPC_DIRECT_BYTES", v);

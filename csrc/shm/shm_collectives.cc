@@ -92,6 +92,10 @@ ShmCollectives::~ShmCollectives() = default;
 void ShmCollectives::announce(const OpDesc& op, bool device) {
   mine_->current_op.value.store(packOp(op, device), std::memory_order_seq_cst);
   // A peer asleep in a window op must look: it may be waiting for this rank in vain.
+  wakeSleepingPeers();
+}
+
+void ShmCollectives::wakeSleepingPeers() {
   for (int p = 0; p < size_; ++p) {
     if (p != rank_ && controls_[static_cast<size_t>(p)]->sleeping.bits.load(std::memory_order_seq_cst) != 0) {
       transport_.ringDoorbell(p);
@@ -134,11 +138,7 @@ char* ShmCollectives::beginStep(const RunContext& run) {
 
 void ShmCollectives::publish(Counter counter) {
   counterOf(mine_, static_cast<int>(counter)).store(step_, std::memory_order_seq_cst);
-  for (int p = 0; p < size_; ++p) {
-    if (p != rank_ && controls_[static_cast<size_t>(p)]->sleeping.bits.load(std::memory_order_seq_cst) != 0) {
-      transport_.ringDoorbell(p);
-    }
-  }
+  wakeSleepingPeers();
 }
 
 void ShmCollectives::waitAll(const RunContext& run, Counter counter, uint64_t target) {
@@ -303,12 +303,7 @@ void ShmCollectives::allreduce(const RunContext& run, const char* send, char* re
     // Small steps: every rank reduces the whole step (one hand-off, and reading
     // a few windows costs less than a second one). Large: a slice each.
     const bool direct = n * es * P <= direct_bytes_;
-    const size_t units = (n + align - 1) / align;
-    auto slice = [&](size_t r, size_t* lo, size_t* len) {
-      const size_t a = std::min(n, units * r / P * align), b = std::min(n, units * (r + 1) / P * align);
-      *lo = a;
-      *len = b - a;
-    };
+    auto slice = [&](size_t r, size_t* lo, size_t* len) { sliceOfStep(n, P, r, align, lo, len); };
     size_t my_lo = 0, my_len = n;
     if (!direct) slice(static_cast<size_t>(rank_), &my_lo, &my_len);
     if (direct) {

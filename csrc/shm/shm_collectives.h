@@ -36,6 +36,7 @@
 // shm_collectives_device.cc.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -53,6 +54,15 @@
 #include "wire.h"
 
 namespace rcoll {
+
+// Rank r's slice [*lo, *lo + *len) of a step of n elements cut into P slices
+// that start on multiples of `align` elements (allreduce's sliced steps).
+inline void sliceOfStep(size_t n, size_t P, size_t r, size_t align, size_t* lo, size_t* len) {
+  const size_t units = (n + align - 1) / align;
+  const size_t a = std::min(n, units * r / P * align), b = std::min(n, units * (r + 1) / P * align);
+  *lo = a;
+  *len = b - a;
+}
 
 class ShmCollectives {
  public:
@@ -118,6 +128,8 @@ class ShmCollectives {
   char* beginStep(const RunContext& run);
   // Publishes this rank's counter for the current step and wakes sleeping peers.
   void publish(Counter counter);
+  // Rings the doorbell of every peer that sleeps waiting on a counter (after a store it must see).
+  void wakeSleepingPeers();
   // Until every peer's counter reaches `target` (checking failures between looks).
   void waitAll(const RunContext& run, Counter counter, uint64_t target);
   // The slot of `rank` for the current step.

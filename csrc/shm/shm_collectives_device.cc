@@ -132,18 +132,11 @@ bool ShmCollectives::setUpDevice(const RunContext& run, const DeviceConfig& conf
 
 bool ShmCollectives::agreeOnDevice(const RunContext& run, const std::string& mine_failed) {
   ShmDeviceWindows& dev = *device_;
-  auto wake = [this] {
-    for (int p = 0; p < size_; ++p) {
-      if (p != rank_ && controls_[static_cast<size_t>(p)]->sleeping.bits.load(std::memory_order_seq_cst) != 0) {
-        transport_.ringDoorbell(p);
-      }
-    }
-  };
   mine_->device_slot_bytes = dev.slot_bytes;
   mine_->device = dev.device;
   mine_->device_published.value.store(mine_failed.empty() ? shm::kDeviceOk : shm::kDeviceFailed,
                                       std::memory_order_seq_cst);
-  wake();
+  wakeSleepingPeers();
   waitAll(run, Counter::kDevicePublished, shm::kDeviceOk);
   // 2. Map every peer's block (or say that this rank cannot).
   std::string why = mine_failed;
@@ -182,7 +175,7 @@ bool ShmCollectives::agreeOnDevice(const RunContext& run, const std::string& min
     }
   }
   mine_->device_opened.value.store(why.empty() ? shm::kDeviceOk : shm::kDeviceFailed, std::memory_order_seq_cst);
-  wake();
+  wakeSleepingPeers();
   waitAll(run, Counter::kDeviceOpened, shm::kDeviceOk);
   // 3. On only if every rank exported and mapped: the same answer everywhere.
   std::vector<int> failed;
@@ -270,12 +263,7 @@ void ShmCollectives::deviceAllreduce(const RunContext& run, const char* send, ch
       deviceWait(run);
     } else {
       // Rank r reduces slice r and leaves it in its slot; the others copy it out.
-      const size_t units = (n + align - 1) / align;
-      auto slice = [&](size_t r, size_t* lo, size_t* len) {
-        const size_t a = std::min(n, units * r / P * align), b = std::min(n, units * (r + 1) / P * align);
-        *lo = a;
-        *len = b - a;
-      };
+      auto slice = [&](size_t r, size_t* lo, size_t* len) { sliceOfStep(n, P, r, align, lo, len); };
       size_t my_lo = 0, my_len = 0;
       slice(static_cast<size_t>(rank_), &my_lo, &my_len);
       deviceReduceSlots(op, out + my_lo * es, my_lo * es, my_len);
