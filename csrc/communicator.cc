@@ -139,6 +139,7 @@ const char* Communicator::devicePath() const {
   switch (device_path_.load(std::memory_order_relaxed)) {
     case DevicePath::kIpcWindows: return "cuda-ipc";
     case DevicePath::kStaging: return "staging";
+    case DevicePath::kGdr: return "gdr";
     default: return "none";
   }
 }
@@ -590,7 +591,8 @@ std::shared_ptr<Work> Communicator::allToAll(const void* send, void* recv, const
                                              const std::vector<int64_t>& send_displs,
                                              const std::vector<int64_t>& recv_counts,
                                              const std::vector<int64_t>& recv_displs, DataType dtype,
-                                             std::chrono::milliseconds timeout, Launch launch) {
+                                             std::chrono::milliseconds timeout, Launch launch,
+                                             const DeviceOpArgs* device) {
   const size_t P = static_cast<size_t>(size_);
   const uint64_t es = elementSize(dtype);
   auto invalid = [&](const std::string& why) {
@@ -646,8 +648,9 @@ std::shared_ptr<Work> Communicator::allToAll(const void* send, void* recv, const
     uintptr_t r0 = reinterpret_cast<uintptr_t>(recv) + lo[1] * es, r1 = reinterpret_cast<uintptr_t>(recv) + hi[1] * es;
     if (s0 < r1 && r0 < s1) invalid("the send and receive buffers overlap: alltoall cannot run in place");
   }
-  return enqueue(OpKind::kAllToAll, dtype, ReduceOp::kSum, 0, static_cast<size_t>(totals[0]), send, recv, timeout, launch,
-                 std::move(packed));
+  // Device ops always go through the progress thread, which holds the device's context.
+  return enqueue(OpKind::kAllToAll, dtype, ReduceOp::kSum, 0, static_cast<size_t>(totals[0]), send, recv, timeout,
+                 device != nullptr ? Launch::kQueued : launch, std::move(packed), device);
 }
 
 void Communicator::runOp(const Op& op) {
@@ -781,17 +784,17 @@ void Communicator::runDeviceOp(const Op& op) {
       return;
     }
   }
-  device_path_.store(DevicePath::kStaging, std::memory_order_relaxed);
   if (!device_executor_) {
     try {
       device_executor_ = std::make_unique<DeviceStagingExecutor>(
           transport_.get(), *installedDeviceApi(), op.device, rank_, size_, info_.comm_id,
-          config_.chunk_bytes + 8, config_.pipeline_slots);
+          config_.chunk_bytes + 8, config_.pipeline_slots, config_.gdr);
     } catch (const RcollError& e) {
       throwError(e.kind(), context + ": " + e.what());
     }
   }
   DeviceStagingExecutor& ex = *device_executor_;
+  device_path_.store(ex.gdr() ? DevicePath::kGdr : DevicePath::kStaging, std::memory_order_relaxed);
   const RingContext ctx{rank_, size_,
                         Segmenter{std::max<size_t>(1, config_.chunk_bytes / es),
                                   std::max<size_t>(1, config_.min_chunk_bytes / es)}};
@@ -839,6 +842,18 @@ void Communicator::runDeviceOp(const Op& op) {
         if (rank_ == root) ex.localCopy(op.recv, op.send + static_cast<size_t>(root) * bytes, bytes);
         if (exchange) buildDirectScatter(schedule_, ctx, op.send, op.recv, d.count, root);
         break;
+      case OpKind::kAllToAll: {
+        const size_t P = static_cast<size_t>(size_), me = static_cast<size_t>(rank_);
+        const uint64_t* send_counts = op.counts.data();
+        const uint64_t* send_displs = send_counts + P;
+        const uint64_t* recv_counts = send_counts + 2 * P;
+        const uint64_t* recv_displs = send_counts + 3 * P;
+        ex.localCopy(op.recv + recv_displs[me] * es, op.send + send_displs[me] * es, send_counts[me] * es);
+        if (exchange) {
+          buildPairwiseAllToAll(schedule_, ctx, op.send, op.recv, send_counts, send_displs, recv_counts, recv_displs);
+        }
+        break;
+      }
       default:  // refused by deviceCollective()
         throwError(ErrorKind::kInvalidArgument, context + ": not supported on device buffers");
     }

@@ -75,8 +75,8 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   // else "shm", "tcp" or "ib" (edge_plan.h).
   std::vector<std::string> transports() const;
   // How the last device-buffer op moved its data: "cuda-ipc" (device windows,
-  // every rank on one host), "staging" (pinned host memory and a transport),
-  // or "none" before the first.
+  // every rank on one host), "gdr" (GPUDirect RDMA: device memory to the NIC),
+  // "staging" (pinned host memory and a transport), or "none" before the first.
   const char* devicePath() const;
   std::string describeEdges() const;  // "per rank: 0 self, 1 shm, 2 tcp", for logs and the timeline
   // Thread-safe: [data, data + bytes) is being freed; drops cached RDMA registrations of it.
@@ -120,11 +120,13 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   std::shared_ptr<Work> allToAll(const void* send, void* recv, const std::vector<int64_t>& send_counts,
                                  const std::vector<int64_t>& send_displs, const std::vector<int64_t>& recv_counts,
                                  const std::vector<int64_t>& recv_displs, DataType dtype,
-                                 std::chrono::milliseconds timeout = {}, Launch launch = Launch::kQueued);
+                                 std::chrono::milliseconds timeout = {}, Launch launch = Launch::kQueued,
+                                 const DeviceOpArgs* device = nullptr);
 
   // A collective on device (GPU) buffers, through the installed device API
   // (device_api.h): allreduce, allgather, reduce_scatter, broadcast, reduce,
-  // gather or scatter, with the arguments of the host versions above. The op
+  // gather or scatter, with the arguments of the host versions above (for
+  // alltoall, allToAll() with `device`: every block of both buffers on it). The op
   // starts after the work queued on `device.stream` before this call (an
   // event, no host wait); its Work carries a completion event
   // (Work::deviceCompletion). A communicator serves one device.
@@ -206,7 +208,7 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   std::unique_ptr<PipelineExecutor> executor_;
   // Every rank on this host: the window collectives (shm/shm_collectives.h); else null.
   std::unique_ptr<ShmCollectives> shm_coll_;
-  enum class DevicePath { kNone, kIpcWindows, kStaging };
+  enum class DevicePath { kNone, kIpcWindows, kStaging, kGdr };
   std::atomic<DevicePath> device_path_{DevicePath::kNone};
   std::unique_ptr<P2PEngine> p2p_;   // own sockets and thread; none in a world of size 1
   // Device ops: created by the first one, on the progress thread; destroyed

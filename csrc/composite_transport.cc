@@ -110,6 +110,11 @@ MemoryHandle CompositeTransport::registerMemory(void* data, size_t bytes) {
   return registrar_ != nullptr ? registrar_->registerMemory(data, bytes) : nullptr;
 }
 
+MemoryHandle CompositeTransport::registerDeviceMemory(void*, size_t, int, uint64_t, std::string* why) {
+  *why = "this rank's edges mix transports (" + name_ + "): GPUDirect RDMA needs every edge on verbs";
+  return nullptr;
+}
+
 void CompositeTransport::deregisterMemory(MemoryHandle handle) {
   if (registrar_ != nullptr) registrar_->deregisterMemory(handle);
 }

@@ -58,6 +58,9 @@ class CompositeTransport : public Transport {
 
   bool needsRegistration() const override { return registrar_ != nullptr; }
   MemoryHandle registerMemory(void* data, size_t bytes) override;
+  // Never: a shared-memory or TCP edge would have the CPU touch device memory.
+  MemoryHandle registerDeviceMemory(void* data, size_t bytes, int dmabuf_fd, uint64_t dmabuf_offset,
+                                    std::string* why) override;
   void deregisterMemory(MemoryHandle handle) override;
   void invalidateMemory(const void* data, size_t bytes) override;
 

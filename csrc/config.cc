@@ -35,6 +35,11 @@ const std::vector<ConfigVar>& configVars() {
       {"RCOLL_CUDA_IPC_DIRECT_BYTES", "1M", "CUDA IPC allreduce: while a step's bytes times the number of "
                                             "ranks stay within this, every rank reduces the whole step (one "
                                             "hand-off); above it each reduces a slice; rank 0's value is used"},
+      {"RCOLL_GDR", "auto", "GPUDirect RDMA: CUDA buffers sent over verbs go between GPU memory and the NIC "
+                            "without a copy through host memory (the GPU's memory registered as a dma-buf, "
+                            "else through nvidia-peermem). auto uses it where the GPU, driver and NIC allow "
+                            "and stages through pinned host memory otherwise (a WARN says why); 1 makes "
+                            "its absence an error; 0 always stages. Each rank decides for itself"},
       {"RCOLL_SHM_RING_BYTES", "4M", "shared-memory ring per direction and pair of ranks (4K to 1G)"},
       {"RCOLL_SOCKET_IFNAME", "", "network interface whose IPv4 address data sockets bind to "
                                   "(default: the address that reaches the rendezvous store)"},
@@ -174,6 +179,16 @@ Config Config::fromEnvironment() {
   }
   if (const char* v = envOrNull("RCOLL_CUDA_IPC_DIRECT_BYTES")) {
     config.cuda_ipc_direct_bytes = parseByteSize("RCOLL_CUDA_IPC_DIRECT_BYTES", v);
+  }
+  if (const char* v = envOrNull("RCOLL_GDR")) {
+    const std::string g = v;
+    if (g == "auto") {
+      config.gdr = Config::Gdr::kAuto;
+    } else if (g == "0" || g == "1") {
+      config.gdr = g == "1" ? Config::Gdr::kOn : Config::Gdr::kOff;
+    } else {
+      throwError(ErrorKind::kConfig, strFormat("RCOLL_GDR=%s is not a choice (use auto, 0 or 1)", v));
+    }
   }
   if (const char* v = envOrNull("RCOLL_HOSTID")) config.host_id = v;
   if (const char* v = envOrNull("RCOLL_IB_HCA")) config.ib_hca = v;

@@ -34,6 +34,8 @@ struct Config {
   bool cuda_ipc = true;                  // RCOLL_CUDA_IPC: device buffers through CUDA IPC windows (one host)
   size_t cuda_ipc_slot_bytes = 16 << 20; // RCOLL_CUDA_IPC_SLOT_BYTES: each device window slot (two per rank)
   size_t cuda_ipc_direct_bytes = 1 << 20;  // RCOLL_CUDA_IPC_DIRECT_BYTES: see configVars()
+  enum class Gdr { kOff, kAuto, kOn };
+  Gdr gdr = Gdr::kAuto;                  // RCOLL_GDR: GPUDirect RDMA for device buffers over verbs
   std::string host_id;                   // RCOLL_HOSTID: this rank's host identity (edge_plan.h)
   std::string ib_hca;                    // RCOLL_IB_HCA: device/port filter (rdma/ib_device.h)
   int ib_gid_index = -1;                 // RCOLL_IB_GID_INDEX: -1 = choose automatically

@@ -26,7 +26,7 @@
 extern "C" {
 #endif
 
-#define RCOLL_DEVICE_API_VERSION 2
+#define RCOLL_DEVICE_API_VERSION 3
 #define RCOLL_DEVICE_API_CAPSULE "rcoll_device_api_v1"
 
 /* Bytes of an inter-process memory handle (cudaIpcMemHandle_t is 64). */
@@ -105,6 +105,20 @@ typedef struct rcoll_device_api_v1 {
    * `peer_id`: RCOLL_PEER_* in *access. */
   int (*device_id)(int device, char* id, size_t bytes);
   int (*peer_access)(int device, const char* peer_id, int* access);
+
+  /* Version 3: GPUDirect RDMA (device_staging_executor.cc), the NIC reading
+   * and writing device memory itself.
+   * gdr_support(): whether `device` can take part at all (CUDA: the
+   * GPUDirect RDMA device attribute), in *supported (0/1).
+   * dmabuf_export(): a dma-buf file descriptor for [ptr, ptr + bytes) of a
+   * device_alloc() block (page-aligned), for ibv_reg_dmabuf_mr; the caller
+   * closes *fd. *offset is ptr's offset inside the dma-buf.
+   * flush_rdma_writes(): NIC writes into `device`'s memory whose completion
+   * the caller has seen become visible to device work enqueued after the call
+   * (CUDA: cudaDeviceFlushGPUDirectRDMAWrites where the platform needs it). */
+  int (*gdr_support)(int device, int* supported);
+  int (*dmabuf_export)(void* ptr, size_t bytes, int* fd, unsigned long long* offset);
+  int (*flush_rdma_writes)(int device);
 } rcoll_device_api_v1;
 
 #ifdef __cplusplus

@@ -30,7 +30,8 @@ void installDeviceApi(const DeviceApi* api) {
       reinterpret_cast<const void*>(api->stream_wait_event), reinterpret_cast<const void*>(api->last_error),
       reinterpret_cast<const void*>(api->ipc_handle),        reinterpret_cast<const void*>(api->ipc_open),
       reinterpret_cast<const void*>(api->ipc_close),         reinterpret_cast<const void*>(api->device_id),
-      reinterpret_cast<const void*>(api->peer_access)};
+      reinterpret_cast<const void*>(api->peer_access),       reinterpret_cast<const void*>(api->gdr_support),
+      reinterpret_cast<const void*>(api->dmabuf_export),     reinterpret_cast<const void*>(api->flush_rdma_writes)};
   for (const void* member : members) {
     if (member == nullptr) throwError(ErrorKind::kConfig, "set_device_api: the table has a null function");
   }

@@ -1,10 +1,13 @@
 #include "device_staging_executor.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <set>
 #include <thread>
 
 #include "error.h"
+#include "log.h"
 #include "op_errors.h"
 
 namespace rcoll {
@@ -16,10 +19,21 @@ size_t alignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
 DeviceStagingExecutor::DeviceStagingExecutor(Transport* transport, const DeviceApi& api, int device, int rank,
-                                             int size, uint64_t comm_id, size_t slot_bytes, int num_slots)
+                                             int size, uint64_t comm_id, size_t slot_bytes, int num_slots,
+                                             Config::Gdr gdr)
     : transport_(transport), api_(api), device_(device), rank_(rank), size_(size), comm_id_(comm_id),
       slot_bytes_(slot_bytes) {
   context_ = strFormat("rank %d: setting up the staging of device %d", rank, device);
+  try {
+    setUp(gdr, slot_bytes, num_slots);
+  } catch (...) {
+    releaseResources();  // the destructor does not run for a constructor that threw
+    throw;
+  }
+}
+
+void DeviceStagingExecutor::setUp(Config::Gdr gdr, size_t slot_bytes, int num_slots) {
+  const int device = device_;
   // Pinned allocations use the thread's current device: make it ours, so that
   // no context is created on a GPU this rank does not use.
   check(api_.set_device(device), "selecting the device");
@@ -29,20 +43,25 @@ DeviceStagingExecutor::DeviceStagingExecutor(Transport* transport, const DeviceA
   if (transport_ == nullptr) return;  // world of size 1: local steps only
   const size_t stride = alignUp(slot_bytes);
   const size_t n = static_cast<size_t>(num_slots);
-  // One pinned block for both pools, registered once: every segment of every
-  // op then hits that one registration.
-  check(api_.host_alloc(stride * 2 * n, reinterpret_cast<void**>(&host_memory_)), "allocating pinned staging memory");
-  check(api_.device_alloc(device, stride * n, reinterpret_cast<void**>(&device_memory_)),
-        "allocating device staging memory");
-  if (transport_->needsRegistration()) host_registration_ = transport_->registerMemory(host_memory_, stride * 2 * n);
+  gdr_ = gdr != Config::Gdr::kOff && setUpGdr(stride * 2 * n, gdr == Config::Gdr::kOn);
+  if (!gdr_) {
+    // One pinned block for both pools, registered once: every segment of every
+    // op then hits that one registration.
+    check(api_.host_alloc(stride * 2 * n, reinterpret_cast<void**>(&host_memory_)),
+          "allocating pinned staging memory");
+    check(api_.device_alloc(device, stride * n, reinterpret_cast<void**>(&device_memory_)),
+          "allocating device staging memory");
+    if (transport_->needsRegistration()) wire_registration_ = transport_->registerMemory(host_memory_, stride * 2 * n);
+  }
+  char* wire = gdr_ ? device_memory_ : host_memory_;
   for (size_t i = 0; i < n; ++i) {
     Slot send;
-    send.host = host_memory_ + stride * i;
+    send.wire = wire + stride * i;
     send.event = std::make_unique<DeviceEvent>(api_, device, context_);
     send_slots_.push_back(std::move(send));
     Slot recv;
-    recv.host = host_memory_ + stride * (n + i);
-    recv.device = device_memory_ + stride * i;
+    recv.wire = wire + stride * (n + i);
+    recv.device = gdr_ ? recv.wire : device_memory_ + stride * i;
     recv.event = std::make_unique<DeviceEvent>(api_, device, context_);
     recv_slots_.push_back(std::move(recv));
     free_send_slots_.push_back(static_cast<int>(i));
@@ -50,19 +69,95 @@ DeviceStagingExecutor::DeviceStagingExecutor(Transport* transport, const DeviceA
   }
 }
 
-DeviceStagingExecutor::~DeviceStagingExecutor() {
+bool DeviceStagingExecutor::setUpGdr(size_t slot_bytes, bool required) {
+  std::vector<std::string> reasons;
+  int supported = 0;
+  if (!transport_->needsRegistration()) {
+    reasons.push_back(strFormat("the %s transport has no NIC to read device memory", transport_->name()));
+  } else if (api_.gdr_support(device_, &supported) != 0) {
+    reasons.push_back(std::string("asking the GPU: ") + api_.last_error());
+  } else if (supported == 0) {
+    reasons.push_back("the GPU does not support GPUDirect RDMA");
+  }
+  // dma-buf export and registration work on whole pages (64K: the GPU's own).
+  constexpr size_t kGpuPage = size_t{64} << 10;
+  const size_t bytes = (slot_bytes + kGpuPage - 1) / kGpuPage * kGpuPage;
+  char* memory = nullptr;
+  if (reasons.empty() && api_.device_alloc(device_, bytes, reinterpret_cast<void**>(&memory)) != 0) {
+    reasons.push_back(std::string("allocating device slots: ") + api_.last_error());
+    memory = nullptr;
+  }
+  const char* method = nullptr;
+  if (memory != nullptr) {
+    int fd = -1;
+    unsigned long long offset = 0;
+    std::string why;
+    if (api_.dmabuf_export(memory, bytes, &fd, &offset) != 0) {
+      reasons.push_back(std::string("dma-buf export: ") + api_.last_error());
+    } else {
+      wire_registration_ = transport_->registerDeviceMemory(memory, bytes, fd, offset, &why);
+      ::close(fd);  // the registration holds its own reference to the dma-buf
+      if (wire_registration_ != nullptr) {
+        method = "a dma-buf";
+      } else {
+        reasons.push_back(why);
+      }
+    }
+    if (wire_registration_ == nullptr) {
+      wire_registration_ = transport_->registerDeviceMemory(memory, bytes, -1, 0, &why);
+      if (wire_registration_ != nullptr) {
+        method = "peer memory (nvidia-peermem)";
+      } else {
+        reasons.push_back(why);
+      }
+    }
+    if (wire_registration_ == nullptr) (void)api_.device_free(memory);
+  }
+  if (wire_registration_ == nullptr) {
+    std::string all;
+    for (const std::string& r : reasons) all += (all.empty() ? "" : "; ") + r;
+    if (required) {
+      throwError(ErrorKind::kConfig, strFormat("RCOLL_GDR=1 but GPUDirect RDMA is impossible for device "
+                                               "%d: %s (RCOLL_GDR=auto stages through pinned host memory instead)",
+                                               device_, all.c_str()));
+    }
+    // Worth a warning where a NIC is there but cannot reach the GPU (once per
+    // process: every torch group would say the same).
+    static std::atomic<bool> warned{false};
+    if (transport_->needsRegistration() && supported != 0 && !warned.exchange(true)) {
+      RCOLL_WARN("rank %d: GPU buffers are staged through pinned host memory, not GPUDirect RDMA: %s", rank_,
+                 all.c_str());
+    } else {
+      RCOLL_INFO("rank %d: GPU buffers are staged through pinned host memory: %s", rank_, all.c_str());
+    }
+    return false;
+  }
+  device_memory_ = memory;
+  // Why the dma-buf route was passed over, if it was: what to fix for it.
+  const std::string passed_over = reasons.empty() ? "" : " (the dma-buf route: " + reasons.front() + ")";
+  RCOLL_INFO("rank %d: GPUDirect RDMA for device %d: %zu bytes of slots registered with the %s transport "
+             "through %s%s", rank_, device_, bytes, transport_->name(), method, passed_over.c_str());
+  return true;
+}
+
+DeviceStagingExecutor::~DeviceStagingExecutor() { releaseResources(); }
+
+void DeviceStagingExecutor::releaseResources() {
   // Nothing may still read or write the memory freed below.
   if (d2h_stream_ != nullptr) (void)api_.stream_synchronize(d2h_stream_);
   if (h2d_stream_ != nullptr) (void)api_.stream_synchronize(h2d_stream_);
   send_slots_.clear();
   recv_slots_.clear();
   join_event_.reset();
-  if (host_registration_ != nullptr) transport_->deregisterMemory(host_registration_);
+  if (wire_registration_ != nullptr) transport_->deregisterMemory(wire_registration_);
   if (host_memory_ != nullptr) (void)api_.host_free(host_memory_);
   if (device_memory_ != nullptr) (void)api_.device_free(device_memory_);
   if (scratch_ != nullptr) (void)api_.device_free(scratch_);
   if (d2h_stream_ != nullptr) (void)api_.stream_destroy(d2h_stream_);
   if (h2d_stream_ != nullptr) (void)api_.stream_destroy(h2d_stream_);
+  wire_registration_ = nullptr;
+  host_memory_ = device_memory_ = scratch_ = nullptr;
+  d2h_stream_ = h2d_stream_ = nullptr;
 }
 
 void DeviceStagingExecutor::check(int rc, const char* what) {
@@ -163,6 +258,7 @@ bool DeviceStagingExecutor::harvest(const Schedule& schedule, size_t* sends_done
     any = true;
   }
   // Segments off the wire: queue their copy to the device (and reduction).
+  bool flushed = false;
   for (size_t i = 0; i < recvs_posted_.size();) {
     InFlight& f = recvs_posted_[i];
     if (f.request->state == Request::State::kPending) {
@@ -183,8 +279,14 @@ bool DeviceStagingExecutor::harvest(const Schedule& schedule, size_t* sends_done
     } else {
       Slot& slot = recv_slots_[static_cast<size_t>(f.slot)];
       const size_t bytes = step.count * es;
+      if (gdr_ && !flushed) {  // once per pass: it covers every write completed before it
+        check(api_.flush_rdma_writes(device_), "flushing GPUDirect RDMA writes");
+        flushed = true;
+      }
       if (step.reduce_out != nullptr) {
-        check(api_.copy_h2d_async(slot.device, slot.host, bytes, h2d_stream_), "copying a segment to the device");
+        if (!gdr_) {
+          check(api_.copy_h2d_async(slot.device, slot.wire, bytes, h2d_stream_), "copying a segment to the device");
+        }
         check(api_.reduce_async(step.reduce_out, step.reduce_in, slot.device, step.count,
                                 static_cast<int>(schedule.op.dtype), static_cast<int>(schedule.op.reduce_op),
                                 h2d_stream_),
@@ -194,8 +296,10 @@ bool DeviceStagingExecutor::harvest(const Schedule& schedule, size_t* sends_done
                                         static_cast<size_t>(size_), h2d_stream_),
                 "dividing (avg) on the device");
         }
+      } else if (gdr_) {
+        check(api_.copy_d2d_async(step.direct, slot.wire, bytes, h2d_stream_), "copying a segment on the device");
       } else {
-        check(api_.copy_h2d_async(step.direct, slot.host, bytes, h2d_stream_), "copying a segment to the device");
+        check(api_.copy_h2d_async(step.direct, slot.wire, bytes, h2d_stream_), "copying a segment to the device");
       }
       slot.event->record(h2d_stream_, context_);
       recvs_landing_.push_back(f);
@@ -264,7 +368,7 @@ void DeviceStagingExecutor::run(const Schedule& schedule, Deadline deadline, std
       }
       WireHeader expected = makeHeader(schedule.op, comm_id_, static_cast<uint32_t>(step.peer), step.offset, bytes);
       if (!schedule.recv_pair_count.empty()) expected.count = schedule.recv_pair_count[static_cast<size_t>(step.peer)];
-      char* into = slot >= 0 ? recv_slots_[static_cast<size_t>(slot)].host : nullptr;
+      char* into = slot >= 0 ? recv_slots_[static_cast<size_t>(slot)].wire : nullptr;
       recvs_posted_.push_back({static_cast<int>(next_recv), slot, transport_->irecv(step.peer, expected, into, bytes)});
       ++next_recv;
       moved = true;
@@ -280,7 +384,11 @@ void DeviceStagingExecutor::run(const Schedule& schedule, Deadline deadline, std
         slot = free_send_slots_.back();
         free_send_slots_.pop_back();
         Slot& s = send_slots_[static_cast<size_t>(slot)];
-        check(api_.copy_d2h_async(s.host, step.data, bytes, d2h_stream_), "copying a segment to the host");
+        if (gdr_) {
+          check(api_.copy_d2d_async(s.wire, step.data, bytes, d2h_stream_), "copying a segment on the device");
+        } else {
+          check(api_.copy_d2h_async(s.wire, step.data, bytes, d2h_stream_), "copying a segment to the host");
+        }
         s.event->record(d2h_stream_, context_);
       }
       staging_.push_back({static_cast<int>(next_send), slot, nullptr});
@@ -299,7 +407,7 @@ void DeviceStagingExecutor::run(const Schedule& schedule, Deadline deadline, std
       const size_t bytes = step.count * es;
       WireHeader header = makeHeader(schedule.op, comm_id_, static_cast<uint32_t>(rank_), step.offset, bytes);
       if (!schedule.send_pair_count.empty()) header.count = schedule.send_pair_count[static_cast<size_t>(step.peer)];
-      const char* from = f.slot >= 0 ? send_slots_[static_cast<size_t>(f.slot)].host : nullptr;
+      const char* from = f.slot >= 0 ? send_slots_[static_cast<size_t>(f.slot)].wire : nullptr;
       f.request = transport_->isend(step.peer, header, from, bytes);
       sends_posted_.push_back(f);
     }

@@ -17,8 +17,19 @@
 //
 // Slots are allocated once (pinned with the device API's host_alloc) and
 // registered once with the transport (verbs); user buffers are never given to
-// the transport. GPUDirect RDMA would replace the staging for transports that
-// can register device memory: that is the seam (see runStaged()).
+// the transport.
+//
+// GPUDirect RDMA (RCOLL_GDR): where the transport can register device memory
+// (verbs, with the GPU's memory as a dma-buf or through nvidia-peermem), the
+// slots are device memory instead and the NIC reads and writes them itself:
+//
+//   send:  device data --D2D--> device send slot --> NIC
+//   recv:  NIC --> device recv slot --> reduction kernel (or D2D) --> destination
+//
+// The schedule, the events and the loop are the same; only the copies change
+// kind, and the PCIe round trip through host memory is gone. Before a kernel
+// reads a slot that the NIC wrote, flush_rdma_writes() makes those writes
+// visible to it (some platforms let a completion overtake the data).
 //
 // The CPU path (pipeline_executor.h) is untouched: the communicator picks this
 // executor once per op, never per segment.
@@ -31,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "config.h"
 #include "device_runtime.h"
 #include "schedule.h"
 #include "socket_util.h"
@@ -40,13 +52,17 @@ namespace rcoll {
 
 class DeviceStagingExecutor {
  public:
+  // `gdr`: RCOLL_GDR. kOn throws RcollError(kConfig) naming why when GPUDirect
+  // RDMA is impossible; kAuto then stages through pinned host memory.
   DeviceStagingExecutor(Transport* transport, const DeviceApi& api, int device, int rank, int size,
-                        uint64_t comm_id, size_t slot_bytes, int num_slots);
+                        uint64_t comm_id, size_t slot_bytes, int num_slots, Config::Gdr gdr);
   ~DeviceStagingExecutor();
   DeviceStagingExecutor(const DeviceStagingExecutor&) = delete;
   DeviceStagingExecutor& operator=(const DeviceStagingExecutor&) = delete;
 
   int device() const { return device_; }
+  // Whether segments go between device memory and the NIC (GPUDirect RDMA).
+  bool gdr() const { return gdr_; }
 
   // One op: begin() orders the op's streams after the caller's `ready` event
   // (null: nothing to wait for); local steps (copies, scaling) and run() follow;
@@ -68,8 +84,10 @@ class DeviceStagingExecutor {
 
  private:
   struct Slot {
-    char* host = nullptr;     // pinned, registered with the transport
-    char* device = nullptr;   // recv slots: where a reduced segment lands before the kernel
+    char* wire = nullptr;     // what the transport sends from or receives into (registered):
+                              // pinned host memory, or device memory with GPUDirect RDMA
+    char* device = nullptr;   // recv slots: where a reduced segment is on the device for the
+                              // kernel (== wire with GPUDirect RDMA)
     std::unique_ptr<DeviceEvent> event;
   };
   struct InFlight {
@@ -78,7 +96,13 @@ class DeviceStagingExecutor {
     Request* request;         // null until posted
   };
 
+  void setUp(Config::Gdr gdr, size_t slot_bytes, int num_slots);
+  void releaseResources();  // idempotent: the destructor, or a constructor that threw
   void check(int rc, const char* what);
+  // Allocates the slots in device memory and registers them for the NIC;
+  // false (with everything undone) when that is impossible, after logging
+  // why, or throwing it when `required`.
+  bool setUpGdr(size_t bytes, bool required);
   bool harvest(const Schedule& schedule, size_t* sends_done, size_t* recvs_done);
   // Polls without blocking: the device work in flight keeps the loop spinning.
   void waitForProgress(Deadline deadline, bool device_busy);
@@ -97,9 +121,10 @@ class DeviceStagingExecutor {
   void* d2h_stream_ = nullptr;     // D2H of sends, and the op's local steps
   void* h2d_stream_ = nullptr;     // H2D of receives and the reduction kernels
   std::unique_ptr<DeviceEvent> join_event_;  // orders one stream after the other
-  char* host_memory_ = nullptr;
-  MemoryHandle host_registration_ = nullptr;
-  char* device_memory_ = nullptr;
+  char* host_memory_ = nullptr;     // pinned slots (staging); null with GPUDirect RDMA
+  char* device_memory_ = nullptr;   // recv slots' device side; every slot with GPUDirect RDMA
+  MemoryHandle wire_registration_ = nullptr;  // of what the transport touches
+  bool gdr_ = false;
   char* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   std::vector<Slot> send_slots_, recv_slots_;

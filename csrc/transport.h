@@ -26,7 +26,8 @@ namespace rcoll {
 
 // 2: progress() split into progressNow / prepareSleep / finishSleep, so that
 //    one thread can wait on several transports at once; Request::peer; setPeers().
-constexpr int kTransportInterfaceVersion = 2;
+// 3: registerDeviceMemory() (GPUDirect RDMA).
+constexpr int kTransportInterfaceVersion = 3;
 
 // Identity every connection must prove before it is accepted.
 struct ConnectInfo {
@@ -90,6 +91,19 @@ class Transport {
   virtual bool needsRegistration() const { return false; }
   virtual MemoryHandle registerMemory(void* data, size_t bytes) = 0;
   virtual void deregisterMemory(MemoryHandle handle) = 0;
+  // Device (GPU) memory that the NIC reads and writes itself (GPUDirect RDMA),
+  // registered until deregisterMemory(); isend()/irecv() of any range inside
+  // it then move bytes without a copy through host memory. `dmabuf_fd` >= 0 is
+  // a dma-buf of the range from the GPU driver, `dmabuf_offset` the range's
+  // offset in it (the caller keeps and closes the descriptor); -1 registers
+  // the address itself, which works where a peer-memory client such as
+  // nvidia-peermem lets the NIC driver pin device pages. Null with *why when
+  // this transport cannot (it has no NIC, or the registration failed).
+  virtual MemoryHandle registerDeviceMemory(void* /*data*/, size_t /*bytes*/, int /*dmabuf_fd*/,
+                                            uint64_t /*dmabuf_offset*/, std::string* why) {
+    *why = std::string("the ") + name() + " transport moves bytes with the CPU, which cannot address device memory";
+    return nullptr;
+  }
   // Thread-safe: [data, data + bytes) is about to be freed, so any cached
   // registration of it must go (see rdma/mr_cache.h). No-op where nothing is cached.
   virtual void invalidateMemory(const void* /*data*/, size_t /*bytes*/) {}

@@ -85,7 +85,33 @@ def other_collectives(rank, world):
         got = torch.empty(n, device=device)
         dist.reduce_scatter(got, ins, op=dist.ReduceOp.MAX)
         check(f"reduce_scatter list n={n}", torch.equal(got.cpu(), torch.full((n,), float(world - 1 + rank))))
-    _check_path(world, failures)
+    _check_path(world, failures)  # before alltoall, which always takes the pipeline
+
+    for n in (0, 1, 1001, 300007):
+        inp = torch.arange(world * n, dtype=torch.float64, device=device) + 1000 * rank
+        out = torch.empty(world * n, dtype=torch.float64, device=device)
+        dist.all_to_all_single(out, inp)
+        want = torch.cat([torch.arange(rank * n, (rank + 1) * n, dtype=torch.float64) + 1000 * j
+                          for j in range(world)])
+        check(f"all_to_all_single n={n}", torch.equal(out.cpu(), want))
+        outs = [torch.empty(n + j, dtype=torch.int64, device=device) for j in range(world)]
+        ins = [torch.full((n + rank,), rank * 100 + j, dtype=torch.int64, device=device) for j in range(world)]
+        dist.all_to_all(outs, ins)
+        check(f"all_to_all list n={n}", all(torch.equal(o.cpu(), torch.full((n + j,), j * 100 + rank,
+                                                                             dtype=torch.int64))
+                                            for j, o in enumerate(outs)))
+    # Point to point, staged through host memory.
+    for n in (1, 300007):
+        if rank == 0:
+            dist.send(torch.arange(n, dtype=torch.float32, device=device), dst=world - 1)
+            got = torch.zeros(n, dtype=torch.float32, device=device)
+            dist.recv(got, src=world - 1)
+            check(f"recv on rank 0 n={n}", torch.equal(got.cpu(), -torch.arange(n, dtype=torch.float32)))
+        elif rank == world - 1:
+            got = torch.zeros(n, dtype=torch.float32, device=device)
+            dist.irecv(got, src=0).wait()
+            check(f"irecv on rank {rank} n={n}", torch.equal(got.cpu(), torch.arange(n, dtype=torch.float32)))
+            dist.isend(-got, dst=0).wait()
     dist.destroy_process_group()
     return cases, failures
 

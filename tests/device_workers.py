@@ -48,10 +48,17 @@ def dev(array, **kwargs):
 
 def expected_path(world):
     """The device path every rank must agree on: CUDA IPC windows when all
-    ranks share shared memory (RCOLL_TRANSPORT=shm) and RCOLL_CUDA_IPC is on."""
-    ipc = os.environ.get("RCOLL_TRANSPORT") == "shm" and os.environ.get("RCOLL_CUDA_IPC", "1") != "0" and \
+    ranks share shared memory (RCOLL_TRANSPORT=shm) and RCOLL_CUDA_IPC is on;
+    GPUDirect RDMA over verbs unless RCOLL_GDR=0 (the emulated GPU's memory is
+    host memory, which the RDMA device registers); else pinned staging."""
+    transport = os.environ.get("RCOLL_TRANSPORT")
+    ipc = transport == "shm" and os.environ.get("RCOLL_CUDA_IPC", "1") != "0" and \
         os.environ.get("RCOLL_SHM_COLL", "1") != "0"
-    return "cuda-ipc" if ipc and world > 1 else "staging"
+    if world > 1 and ipc:
+        return "cuda-ipc"
+    if world > 1 and transport == "ib" and os.environ.get("RCOLL_GDR", "auto") != "0":
+        return "gdr"
+    return "staging"
 
 
 def check_path(comm, world, failures):
@@ -233,6 +240,21 @@ def dead_peer(rank, world):
         return (type(e).__name__, str(e), time.monotonic() - t0)
 
 
+def gdr_required(rank, world):
+    """RCOLL_GDR=1 where GPUDirect RDMA is impossible: the first device op fails
+    with a ConfigError that says why, on every rank, without a hang; as after
+    any failed op, the communicator then refuses further ops, naming it."""
+    comm = rcoll.init(timeout=30)
+    outcomes = []
+    for buf in (dev(np.ones(1000, np.float32)), np.ones(10, np.float32)):
+        try:
+            comm.allreduce(buf)
+            outcomes.append(("ok", ""))
+        except rcoll.RcollError as e:
+            outcomes.append((type(e).__name__, str(e)))
+    return outcomes
+
+
 def argument_errors(rank, world):
     """Mistakes caught on the caller's thread, before anything is enqueued."""
     comm = rcoll.init()
@@ -339,3 +361,82 @@ def rank_without_peer_access(rank, world, seed=17):
             if not same(x, expected):
                 failures.append(f"allreduce n={n}: {differences(x, expected)}")
     return comm.device_path, case, failures
+
+
+def _a2a_block(seed, src, dst, dtype, n):
+    """What rank `src` sends rank `dst`: every rank can regenerate it."""
+    return make_input(seed * 1000 + dst, src, dtype, n, "max")
+
+
+def alltoall_sweep(rank, world, seed=18):
+    """alltoall and alltoallv on device buffers: every dtype, equal blocks of
+    0, 1, odd and many-segment sizes, irregular counts with zeros, everything
+    to one rank. Device alltoall runs through the pipeline (staging or GPUDirect
+    RDMA) on every transport, CUDA IPC windows or not."""
+    comm = rcoll.init()
+    failures, case = [], 0
+    for dtype in DTYPES:
+        for n in sorted({0, 1, 7, max(world - 1, 0), 1000, 5000}):
+            case += 1
+            x = np.stack([_a2a_block(seed, rank, j, dtype, n) for j in range(world)])
+            original = x.copy()
+            got = np.zeros_like(x)
+            handle = comm.alltoall(dev(x, readonly=True), out=dev(got), async_op=case % 2 == 0)
+            if case % 2 == 0:
+                handle.wait()
+            expected = np.stack([_a2a_block(seed, j, rank, dtype, n) for j in range(world)])
+            if not same(got, expected):
+                failures.append(f"alltoall {dtype} n={n}: {differences(got, expected)}")
+            if not same(x, original):
+                failures.append(f"alltoall {dtype} n={n}: the input changed")
+        for scale in (1, 151):
+            case += 1
+            counts = [[((s * 3 + d * 5) % 7) * scale for d in range(world)] for s in range(world)]
+            send_counts = counts[rank]
+            recv_counts = [counts[j][rank] for j in range(world)]
+            x = np.concatenate([_a2a_block(seed, rank, j, dtype, send_counts[j]) for j in range(world)])
+            got = np.full(sum(recv_counts), 1, dtype)
+            comm.alltoall(dev(x), send_counts=send_counts, recv_counts=recv_counts, out=dev(got))
+            expected = np.concatenate([_a2a_block(seed, j, rank, dtype, recv_counts[j]) for j in range(world)])
+            if not same(got, expected):
+                failures.append(f"alltoallv {dtype} scale={scale} counts={send_counts}/{recv_counts}: "
+                                f"{differences(got, expected)}")
+    for target in sorted({0, world - 1}):
+        case += 1
+        send_counts = [50 if j == target else 0 for j in range(world)]
+        recv_counts = [50 if rank == target else 0 for _ in range(world)]
+        x = _a2a_block(seed, rank, target, np.dtype("float32"), 50)
+        got = np.zeros(sum(recv_counts), np.float32)
+        comm.alltoall(dev(x), send_counts=send_counts, recv_counts=recv_counts, out=dev(got))
+        expected = np.concatenate([_a2a_block(seed, j, rank, np.dtype("float32"), recv_counts[j])
+                                   for j in range(world)])
+        if not same(got, expected):
+            failures.append(f"alltoallv to rank {target}: {differences(got, expected)}")
+    # The device path of alltoall is the pipeline, even where CUDA IPC serves the others.
+    path = comm.device_path
+    if path != ("gdr" if expected_path(world) == "gdr" else "staging"):
+        failures.append(f"device alltoall went through {path!r}")
+    return case, failures
+
+
+def alltoall_errors(rank, world):
+    """Mistakes in a device alltoall raise on the caller's thread, naming the rank."""
+    comm = rcoll.init()
+    messages = []
+    x = np.ones(4 * world, np.float32)
+
+    def expect(fn):
+        try:
+            fn()
+            messages.append(None)
+        except rcoll.RcollError as e:
+            messages.append(str(e))
+
+    expect(lambda: comm.alltoall(dev(x), out=x))                                      # host + device mixed
+    expect(lambda: comm.alltoall(dev(x)))                                             # no out, not torch
+    expect(lambda: comm.alltoall(dev(x), out=dev(x)))                                 # in place
+    expect(lambda: comm.alltoall(dev(x), out=dev(np.ones(4 * world, np.float64))))    # dtype differs
+    expect(lambda: comm.alltoall(dev(np.ones(4 * world + 1, np.float32)), out=dev(np.ones(4 * world + 1, np.float32))))
+    y = np.zeros_like(x)
+    comm.alltoall(dev(x), out=dev(y))  # nothing was enqueued by the mistakes
+    return messages, y.tolist()

@@ -76,6 +76,23 @@ def test_reduce_gather_scatter_from_every_root(world):
     _check(spawn.run(w.rooted_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
 
 
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_alltoall(world, transport):
+    if world == 1 and transport == "tcp":
+        pytest.skip("a world of one has no transport")
+    _check(spawn.run(w.alltoall_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
+
+
+def test_alltoall_argument_errors_name_the_rank(transport):
+    if transport != "shm":
+        pytest.skip("checked once: the errors are raised before any transfer")
+    for messages, result in spawn.run(w.alltoall_errors, 2, timeout=60, env=EMULATE):
+        assert all(m is not None and m.startswith("rank ") and "alltoall" in m for m in messages), messages
+        assert "host memory" in messages[0] and "pass out=" in messages[1] and "in place" in messages[2], messages
+        assert "dtype" in messages[3] and "not a multiple of the world size" in messages[4], messages
+        assert result == [1.0] * 8
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_one_staging_slot_per_direction_cannot_deadlock(world):
     env = dict(EMULATE, **SMALL_CHUNKS, RCOLL_PIPELINE_SLOTS="1")
@@ -125,6 +142,20 @@ def test_dead_peer_fails_the_survivors_naming_it():
         assert name == "PeerError", (rank, name, message)
         assert "rank 2" in message and "allreduce(float32, count=4194304, op=sum)" in message, message
         assert seconds < 15, seconds
+
+
+def test_gdr_required_where_impossible_is_a_config_error_naming_why(transport):
+    """No transport here has a NIC (verbs runs in the Soft-RoCE guest, where
+    tests/test_verbs.py checks GPUDirect RDMA itself)."""
+    if transport == "shm":
+        pytest.skip("every rank on one host: CUDA IPC, no network")
+    env = dict(EMULATE, RCOLL_GDR="1", RCOLL_CUDA_IPC="0")
+    for rank, outcomes in enumerate(spawn.run(w.gdr_required, 2, timeout=60, env=env)):
+        (name, message), (later_name, later) = outcomes
+        assert name == "ConfigError", (rank, name, message)
+        assert message.startswith(f"rank {rank}: allreduce(") and "RCOLL_GDR=1" in message, message
+        assert "transport has no NIC to read device memory" in message, message
+        assert later_name == "ConfigError" and "failed earlier" in later and "RCOLL_GDR=1" in later, later
 
 
 def test_argument_errors_name_the_rank_and_op(transport):

@@ -167,6 +167,7 @@ def test_bad_environment_is_a_config_error(monkeypatch):
     ("RCOLL_CUDA_IPC", "yes", "RCOLL_CUDA_IPC=yes"),
     ("RCOLL_CUDA_IPC_SLOT_BYTES", "1K", "between 4K and 1G"),
     ("RCOLL_CUDA_IPC_DIRECT_BYTES", "much", "RCOLL_CUDA_IPC_DIRECT_BYTES=much"),
+    ("RCOLL_GDR", "yes", "RCOLL_GDR=yes is not a choice"),
 ])
 def test_bad_cuda_ipc_settings_are_config_errors(monkeypatch, name, value, says):
     monkeypatch.setenv(name, value)

@@ -15,6 +15,7 @@ import pytest
 from rcoll import _core, spawn
 
 import collective_workers as cw
+import device_workers as dw
 import error_workers as ew
 import mixed_workers as mw
 import verbs_workers as vw
@@ -221,6 +222,42 @@ def test_peer_killed_mid_collective(world):
         assert name == "PeerError", (rank, message)
         assert f"rank {dead}" in message and "allreduce(float32, count=1048576, op=sum)" in message, message
         assert seconds < 30, seconds  # detected (side channel or RC retries), not the 60 s timeout
+
+
+# GPU buffers over verbs, on the core's emulated device runtime
+# (tests/device_workers.py). RCOLL_GDR=1: GPUDirect RDMA, the RDMA device
+# registers the emulated GPU's slot memory (the peer-memory route, as with
+# nvidia-peermem: the guest kernel has no udmabuf, so the dma-buf export is
+# refused first), the NIC writes device slots and the reductions read them
+# there; workers check that the ops said "gdr". RCOLL_GDR=0: pinned staging
+# over the same queue pairs.
+EMULATE = {"RCOLL_TESTING_EMULATE_DEVICE": "1"}
+
+
+@pytest.mark.parametrize("gdr", ["1", "0"])
+@pytest.mark.parametrize("world", [2, 3])
+def test_device_buffers_over_verbs(world, gdr):
+    env = _ib(**EMULATE, **SMALL_CHUNKS, RCOLL_GDR=gdr)
+    _check(spawn.run(dw.every_collective_once, world, timeout=600, env=env))
+    _check(spawn.run(dw.alltoall_sweep, world, timeout=600, env=env))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_device_allreduce_matrix_with_gdr(world):
+    # RCOLL_GDR unset: auto takes GPUDirect RDMA where it works.
+    _check(spawn.run(dw.allreduce_sweep, world, timeout=900, env=_ib(**EMULATE, **SMALL_CHUNKS)))
+
+
+def test_device_buffers_on_a_mixed_ring_are_staged():
+    """A rank whose edges mix shared memory and verbs cannot give the NIC its
+    GPU slots (the shm edges copy with the CPU): auto stages (workers check
+    "staging"), RCOLL_GDR=1 fails every rank's first GPU op saying why."""
+    env = {**MIXED, **EMULATE, **SMALL_CHUNKS}
+    _check(spawn.run(dw.every_collective_once, 4, timeout=600, env=env))
+    for rank, outcomes in enumerate(spawn.run(dw.gdr_required, 4, timeout=300, env={**env, "RCOLL_GDR": "1"})):
+        name, message = outcomes[0]
+        assert name == "ConfigError" and message.startswith(f"rank {rank}: allreduce("), (rank, message)
+        assert "RCOLL_GDR=1" in message and "mix transports (shm+ib)" in message, message
 
 
 def test_torch_backend_over_verbs():

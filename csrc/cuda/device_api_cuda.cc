@@ -5,8 +5,10 @@
 // rcoll._cuda hands rcollCudaDeviceApi() to _core as a capsule; _core never
 // links CUDA. Functions that create something for a given device switch to it
 // and back, so the calling thread's current device (torch's) is left alone.
+#include <cuda.h>  // driver API types only: the driver is reached through cudart's entry points
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -164,6 +166,69 @@ int peerAccess(int device, const char* peer_id, int* access) {
   return RCOLL_CUDA_SUCCESS;
 }
 
+int gdrSupport(int device, int* supported) {
+  *supported = 0;
+  return check(cudaDeviceGetAttribute(supported, cudaDevAttrGPUDirectRDMASupported, device),
+               "cudaDeviceGetAttribute(GPUDirectRDMASupported)");
+}
+
+// cuMemGetHandleForAddressRange is a driver API call (CUDA 11.7+). The driver
+// is reached through cudart's entry-point lookup, so that rcoll._cuda links
+// no libcuda and still imports where the driver is older.
+using GetHandleForAddressRange = CUresult (*)(void*, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long);
+
+int dmabufExport(void* ptr, size_t bytes, int* fd, unsigned long long* offset) {
+  *fd = -1;
+  *offset = 0;
+  static std::atomic<GetHandleForAddressRange> resolved{nullptr};
+  GetHandleForAddressRange get = resolved.load();
+  if (get == nullptr) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t error =
+        cudaGetDriverEntryPointByVersion("cuMemGetHandleForAddressRange", &fn, 11070, cudaEnableDefault, &found);
+    if (error != cudaSuccess) return failCuda(error, "looking up cuMemGetHandleForAddressRange");
+    if (found != cudaDriverEntryPointSuccess || fn == nullptr) {
+      return fail(RCOLL_CUDA_RUNTIME_ERROR, "the NVIDIA driver lacks cuMemGetHandleForAddressRange (dma-buf export "
+                                            "needs driver 515 or newer)");
+    }
+    get = reinterpret_cast<GetHandleForAddressRange>(fn);
+    resolved.store(get);
+  }
+  int handle = -1;
+  const CUresult result = get(&handle, reinterpret_cast<CUdeviceptr>(ptr), bytes,
+                              CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+  if (result != CUDA_SUCCESS) {
+    return fail(RCOLL_CUDA_RUNTIME_ERROR,
+                "cuMemGetHandleForAddressRange(DMA_BUF_FD) failed with CUresult " + std::to_string(result) +
+                    " (dma-buf needs the open-source NVIDIA kernel module and a Linux kernel with dma-buf support)");
+  }
+  *fd = handle;
+  return RCOLL_CUDA_SUCCESS;
+}
+
+int flushRdmaWrites(int device) {
+  // Where the GPU can say that it needs no flush (the option bit is absent),
+  // there is nothing to do: NIC writes are then ordered with the completion.
+  static std::atomic<int> options[64];  // per device: 0 unknown, 1 not needed, 2 flush
+  const int slot = device >= 0 && device < 64 ? device : 0;
+  int known = options[slot].load();
+  if (known == 0) {
+    int bits = 0;
+    if (cudaDeviceGetAttribute(&bits, cudaDevAttrGPUDirectRDMAFlushWritesOptions, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      bits = 0;
+    }
+    known = (bits & cudaFlushGPUDirectRDMAWritesOptionHost) != 0 ? 2 : 1;
+    options[slot].store(known);
+  }
+  if (known == 1) return RCOLL_CUDA_SUCCESS;
+  return onDevice(device, "cudaDeviceFlushGPUDirectRDMAWrites", [] {
+    return cudaDeviceFlushGPUDirectRDMAWrites(cudaFlushGPUDirectRDMAWritesTargetCurrentDevice,
+                                              cudaFlushGPUDirectRDMAWritesToOwner);
+  });
+}
+
 const rcoll_device_api_v1 kCudaApi = {
     RCOLL_DEVICE_API_VERSION,
     "cuda",
@@ -192,6 +257,9 @@ const rcoll_device_api_v1 kCudaApi = {
     ipcClose,
     deviceId,
     peerAccess,
+    gdrSupport,
+    dmabufExport,
+    flushRdmaWrites,
 };
 
 }  // namespace

@@ -534,6 +534,18 @@ PYBIND11_MODULE(_core, m) {
            }, "send"_a, "recv"_a, "send_counts"_a, "send_displs"_a, "recv_counts"_a, "recv_displs"_a, "dtype"_a,
            "timeout"_a, "blocking"_a = false, kReleaseGil,
            "alltoallv: counts and displacements in elements, one per rank (lists of ints).")
+      .def("device_alltoall", [](Communicator& c, uintptr_t send, uintptr_t recv,
+                                 const std::vector<int64_t>& send_counts, const std::vector<int64_t>& send_displs,
+                                 const std::vector<int64_t>& recv_counts, const std::vector<int64_t>& recv_displs,
+                                 int dtype, double timeout, int device, uintptr_t stream) {
+             DeviceOpArgs args;
+             args.device = device;
+             args.stream = mptr(stream);
+             return c.allToAll(ptr(send), mptr(recv), send_counts, send_displs, recv_counts, recv_displs,
+                               toDataType(dtype), toMillis(timeout), Launch::kQueued, &args);
+           }, "send"_a, "recv"_a, "send_counts"_a, "send_displs"_a, "recv_counts"_a, "recv_displs"_a, "dtype"_a,
+           "timeout"_a, "device"_a, "stream"_a,
+           "alltoallv on device buffers, ordered after the work queued on `stream` (see device_collective).")
       .def("device_collective", [](Communicator& c, const std::string& kind, uintptr_t send, uintptr_t recv,
                                    size_t count, int dtype, int op, int root, double timeout, int device,
                                    uintptr_t stream) {

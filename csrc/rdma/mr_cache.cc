@@ -39,10 +39,26 @@ MrCache::Entry* MrCache::acquire(const void* addr, size_t bytes, bool writable, 
   return out;
 }
 
+MrCache::Entry* MrCache::adopt(uintptr_t start, uintptr_t end, void* handle, uint32_t lkey, uint32_t rkey) {
+  Entry e;
+  e.start = start;
+  e.end = end;
+  e.writable = true;
+  e.handle = handle;
+  e.lkey = lkey;
+  e.rkey = rkey;
+  e.refs = 1;
+  e.adopted = true;
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.registered_bytes += end - start;
+  entries_.push_front(e);
+  return &entries_.front();
+}
+
 void MrCache::release(Entry* entry) {
   std::lock_guard<std::mutex> lock(mutex_);
   --entry->refs;
-  if (entry->refs == 0 && entry->stale) {
+  if (entry->refs == 0 && (entry->stale || entry->adopted)) {
     for (auto it = entries_.begin(); it != entries_.end(); ++it) {
       if (&*it == entry) {
         drop(it);

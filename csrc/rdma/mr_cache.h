@@ -39,6 +39,7 @@ class MrCache {
     uint32_t rkey = 0;
     int refs = 0;
     bool stale = false;     // invalidated while in use: deregister on last release
+    bool adopted = false;   // registered by its owner (adopt()): deregistered on last release
   };
   // Fills handle/lkey/rkey of `entry` (start, end, writable set); false with *why on failure.
   using RegisterFn = std::function<bool(Entry& entry, std::string* why)>;
@@ -53,6 +54,11 @@ class MrCache {
   // reference taken; null with *why when registration failed.
   Entry* acquire(const void* addr, size_t bytes, bool writable, std::string* why);
   void release(Entry* entry);
+  // A registration made outside the cache (device memory: a dma-buf, or a
+  // peer-memory address) for [start, end), with the owner's reference taken.
+  // acquire() of ranges inside it hit it; it is deregistered (dereg) when the
+  // last reference goes, never kept: the owner frees the memory right after.
+  Entry* adopt(uintptr_t start, uintptr_t end, void* handle, uint32_t lkey, uint32_t rkey);
   // Thread-safe: the memory [addr, addr + bytes) is being freed.
   void invalidate(const void* addr, size_t bytes);
 

@@ -402,6 +402,48 @@ MemoryHandle VerbsTransport::registerMemory(void* data, size_t bytes) {
   return e;
 }
 
+MemoryHandle VerbsTransport::registerDeviceMemory(void* data, size_t bytes, int dmabuf_fd, uint64_t dmabuf_offset,
+                                                  std::string* why) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t start = reinterpret_cast<uintptr_t>(data);
+  // The cache looks registrations up by whole pages: a range that is not
+  // page-aligned would be found for neighbouring bytes it does not cover.
+  if (start % page != 0 || bytes % page != 0 || bytes == 0) {
+    *why = strFormat("device memory at %p (%zu bytes) is not page-aligned", data, bytes);
+    return nullptr;
+  }
+  if (bytes > max_mr_bytes_) {
+    *why = strFormat("%zu bytes exceed the device's largest registration (max_mr_size %llu)", bytes,
+                     static_cast<unsigned long long>(max_mr_bytes_));
+    return nullptr;
+  }
+  ibv_mr* mr = nullptr;
+  if (dmabuf_fd >= 0) {
+    if (api_.reg_dmabuf_mr == nullptr) {
+      *why = "ibv_reg_dmabuf_mr is missing from " + api_.library + " (rdma-core 34 or newer has it)";
+      return nullptr;
+    }
+    // iova = the device address: work requests name the memory by it, as for host memory.
+    mr = api_.reg_dmabuf_mr(pd_, dmabuf_offset, bytes, static_cast<uint64_t>(start), dmabuf_fd, kAccessRemote);
+    if (mr == nullptr) {
+      const int err = errno;
+      *why = strFormat("ibv_reg_dmabuf_mr on %s failed: %s%s", port_.device.c_str(), std::strerror(err),
+                       err == EOPNOTSUPP || err == ENOSYS || err == EPROTONOSUPPORT
+                           ? " (the RDMA driver does not take dma-bufs)" : "");
+      return nullptr;
+    }
+  } else {
+    mr = api_.reg_mr(pd_, data, bytes, kAccessRemote);
+    if (mr == nullptr) {
+      const int err = errno;
+      *why = strFormat("ibv_reg_mr of device memory on %s failed: %s (needs the nvidia-peermem module)",
+                       port_.device.c_str(), std::strerror(err));
+      return nullptr;
+    }
+  }
+  return mr_cache_->adopt(start, start + bytes, mr, mr->lkey, mr->rkey);
+}
+
 void VerbsTransport::deregisterMemory(MemoryHandle handle) {
   if (handle != nullptr) mr_cache_->release(static_cast<MrCache::Entry*>(handle));
 }

@@ -64,6 +64,8 @@ class VerbsTransport : public Transport {
 
   bool needsRegistration() const override { return true; }
   MemoryHandle registerMemory(void* data, size_t bytes) override;
+  MemoryHandle registerDeviceMemory(void* data, size_t bytes, int dmabuf_fd, uint64_t dmabuf_offset,
+                                    std::string* why) override;
   void deregisterMemory(MemoryHandle handle) override;
   void invalidateMemory(const void* data, size_t bytes) override;
 

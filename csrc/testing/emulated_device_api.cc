@@ -19,6 +19,8 @@
 #include <unordered_map>
 
 #include <fcntl.h>
+#include <linux/udmabuf.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -171,11 +173,14 @@ int deviceAlloc(int device, size_t bytes, void** ptr) {
   if (device != 0) return failWith("only device 0 exists");
   *ptr = nullptr;
   const size_t rounded = (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096;
-  const int fd = memfd_create("rcoll-emulated-device", MFD_CLOEXEC);
+  // Sealed against shrinking: what /dev/udmabuf asks of a memfd before it
+  // exports it as a dma-buf (dmabuf_export, the GPUDirect RDMA tests).
+  const int fd = memfd_create("rcoll-emulated-device", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return failWith(std::string("memfd_create: ") + std::strerror(errno));
-  if (ftruncate(fd, static_cast<off_t>(rounded)) != 0) {
+  if (ftruncate(fd, static_cast<off_t>(rounded)) != 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+    const int err = errno;
     close(fd);
-    return failWith(std::string("ftruncate: ") + std::strerror(errno));
+    return failWith(std::string("ftruncate/F_ADD_SEALS: ") + std::strerror(err));
   }
   void* p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
@@ -236,6 +241,58 @@ int ipcOpen(int device, const void* handle, void** ptr) {
   return 0;
 }
 int ipcClose(void* ptr) { return unmap(ptr, true); }
+
+// GPUDirect RDMA, emulated: "device" memory is host memory, which any RDMA
+// device registers with plain ibv_reg_mr (the peer-memory route). Its
+// dma-buf comes from the kernel's udmabuf driver (/dev/udmabuf), where the
+// kernel has one, so the dma-buf route runs too (a provider without dma-buf
+// support, such as rxe, then refuses it and the peer-memory route is taken).
+int gdrSupport(int device, int* supported) {
+  if (device != 0) return failWith("only device 0 exists");
+  *supported = 1;
+  return 0;
+}
+int dmabufExport(void* ptr, size_t bytes, int* fd, unsigned long long* offset) {
+  *fd = -1;
+  *offset = 0;
+  const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  if (p % page != 0 || bytes % page != 0 || bytes == 0) return failWith("dmabuf_export of a range not page-aligned");
+  udmabuf_create create{};
+  {
+    std::lock_guard<std::mutex> lock(g_mappings_mutex);
+    bool found = false;
+    for (const auto& [base, m] : g_mappings) {
+      const uintptr_t b = reinterpret_cast<uintptr_t>(base);
+      if (m.fd >= 0 && p >= b && p + bytes <= b + m.bytes) {
+        create.memfd = static_cast<uint32_t>(m.fd);
+        create.offset = p - b;
+        found = true;
+        break;
+      }
+    }
+    if (!found) return failWith("dmabuf_export of a range device_alloc did not return");
+  }
+  create.size = bytes;
+  create.flags = UDMABUF_FLAGS_CLOEXEC;
+  const int dev = open("/dev/udmabuf", O_RDWR | O_CLOEXEC);
+  if (dev < 0) return failWith(std::string("/dev/udmabuf: ") + std::strerror(errno) + " (the kernel has no udmabuf)");
+  const int made = ioctl(dev, UDMABUF_CREATE, &create);
+  const int err = errno;
+  close(dev);
+  if (made < 0) return failWith(std::string("UDMABUF_CREATE: ") + std::strerror(err));
+  *fd = made;
+  return 0;
+}
+int flushRdmaWrites(int device) {
+  if (device != 0) return failWith("only device 0 exists");
+  // The NIC wrote host memory and its completion was seen; the streams'
+  // tasks are handed over under a mutex, which orders them after it. A
+  // counter stands for the flush (and shows the call in a debugger).
+  static std::atomic<uint64_t> flushes{0};
+  flushes.fetch_add(1, std::memory_order_seq_cst);
+  return 0;
+}
 
 // Every emulated process has one GPU, "emulated:0" unless
 // RCOLL_TESTING_EMULATE_DEVICE_ID names it otherwise; two different names are
@@ -336,6 +393,9 @@ const rcoll_device_api_v1 kEmulatedApi = {
     ipcClose,
     deviceId,
     peerAccess,
+    gdrSupport,
+    dmabufExport,
+    flushRdmaWrites,
 };
 
 }  // namespace

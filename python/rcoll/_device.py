@@ -70,7 +70,7 @@ def is_device_buffer(obj) -> bool:
 class DeviceBuffer:
     """A checked view of one __cuda_array_interface__ object."""
 
-    __slots__ = ("obj", "address", "size", "shape", "dtype_name", "code", "stream", "readonly")
+    __slots__ = ("obj", "address", "size", "shape", "dtype_name", "code", "nbytes", "stream", "readonly")
 
     def __init__(self, obj, rank: int, opname: str, what: str, writable: bool):
         def invalid(message):
@@ -97,6 +97,7 @@ class DeviceBuffer:
                           f"(supported: {', '.join(sorted(_core.DTYPES))})")
         self.dtype_name = name
         self.code = _core.DTYPES[name]
+        self.nbytes = self.size * itemsize
         strides = cai.get("strides")
         if strides is not None and self.size > 1:
             expected, step = [], itemsize

@@ -105,8 +105,10 @@ class Communicator:
     @property
     def device_path(self) -> str:
         """How the last op on GPU buffers moved its data: "cuda-ipc" (device to
-        device through CUDA IPC windows: every rank on one host), "staging"
-        (pinned host memory over the transport), or "none" before the first."""
+        device through CUDA IPC windows: every rank on one host), "gdr"
+        (GPUDirect RDMA: the NIC reads and writes GPU memory, RCOLL_GDR),
+        "staging" (pinned host memory over the transport), or "none" before
+        the first."""
         return self._comm.device_path
 
     @property
@@ -419,10 +421,12 @@ class Communicator:
         receiver). `out` may be given; it must not overlap `array`.
         """
         name = "alltoall"
-        src = as_array(array, self.rank, name, "the input", writable=False)
         if (send_counts is None) != (recv_counts is None):
             raise _core.InvalidArgumentError(
                 f"rank {self.rank}: {name}: pass both send_counts and recv_counts, or neither (equal split)")
+        if self._on_device(array, out):
+            return self._device_alltoall(array, out, send_counts, recv_counts, async_op, timeout)
+        src = as_array(array, self.rank, name, "the input", writable=False)
         if send_counts is None:
             if src.size % self.size != 0:
                 raise _core.InvalidArgumentError(
@@ -450,6 +454,40 @@ class Communicator:
         work = self._comm.alltoall(address(src), address(dst), send_counts, send_displs, recv_counts, recv_displs,
                                    dtype_code(src, self.rank, name), float(timeout or 0), not async_op)
         return self._run(work, out, (src, dst), async_op)
+
+    def _device_alltoall(self, array, out, send_counts, recv_counts, async_op, timeout):
+        name = "alltoall"
+        total = _device.DeviceBuffer(array, self.rank, name, "the input", writable=False).size
+        if send_counts is None:
+            if total % self.size != 0:
+                raise _core.InvalidArgumentError(
+                    f"rank {self.rank}: {name}: the input has {total} elements, not a multiple of the world "
+                    f"size {self.size} (pass send_counts and recv_counts for unequal blocks)")
+            send_counts = recv_counts = [total // self.size] * self.size
+            shape = tuple(array.shape)
+        else:
+            send_counts = self._counts(send_counts, "send_counts", name)
+            recv_counts = self._counts(recv_counts, "recv_counts", name)
+            if sum(send_counts) != total:
+                raise _core.InvalidArgumentError(
+                    f"rank {self.rank}: {name}: send_counts add up to {sum(send_counts)} elements but the input has "
+                    f"{total}")
+            shape = (sum(recv_counts),)
+        if out is None:
+            out = self._device_empty(array, shape, name)
+        src, dst = self._device_pair(array, out, name, writable_src=False)
+        self._same_device_layout(src, dst, name, sum(recv_counts))
+        if src.size > 0 and dst.size > 0 and src.address < dst.address + dst.nbytes and \
+                dst.address < src.address + src.nbytes:
+            raise _core.InvalidArgumentError(
+                f"rank {self.rank}: {name}: out overlaps the input; alltoall cannot run in place")
+        send_displs = [0] + list(np.cumsum(send_counts[:-1], dtype=np.int64).tolist())
+        recv_displs = [0] + list(np.cumsum(recv_counts[:-1], dtype=np.int64).tolist())
+        stream = src.stream or dst.stream
+        device = _device.device_of((src, dst), self.rank, name)
+        work = self._comm.device_alltoall(src.address, dst.address, send_counts, send_displs, recv_counts,
+                                          recv_displs, src.code, float(timeout or 0), device, stream)
+        return self._run_device(work, out, (src.obj, dst.obj), async_op)
 
     # -- life cycle ---------------------------------------------------------------------
     def abort(self, reason: str = ""):

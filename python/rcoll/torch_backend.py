@@ -315,7 +315,7 @@ class _DeviceCalls:
     """The core's collective calls, with their host signatures, for CUDA tensors:
     each enqueues a device op ordered after the caller's current stream."""
 
-    _KINDS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter")
+    _KINDS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter", "alltoall")
 
     def __init__(self, comm, rank: int, device: torch.device):
         self._comm = comm
@@ -348,9 +348,14 @@ class _DeviceCalls:
     def scatter(self, send, recv, count, dtype, root, timeout):
         return self._call("scatter", send, recv, count, dtype, 0, root, timeout)
 
-    def __getattr__(self, name):  # alltoall, send, recv: not on GPU tensors yet
+    def alltoall(self, send, recv, send_counts, send_displs, recv_counts, recv_displs, dtype, timeout):
+        stream = torch.cuda.current_stream(self._device).cuda_stream
+        return self._comm.device_alltoall(send, recv, send_counts, send_displs, recv_counts, recv_displs, dtype,
+                                          timeout, self._device.index, stream)
+
+    def __getattr__(self, name):  # a call the core has no device version of
         raise _core.InvalidArgumentError(
-            f"rank {self._rank}: {name}: CUDA tensors are not supported by rcoll for this call yet; copy them to "
+            f"rank {self._rank}: {name}: CUDA tensors are not supported by rcoll for this call; copy them to "
             f"the CPU (collectives supported on CUDA: {', '.join(self._KINDS)})")
 
 
@@ -736,18 +741,26 @@ class RcollProcessGroup(dist.ProcessGroup):
         return [int(n) * per_row for n in splits]
 
     # -- point to point ------------------------------------------------------------
+    # Point-to-point runs on the core's p2p engine, which moves host memory: a
+    # CUDA tensor is copied to the host when sent (in the order of the
+    # caller's current stream) and into the tensor when the receive completes
+    # (both copies synchronous), as Gloo does.
     def send(self, tensors, dst_rank, tag=0):
         t = tensors[0]
         code = _check_tensor(t, self._rank, "send")
-        src = t.contiguous()
-        return RcollWork([self._on(src).send(self._addr(src), src.numel(), code, dst_rank, tag, 0.0)], list(tensors),
+        src = t.detach().to("cpu") if t.is_cuda else t.contiguous()
+        return RcollWork([self._comm.send(self._addr(src), src.numel(), code, dst_rank, tag, 0.0)], list(tensors),
                          None, src)
 
     def recv(self, tensors, src_rank, tag=0):
         t = tensors[0]
         code = _check_tensor(t, self._rank, "recv")
+        if t.is_cuda:
+            host = torch.empty(t.shape, dtype=t.dtype)
+            work = self._comm.recv(self._addr(host), host.numel(), code, src_rank, tag, 0.0)
+            return RcollWork([work], list(tensors), lambda: t.copy_(host), host)
         dst = _Staged(t)
-        work = self._on(dst.buffer).recv(self._addr(dst.buffer), dst.buffer.numel(), code, src_rank, tag, 0.0)
+        work = self._comm.recv(self._addr(dst.buffer), dst.buffer.numel(), code, src_rank, tag, 0.0)
         return RcollWork([work], list(tensors), _copy_backs([dst]), dst)
 
     def recv_anysource(self, tensors, tag=0):
@@ -811,7 +824,8 @@ def _combined(works: List[RcollWork], result) -> RcollWork:
 def device_path(group=None) -> str:
     """How the last op on CUDA tensors of `group` (default: the default group)
     moved its data: "cuda-ipc" (device to device, every rank on one host),
-    "staging" (pinned host memory over the network) or "none" yet."""
+    "gdr" (GPUDirect RDMA over verbs), "staging" (pinned host memory over the
+    network) or "none" yet."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     if not isinstance(pg, RcollProcessGroup):
         pg = pg._get_backend(torch.device("cuda"))

@@ -118,6 +118,23 @@ int main() {
     cache.invalidate(base + 64 * page, page);  // nothing there: nothing happens
     CHECK(nic.live.size() == 1);
   }
+  {  // adopted (device memory) registrations: hit by acquire, gone with the owner's release
+    FakeNic nic;
+    MrCache cache = nic.make(size_t{1} << 30);
+    const uintptr_t start = reinterpret_cast<uintptr_t>(base + 16 * page);
+    nic.live.insert(start);  // registered by its owner, outside the cache
+    MrCache::Entry* owned = cache.adopt(start, start + 4 * page, nullptr, 7, 8);
+    MrCache::Entry* use = cache.acquire(base + 17 * page + 5, page, true, &why);
+    CHECK(use == owned && use->lkey == 7 && use->rkey == 8 && nic.registered == 0);
+    cache.release(use);
+    CHECK(nic.live.size() == 1);  // the owner still holds it
+    cache.release(owned);
+    CHECK(nic.live.empty() && nic.deregistered == 1);  // not kept: the memory is about to be freed
+    CHECK(cache.stats().entries == 0 && cache.stats().registered_bytes == 0);
+    MrCache::Entry* fresh = cache.acquire(base + 17 * page, page, true, &why);  // same address, new memory
+    CHECK(fresh != nullptr && nic.registered == 1);
+    cache.release(fresh);
+  }
   {  // invalidate() from another thread while the owner acquires and releases
     FakeNic nic;
     MrCache cache = nic.make(size_t{1} << 30);
