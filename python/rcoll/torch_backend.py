@@ -61,6 +61,9 @@ _OP_NAMES = {
     dist.ReduceOp.BOR: "bor",
     dist.ReduceOp.BXOR: "bxor",
 }
+# The same, keyed by the enum's integer value: hashing and comparing torch's
+# pybind enums costs about a microsecond per op, an int key a few nanoseconds.
+_OP_CODES_BY_VALUE = {int(op.value): _core.REDUCE_OPS[name] for op, name in _OP_NAMES.items()}
 
 
 # ---------------------------------------------------------------------------------------
@@ -134,26 +137,34 @@ class RcollWork(dist._Work):
     """A torch Work over one or more core ops, with an optional finishing step
     (copying results into non-contiguous or list outputs) run exactly once."""
 
+    # Defaults as class attributes: a small synchronous op (the common torch
+    # call) then sets only what it needs; every attribute set on this pybind
+    # subclass costs about 0.1 us.
+    _finished = False
+    _error: Optional[BaseException] = None
+    _base_future = None
+    _future = None
+    _device = -1
+    _stream = None
+
     def __init__(self, core_works, result, finish=None, keepalive=None):
         super().__init__()
-        self._core_works = [w for w in core_works if w is not None]
+        works = [w for w in core_works if w is not None]
+        self._core_works = works
         self._result = result
         self._finish = finish
         self._keepalive = keepalive
         self._lock = threading.Lock()
-        self._finished = False
-        self._error: Optional[BaseException] = None
-        self._base_future = None
-        self._future = None
-        self._remaining = len(self._core_works)
-        # GPU ops: the caller's stream at issue time. The core orders the op
-        # after it; wait() orders the caller's current stream after the op.
-        self._device = next((w.device for w in self._core_works if w.device >= 0), -1)
-        self._stream = None
-        if self._device >= 0:
-            self._stream = torch.cuda.current_stream(self._device)
-            for w in self._core_works:
-                _COMPLETER.keep_until_done(w, keepalive)
+        self._remaining = len(works)
+        for w in works:
+            if w.device >= 0:
+                # GPU ops: the caller's stream at issue time. The core orders the
+                # op after it; wait() orders the caller's current stream after the op.
+                self._device = w.device
+                self._stream = torch.cuda.current_stream(self._device)
+                for w2 in works:
+                    _COMPLETER.keep_until_done(w2, keepalive)
+                break
 
     # -- completion -----------------------------------------------------------------
     def _settle(self) -> None:
@@ -177,8 +188,10 @@ class RcollWork(dist._Work):
                         self._finish()
             except BaseException as exc:  # noqa: BLE001 - handed to wait()/the future
                 self._error = exc
-            self._keepalive = None
-            self._finish = None
+            if self._keepalive is not None:
+                self._keepalive = None
+            if self._finish is not None:
+                self._finish = None
 
     def _on_core_done(self) -> None:
         """Completion thread: one of the core works ended."""
@@ -197,11 +210,12 @@ class RcollWork(dist._Work):
 
     # -- torch Work API -----------------------------------------------------------
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
-        seconds = timeout.total_seconds() if timeout else 0
-        for w in self._core_works:
-            if not w.wait(seconds if seconds > 0 else None):
-                raise _core.TimeoutError(f"Work.wait timed out after {seconds} s (op #{w.seq} is still running)")
-        self._settle()
+        if not self._finished:
+            seconds = timeout.total_seconds() if timeout else 0
+            for w in self._core_works:
+                if not w.wait(seconds if seconds > 0 else None):
+                    raise _core.TimeoutError(f"Work.wait timed out after {seconds} s (op #{w.seq} is still running)")
+            self._settle()
         if self._error is not None:
             raise self._error
         if self._stream is not None:
@@ -272,9 +286,9 @@ def _done_work(result, finish=None) -> RcollWork:
 def _check_tensor(t: torch.Tensor, rank: int, opname: str) -> int:
     if not isinstance(t, torch.Tensor):
         raise _core.InvalidArgumentError(f"rank {rank}: {opname}: expected a tensor, got {type(t).__name__}")
-    if t.layout != torch.strided:
+    if t.layout is not torch.strided:
         raise _core.InvalidArgumentError(f"rank {rank}: {opname}: {t.layout} tensors are not supported")
-    if t.device.type not in ("cpu", "cuda"):
+    if not (t.is_cpu or t.is_cuda):
         raise _core.InvalidArgumentError(
             f"rank {rank}: {opname}: {t.device.type} tensors are not supported (CPU and CUDA tensors are)")
     code = _DTYPE_CODES.get(t.dtype)
@@ -364,10 +378,11 @@ def _flat(tensors: List[torch.Tensor]) -> torch.Tensor:
 
 
 def _timeout_seconds(opts) -> float:
-    timeout = getattr(opts, "timeout", None)
-    if isinstance(timeout, timedelta) and timeout.total_seconds() > 0:
-        return timeout.total_seconds()
-    return 0.0  # the communicator's default
+    try:
+        seconds = opts.timeout.total_seconds()
+    except AttributeError:  # options without a timeout, or not a timedelta
+        return 0.0
+    return seconds if seconds > 0 else 0.0  # 0: the communicator's default
 
 
 # ---------------------------------------------------------------------------------------
@@ -402,7 +417,10 @@ class RcollProcessGroup(dist.ProcessGroup):
     def _on(self, *tensors):
         """Where the op runs: the host calls, or the device calls for CUDA tensors
         (every tensor of one op on one device)."""
-        if not any(t is not None and t.is_cuda for t in tensors):
+        for t in tensors:
+            if t is not None and t.is_cuda:
+                break
+        else:
             return self._comm  # the CPU path: nothing else to decide
         devices = {t.device for t in tensors if t is not None}
         if len(devices) > 1:
@@ -458,12 +476,13 @@ class RcollProcessGroup(dist.ProcessGroup):
     # -- helpers ------------------------------------------------------------------
     def _op(self, opts, opname):
         reduce_op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
-        name = _OP_NAMES.get(getattr(reduce_op, "op", reduce_op))  # ReduceOp wraps a RedOpType
-        if name is None:
+        kind = getattr(reduce_op, "op", reduce_op)  # ReduceOp wraps a RedOpType
+        code = _OP_CODES_BY_VALUE.get(int(getattr(kind, "value", -1)))
+        if code is None:
             raise _core.InvalidArgumentError(
                 f"rank {self._rank}: {opname}: reduce op {reduce_op} is not supported by rcoll "
                 f"(supported: SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR)")
-        return _core.REDUCE_OPS[name]
+        return code
 
     def _root(self, root, opname):
         if not 0 <= root < self._size:
@@ -475,6 +494,18 @@ class RcollProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceOptions()
         timeout = _timeout_seconds(opts)
+        if len(tensors) == 1:
+            # The common call (dist.all_reduce of one tensor), without the
+            # list bookkeeping: small ops are dominated by Python here.
+            t = tensors[0]
+            code = _check_tensor(t, self._rank, "allreduce")
+            op = self._op(opts, "allreduce")
+            if not t.is_cuda and t.is_contiguous():
+                addr = self._addr(t)
+                # Positional arguments: pybind11 keyword matching costs ~0.5 us.
+                work = self._comm.allreduce(addr, addr, t.numel(), code, op, timeout,
+                                           not getattr(opts, "asyncOp", True))
+                return RcollWork((work,), tensors)
         staged, works = [], []
         for t in tensors:
             code = _check_tensor(t, self._rank, "allreduce")
@@ -510,6 +541,14 @@ class RcollProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.BroadcastOptions()
         root = self._root(opts.rootRank, "broadcast")
         timeout = _timeout_seconds(opts)
+        if len(tensors) == 1 and _check_tensor(tensors[0], self._rank, "broadcast") is not None and \
+                not tensors[0].is_cuda and tensors[0].is_contiguous():  # the common call, as in allreduce()
+            t = tensors[0]
+            code = _DTYPE_CODES[t.dtype]
+            addr = self._addr(t)
+            work = self._comm.broadcast(addr, addr, t.numel(), code, root, timeout,
+                                        not getattr(opts, "asyncOp", True))
+            return RcollWork((work,), tensors)
         staged, works = [], []
         for t in tensors:
             code = _check_tensor(t, self._rank, "broadcast")
@@ -748,7 +787,7 @@ class RcollProcessGroup(dist.ProcessGroup):
     def send(self, tensors, dst_rank, tag=0):
         t = tensors[0]
         code = _check_tensor(t, self._rank, "send")
-        src = t.detach().to("cpu") if t.is_cuda else t.contiguous()
+        src = t.detach().to("cpu").contiguous() if t.is_cuda else t.contiguous()
         return RcollWork([self._comm.send(self._addr(src), src.numel(), code, dst_rank, tag, 0.0)], list(tensors),
                          None, src)
 
