@@ -29,6 +29,19 @@ namespace {
 constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::minutes(30);
 constexpr uint64_t kPointToPointIdSalt = 0x7032707032703270ull;  // "p2p" mesh id = comm id ^ salt
 
+// An alltoall's counts and displacements, as allToAll() packs them into
+// Op::counts: four runs of one entry per rank, in elements.
+struct AllToAllLayout {
+  const uint64_t* send_counts;
+  const uint64_t* send_displs;
+  const uint64_t* recv_counts;
+  const uint64_t* recv_displs;
+};
+AllToAllLayout allToAllLayout(const std::vector<uint64_t>& packed, int size) {
+  const size_t P = static_cast<size_t>(size);
+  return {packed.data(), packed.data() + P, packed.data() + 2 * P, packed.data() + 3 * P};
+}
+
 void fillRandom(void* out, size_t bytes) {
   auto* p = static_cast<uint8_t*>(out);
   while (bytes > 0) {
@@ -742,16 +755,14 @@ void Communicator::runOp(const Op& op) {
       break;
     }
     case OpKind::kAllToAll: {
-      const size_t P = static_cast<size_t>(size_), me = static_cast<size_t>(rank_);
-      const uint64_t* send_counts = op.counts.data();
-      const uint64_t* send_displs = send_counts + P;
-      const uint64_t* recv_counts = send_counts + 2 * P;
-      const uint64_t* recv_displs = send_counts + 3 * P;
-      if (send_counts[me] > 0) {
-        std::memmove(op.recv + recv_displs[me] * es, op.send + send_displs[me] * es, send_counts[me] * es);
+      const AllToAllLayout a = allToAllLayout(op.counts, size_);
+      const size_t me = static_cast<size_t>(rank_);
+      if (a.send_counts[me] > 0) {
+        std::memmove(op.recv + a.recv_displs[me] * es, op.send + a.send_displs[me] * es, a.send_counts[me] * es);
       }
       if (size_ == 1) return;
-      buildPairwiseAllToAll(schedule_, ctx, op.send, op.recv, send_counts, send_displs, recv_counts, recv_displs);
+      buildPairwiseAllToAll(schedule_, ctx, op.send, op.recv, a.send_counts, a.send_displs, a.recv_counts,
+                            a.recv_displs);
       break;
     }
     case OpKind::kPointToPoint:  // never queued here: the p2p engine runs them
@@ -843,14 +854,12 @@ void Communicator::runDeviceOp(const Op& op) {
         if (exchange) buildDirectScatter(schedule_, ctx, op.send, op.recv, d.count, root);
         break;
       case OpKind::kAllToAll: {
-        const size_t P = static_cast<size_t>(size_), me = static_cast<size_t>(rank_);
-        const uint64_t* send_counts = op.counts.data();
-        const uint64_t* send_displs = send_counts + P;
-        const uint64_t* recv_counts = send_counts + 2 * P;
-        const uint64_t* recv_displs = send_counts + 3 * P;
-        ex.localCopy(op.recv + recv_displs[me] * es, op.send + send_displs[me] * es, send_counts[me] * es);
+        const AllToAllLayout a = allToAllLayout(op.counts, size_);
+        const size_t me = static_cast<size_t>(rank_);
+        ex.localCopy(op.recv + a.recv_displs[me] * es, op.send + a.send_displs[me] * es, a.send_counts[me] * es);
         if (exchange) {
-          buildPairwiseAllToAll(schedule_, ctx, op.send, op.recv, send_counts, send_displs, recv_counts, recv_displs);
+          buildPairwiseAllToAll(schedule_, ctx, op.send, op.recv, a.send_counts, a.send_displs, a.recv_counts,
+                                a.recv_displs);
         }
         break;
       }

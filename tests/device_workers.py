@@ -15,6 +15,7 @@ import numpy as np
 
 import rcoll
 from rcoll import _core
+from collective_workers import _a2a_block
 from reference import DTYPES, OPS, differences, make_input, reduce_reference, same, supported
 
 
@@ -255,18 +256,23 @@ def gdr_required(rank, world):
     return outcomes
 
 
-def argument_errors(rank, world):
-    """Mistakes caught on the caller's thread, before anything is enqueued."""
-    comm = rcoll.init()
-    messages = []
-    x = np.ones(8, np.float32)
-
+def _error_collector(messages):
+    """expect(fn): runs fn and appends its RcollError's text to `messages` (None if it raised nothing)."""
     def expect(fn):
         try:
             fn()
             messages.append(None)
         except rcoll.RcollError as e:
             messages.append(str(e))
+    return expect
+
+
+def argument_errors(rank, world):
+    """Mistakes caught on the caller's thread, before anything is enqueued."""
+    comm = rcoll.init()
+    messages = []
+    x = np.ones(8, np.float32)
+    expect = _error_collector(messages)
 
     expect(lambda: comm.allreduce(dev(x), out=x))                                    # host + device mixed
     expect(lambda: comm.allreduce(dev(x, readonly=True)))                            # read-only in place
@@ -363,11 +369,6 @@ def rank_without_peer_access(rank, world, seed=17):
     return comm.device_path, case, failures
 
 
-def _a2a_block(seed, src, dst, dtype, n):
-    """What rank `src` sends rank `dst`: every rank can regenerate it."""
-    return make_input(seed * 1000 + dst, src, dtype, n, "max")
-
-
 def alltoall_sweep(rank, world, seed=18):
     """alltoall and alltoallv on device buffers: every dtype, equal blocks of
     0, 1, odd and many-segment sizes, irregular counts with zeros, everything
@@ -424,13 +425,7 @@ def alltoall_errors(rank, world):
     comm = rcoll.init()
     messages = []
     x = np.ones(4 * world, np.float32)
-
-    def expect(fn):
-        try:
-            fn()
-            messages.append(None)
-        except rcoll.RcollError as e:
-            messages.append(str(e))
+    expect = _error_collector(messages)
 
     expect(lambda: comm.alltoall(dev(x), out=x))                                      # host + device mixed
     expect(lambda: comm.alltoall(dev(x)))                                             # no out, not torch

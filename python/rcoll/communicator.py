@@ -55,6 +55,11 @@ class Handle:
         return self._work.seq
 
 
+def _displacements(counts):
+    """Where each block starts: the running sum of the counts before it."""
+    return [0] + np.cumsum(counts[:-1], dtype=np.int64).tolist()
+
+
 class Communicator:
     """A group of ranks running collectives on numpy arrays (or any C-contiguous buffer).
 
@@ -427,21 +432,7 @@ class Communicator:
         if self._on_device(array, out):
             return self._device_alltoall(array, out, send_counts, recv_counts, async_op, timeout)
         src = as_array(array, self.rank, name, "the input", writable=False)
-        if send_counts is None:
-            if src.size % self.size != 0:
-                raise _core.InvalidArgumentError(
-                    f"rank {self.rank}: {name}: the input has {src.size} elements, not a multiple of the world "
-                    f"size {self.size} (pass send_counts and recv_counts for unequal blocks)")
-            send_counts = recv_counts = [src.size // self.size] * self.size
-            shape = src.shape
-        else:
-            send_counts = self._counts(send_counts, "send_counts", name)
-            recv_counts = self._counts(recv_counts, "recv_counts", name)
-            if sum(send_counts) != src.size:
-                raise _core.InvalidArgumentError(
-                    f"rank {self.rank}: {name}: send_counts add up to {sum(send_counts)} elements but the input has "
-                    f"{src.size}")
-            shape = (sum(recv_counts),)
+        send_counts, recv_counts, shape = self._alltoall_counts(src.size, src.shape, send_counts, recv_counts)
         if out is None:
             out = np.empty(shape, dtype=src.dtype)
         dst = as_array(out, self.rank, name, "out", writable=True)
@@ -449,30 +440,35 @@ class Communicator:
         if src.size > 0 and dst.size > 0 and np.may_share_memory(src, dst):
             raise _core.InvalidArgumentError(
                 f"rank {self.rank}: {name}: out overlaps the input; alltoall cannot run in place")
-        send_displs = [0] + list(np.cumsum(send_counts[:-1], dtype=np.int64).tolist())
-        recv_displs = [0] + list(np.cumsum(recv_counts[:-1], dtype=np.int64).tolist())
-        work = self._comm.alltoall(address(src), address(dst), send_counts, send_displs, recv_counts, recv_displs,
+        work = self._comm.alltoall(address(src), address(dst), send_counts, _displacements(send_counts), recv_counts,
+                                   _displacements(recv_counts),
                                    dtype_code(src, self.rank, name), float(timeout or 0), not async_op)
         return self._run(work, out, (src, dst), async_op)
 
-    def _device_alltoall(self, array, out, send_counts, recv_counts, async_op, timeout):
+    def _alltoall_counts(self, total, shape, send_counts, recv_counts):
+        """(send_counts, recv_counts, result shape) for an input of `total`
+        elements: equal blocks when no counts are given (the result keeps the
+        input's shape), else the checked counts (a 1-D result)."""
         name = "alltoall"
-        total = _device.DeviceBuffer(array, self.rank, name, "the input", writable=False).size
         if send_counts is None:
             if total % self.size != 0:
                 raise _core.InvalidArgumentError(
                     f"rank {self.rank}: {name}: the input has {total} elements, not a multiple of the world "
                     f"size {self.size} (pass send_counts and recv_counts for unequal blocks)")
-            send_counts = recv_counts = [total // self.size] * self.size
-            shape = tuple(array.shape)
-        else:
-            send_counts = self._counts(send_counts, "send_counts", name)
-            recv_counts = self._counts(recv_counts, "recv_counts", name)
-            if sum(send_counts) != total:
-                raise _core.InvalidArgumentError(
-                    f"rank {self.rank}: {name}: send_counts add up to {sum(send_counts)} elements but the input has "
-                    f"{total}")
-            shape = (sum(recv_counts),)
+            counts = [total // self.size] * self.size
+            return counts, counts, shape
+        send_counts = self._counts(send_counts, "send_counts", name)
+        recv_counts = self._counts(recv_counts, "recv_counts", name)
+        if sum(send_counts) != total:
+            raise _core.InvalidArgumentError(
+                f"rank {self.rank}: {name}: send_counts add up to {sum(send_counts)} elements but the input has "
+                f"{total}")
+        return send_counts, recv_counts, (sum(recv_counts),)
+
+    def _device_alltoall(self, array, out, send_counts, recv_counts, async_op, timeout):
+        name = "alltoall"
+        total = _device.DeviceBuffer(array, self.rank, name, "the input", writable=False).size
+        send_counts, recv_counts, shape = self._alltoall_counts(total, tuple(array.shape), send_counts, recv_counts)
         if out is None:
             out = self._device_empty(array, shape, name)
         src, dst = self._device_pair(array, out, name, writable_src=False)
@@ -481,12 +477,11 @@ class Communicator:
                 dst.address < src.address + src.nbytes:
             raise _core.InvalidArgumentError(
                 f"rank {self.rank}: {name}: out overlaps the input; alltoall cannot run in place")
-        send_displs = [0] + list(np.cumsum(send_counts[:-1], dtype=np.int64).tolist())
-        recv_displs = [0] + list(np.cumsum(recv_counts[:-1], dtype=np.int64).tolist())
         stream = src.stream or dst.stream
         device = _device.device_of((src, dst), self.rank, name)
-        work = self._comm.device_alltoall(src.address, dst.address, send_counts, send_displs, recv_counts,
-                                          recv_displs, src.code, float(timeout or 0), device, stream)
+        work = self._comm.device_alltoall(src.address, dst.address, send_counts, _displacements(send_counts),
+                                          recv_counts, _displacements(recv_counts), src.code, float(timeout or 0),
+                                          device, stream)
         return self._run_device(work, out, (src.obj, dst.obj), async_op)
 
     # -- life cycle ---------------------------------------------------------------------
