@@ -62,6 +62,7 @@ class TcpTransport : public Transport {
   bool driveAll();                 // true if any request completed or failed
   bool driveSends(Connection& c);
   bool driveRecvs(Connection& c);
+  ssize_t readStream(Connection& c, char* dst, size_t want);
   bool wantsRead(const Connection& c) const;
   void failConnection(Connection& c, ErrorKind kind, const std::string& message);
   void finish(TcpRequest* r, Request::State state, const TransportFailure* why);

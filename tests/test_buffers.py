@@ -82,3 +82,59 @@ def test_allreduce_array_fast_path_takes_plain_arrays_and_declines_the_rest():
             comm.allreduce(np.ones(3, np.int32), "avg")  # refused by the core on either path
     finally:
         comm.shutdown()
+
+
+# The same one-call paths of broadcast, allgather and reduce_scatter.
+def test_other_fast_paths_take_plain_arrays_and_decline_the_rest():
+    import rcoll
+    from rcoll import spawn
+    comm = rcoll.Communicator(0, 1, master_addr="127.0.0.1", master_port=spawn.free_port(), timeout=30)
+    fast = comm._comm
+    try:
+        for dtype in DTYPES:
+            builtin = dtype != BFLOAT16
+            for shape in [(0,), (1,), (7,), (3, 5), ()]:
+                a = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape).astype(dtype)
+                out = np.zeros(a.size, dtype)
+                assert fast.broadcast_array(a, 0, None) == builtin, (dtype, shape)
+                assert fast.allgather_arrays(a, out, 5.0) == builtin, (dtype, shape)
+                if builtin:
+                    assert (out == a.reshape(-1)).all(), (dtype, shape)
+                out[...] = 0
+                assert fast.reduce_scatter_arrays(a, out, "max", None) == builtin, (dtype, shape)
+                if builtin:
+                    assert (out == a.reshape(-1)).all(), (dtype, shape)
+                # and the public calls, whichever path they take, give the same
+                assert (comm.allgather(a).reshape(-1) == a.reshape(-1)).all()
+                assert comm.allgather(a).shape == (1,) + a.shape
+                assert (comm.broadcast(a, 0) == a).all()
+        base = np.ones(10, np.float32)
+        readonly = np.ones(4, np.float32)
+        readonly.flags.writeable = False
+        out4 = np.zeros(4, np.float32)
+        # broadcast: the root may pass a read-only array (it only sends), not a bad root
+        assert fast.broadcast_array(readonly, 0, None)
+        for array, root, timeout in [(base[::2], 0, None), (base.view(_Subclass), 0, None), (base, 1, None),
+                                     (base, -1, None), (base, np.int64(0), None), (base, 2**70, None),
+                                     (base, 0, "soon"), (memoryview(base), 0, None)]:
+            assert not fast.broadcast_array(array, root, timeout), (array, root, timeout)
+        # allgather / reduce_scatter: out must be writeable, of the input's dtype and size
+        for src, out in [(out4, readonly), (readonly, np.zeros(3, np.float32)), (out4, np.zeros(4, np.float64)),
+                         (base[::2], np.zeros(5, np.float32)), (out4, np.zeros(8, np.float32)[::2]),
+                         (out4.view(_Subclass), np.zeros(4, np.float32))]:
+            assert not fast.allgather_arrays(src, out, None), (src, out)
+            assert not fast.reduce_scatter_arrays(src, out, "sum", None), (src, out)
+        assert not fast.reduce_scatter_arrays(out4, np.zeros(4, np.float32), "nope", None)
+        # ... and the full path then words the error
+        with pytest.raises(_core.InvalidArgumentError, match="root 1 is not a rank"):
+            comm.broadcast(base, 1)
+        with pytest.raises(_core.InvalidArgumentError, match="out has dtype float64"):
+            comm.allgather(out4, out=np.zeros(4, np.float64))
+        with pytest.raises(_core.InvalidArgumentError, match="read-only"):
+            comm.reduce_scatter(out4, out=readonly)
+        with pytest.raises(_core.InvalidArgumentError, match="unknown reduce op"):
+            comm.reduce_scatter(out4, "nope")
+        with pytest.raises(_core.InvalidArgumentError, match="avg"):
+            comm.reduce_scatter(np.ones(4, np.int32), "avg")  # refused by the core on either path
+    finally:
+        comm.shutdown()

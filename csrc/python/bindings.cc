@@ -71,7 +71,8 @@ struct NumpyDescrPrefix {
   char former_flags;
   int type_num;
 };
-constexpr int kNpyContiguousAlignedWriteable = 0x0001 | 0x0100 | 0x0400;  // NPY_ARRAY_{C_CONTIGUOUS,ALIGNED,WRITEABLE}
+constexpr int kNpyContiguousAligned = 0x0001 | 0x0100;                  // NPY_ARRAY_{C_CONTIGUOUS,ALIGNED}
+constexpr int kNpyContiguousAlignedWriteable = kNpyContiguousAligned | 0x0400;  // ... and NPY_ARRAY_WRITEABLE
 
 // numpy type number -> DataType code, -1 for the full path (bfloat16 is an extension dtype).
 int fastDataType(PyObject* descr) {
@@ -105,6 +106,47 @@ int fastReduceOp(PyObject* op) {
   return -1;
 }
 
+std::chrono::milliseconds toMillis(double seconds) {
+  if (!(seconds > 0) || std::isinf(seconds)) return std::chrono::milliseconds(0);
+  return std::chrono::milliseconds(static_cast<long long>(std::ceil(seconds * 1000.0)));
+}
+
+// What the fast paths need of a plain numpy array, when it is one they can take.
+struct FastArray {
+  char* data = nullptr;
+  size_t count = 0;
+  int dtype = -1;  // DataType code
+};
+
+// True when `obj` is an exact numpy array, C-contiguous and aligned (and
+// writeable when `writable`), of a dtype the core knows at a glance.
+bool fastArray(PyObject* obj, bool writable, FastArray* out) {
+  if (Py_TYPE(obj) != g_ndarray_type) return false;  // subclasses, buffers, device arrays
+  const auto* fields = reinterpret_cast<const NumpyArrayFields*>(obj);
+  const int need = writable ? kNpyContiguousAlignedWriteable : kNpyContiguousAligned;
+  if ((fields->flags & need) != need) return false;
+  out->dtype = fastDataType(fields->descr);
+  if (out->dtype < 0) return false;
+  out->data = fields->data;
+  out->count = 1;
+  for (int i = 0; i < fields->nd; ++i) out->count *= static_cast<size_t>(fields->dimensions[i]);
+  return true;
+}
+
+// A timeout argument (None or seconds) the fast paths can take without Python.
+bool fastTimeout(PyObject* timeout, std::chrono::milliseconds* out) {
+  double seconds = 0;
+  if (timeout != Py_None) {
+    seconds = PyFloat_AsDouble(timeout);
+    if (seconds == -1.0 && PyErr_Occurred()) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+  *out = toMillis(seconds);
+  return true;
+}
+
 // Python exception classes, created at import, indexed by ErrorKind.
 PyObject* g_errors[7] = {};
 
@@ -116,11 +158,6 @@ PyObject* makeError(py::module_& m, const char* name, PyObject* base, PyObject* 
   if (type == nullptr) throw py::error_already_set();
   m.attr(name) = py::handle(type);
   return type;
-}
-
-std::chrono::milliseconds toMillis(double seconds) {
-  if (!(seconds > 0) || std::isinf(seconds)) return std::chrono::milliseconds(0);
-  return std::chrono::milliseconds(static_cast<long long>(std::ceil(seconds * 1000.0)));
 }
 
 DataType toDataType(int value) {
@@ -468,31 +505,68 @@ PYBIND11_MODULE(_core, m) {
                                 launchFor(blocking));
            }, "send"_a, "recv"_a, "count"_a, "dtype"_a, "op"_a, "timeout"_a, "blocking"_a = false, kReleaseGil)
       .def("allreduce_array", [](Communicator& c, py::handle array, py::handle op, py::handle timeout) -> bool {
-             PyObject* a = array.ptr();
-             if (Py_TYPE(a) != g_ndarray_type) return false;  // subclasses, buffers, device arrays
-             const auto* fields = reinterpret_cast<const NumpyArrayFields*>(a);
-             if ((fields->flags & kNpyContiguousAlignedWriteable) != kNpyContiguousAlignedWriteable) return false;
-             const int dtype = fastDataType(fields->descr);
+             FastArray a;
+             std::chrono::milliseconds limit;
              const int op_code = fastReduceOp(op.ptr());
-             if (dtype < 0 || op_code < 0) return false;
-             double seconds = 0;
-             if (!timeout.is_none()) {
-               seconds = PyFloat_AsDouble(timeout.ptr());
-               if (seconds == -1.0 && PyErr_Occurred()) {
-                 PyErr_Clear();
-                 return false;
-               }
-             }
-             size_t count = 1;
-             for (int i = 0; i < fields->nd; ++i) count *= static_cast<size_t>(fields->dimensions[i]);
+             if (op_code < 0 || !fastArray(array.ptr(), true, &a) || !fastTimeout(timeout.ptr(), &limit)) return false;
              py::gil_scoped_release release;
-             c.allreduce(fields->data, fields->data, count, static_cast<DataType>(dtype), static_cast<ReduceOp>(op_code),
-                         toMillis(seconds), Launch::kCallerWaits)
+             c.allreduce(a.data, a.data, a.count, static_cast<DataType>(a.dtype), static_cast<ReduceOp>(op_code), limit,
+                         Launch::kCallerWaits)
                  ->wait(std::chrono::milliseconds(-1));
              return true;
            }, "array"_a, "op"_a, "timeout"_a,
            "Blocking in-place allreduce of a plain numpy array; False (nothing done) when the array, op or "
            "timeout needs the full Python path.")
+      // The same one-call path for the other collectives users time: blocking,
+      // plain numpy arrays of one dtype and matching sizes, else False.
+      .def("broadcast_array", [](Communicator& c, py::handle array, py::handle root, py::handle timeout) -> bool {
+             FastArray a;
+             std::chrono::milliseconds limit;
+             if (!PyLong_CheckExact(root.ptr())) return false;
+             const long r = PyLong_AsLong(root.ptr());
+             if (r < 0 || r >= c.size()) {  // (-1 also when it overflowed) the full path words the error
+               PyErr_Clear();
+               return false;
+             }
+             if (!fastArray(array.ptr(), r != c.rank(), &a) || !fastTimeout(timeout.ptr(), &limit)) return false;
+             py::gil_scoped_release release;
+             c.broadcast(a.data, a.data, a.count, static_cast<DataType>(a.dtype), static_cast<int>(r), limit,
+                         Launch::kCallerWaits)
+                 ->wait(std::chrono::milliseconds(-1));
+             return true;
+           }, "array"_a, "root"_a, "timeout"_a,
+           "Blocking in-place broadcast of a plain numpy array; False (nothing done) when it needs the full path.")
+      .def("allgather_arrays", [](Communicator& c, py::handle array, py::handle out, py::handle timeout) -> bool {
+             FastArray src, dst;
+             std::chrono::milliseconds limit;
+             if (!fastArray(array.ptr(), false, &src) || !fastArray(out.ptr(), true, &dst) || src.dtype != dst.dtype ||
+                 dst.count != src.count * static_cast<size_t>(c.size()) || !fastTimeout(timeout.ptr(), &limit)) {
+               return false;
+             }
+             py::gil_scoped_release release;
+             c.allgather(src.data, dst.data, src.count, static_cast<DataType>(src.dtype), limit, Launch::kCallerWaits)
+                 ->wait(std::chrono::milliseconds(-1));
+             return true;
+           }, "array"_a, "out"_a, "timeout"_a,
+           "Blocking allgather of plain numpy arrays into `out`; False (nothing done) when they need the full path.")
+      .def("reduce_scatter_arrays", [](Communicator& c, py::handle array, py::handle out, py::handle op,
+                                       py::handle timeout) -> bool {
+             FastArray src, dst;
+             std::chrono::milliseconds limit;
+             const int op_code = fastReduceOp(op.ptr());
+             if (op_code < 0 || !fastArray(array.ptr(), false, &src) || !fastArray(out.ptr(), true, &dst) ||
+                 src.dtype != dst.dtype || src.count != dst.count * static_cast<size_t>(c.size()) ||
+                 !fastTimeout(timeout.ptr(), &limit)) {
+               return false;
+             }
+             py::gil_scoped_release release;
+             c.reduceScatter(src.data, dst.data, dst.count, static_cast<DataType>(src.dtype),
+                             static_cast<ReduceOp>(op_code), limit, Launch::kCallerWaits)
+                 ->wait(std::chrono::milliseconds(-1));
+             return true;
+           }, "array"_a, "out"_a, "op"_a, "timeout"_a,
+           "Blocking reduce-scatter of plain numpy arrays into `out`; False (nothing done) when they need the full "
+           "path.")
       .def("allgather", [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, double timeout,
                            bool blocking) {
              return c.allgather(ptr(send), mptr(recv), count, toDataType(dtype), toMillis(timeout), launchFor(blocking));

@@ -169,6 +169,13 @@ class Communicator:
         `out` (size * array.size elements) may be given; `array` may be this rank's
         slot of `out` (in place).
         """
+        if not async_op and self._registrations is None and type(array) is np.ndarray:
+            # Plain numpy arrays, blocking: checked and run in one C++ call
+            # (which declines anything else: the full path below then answers).
+            if out is None:
+                out = np.empty((self.size,) + array.shape, dtype=array.dtype)
+            if self._comm.allgather_arrays(array, out, timeout):
+                return out
         name = "allgather"
         if self._on_device(array, out):
             if out is None:
@@ -190,6 +197,14 @@ class Communicator:
 
         The result has shape array.shape[1:] when array is (size, ...) with ndim >= 2, else (n,).
         """
+        if not async_op and self._registrations is None and type(array) is np.ndarray and \
+                array.size % self.size == 0:
+            if out is None:  # the shape _block_output gives
+                shape = array.shape[1:] if array.ndim >= 2 and array.shape[0] == self.size else \
+                    (array.size // self.size,)
+                out = np.empty(shape, dtype=array.dtype)
+            if self._comm.reduce_scatter_arrays(array, out, op, timeout):
+                return out
         name = "reduce_scatter"
         if self._on_device(array, out):
             total = _device.DeviceBuffer(array, self.rank, name, "the input", writable=False).size
@@ -216,6 +231,9 @@ class Communicator:
 
     def broadcast(self, array, root: int = 0, *, out=None, async_op=False, timeout=None):
         """Copies the root's `array` to every rank: in place, or into `out` when given."""
+        if out is None and not async_op and self._registrations is None and \
+                self._comm.broadcast_array(array, root, timeout):
+            return array
         name = "broadcast"
         self._check_root(root, name)
         if self._on_device(array, out):
