@@ -147,6 +147,18 @@ def test_torchrun(tmp_path):
     assert out.stdout.count("ok") == 2, out.stdout  # the ranks' lines may interleave
 
 
+@pytest.mark.parametrize("world", [1, 2])
+def test_blocking_ops_return_a_finished_work_that_answers_everything(world):
+    total = float(sum(range(1, world + 1)))
+    for out in spawn.run(w.blocking_work_api, world, timeout=120):
+        assert out["allreduce"] == [total] * 5, out
+        assert out["broadcast"] == [float(world - 1)] * 3, out
+        assert out["allreduce_api"] == [True] * 8 and out["broadcast_api"] == [True] * 8, out
+        assert out["error"] and out["error"].startswith("rank "), out
+        assert out["after"] == [total * world] * 5, out
+        assert world == 1 or ("count=4" in out["mismatch"] and "count=5" in out["mismatch"]), out
+
+
 def test_work_wait_with_a_timeout_gives_up_then_completes():
     first, second = spawn.run(w.work_wait_timeout, 2, timeout=60)
     assert first["short"] == "TimeoutError" and first["short_s"] < 1.5 and not first["completed_early"], first

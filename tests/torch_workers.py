@@ -446,3 +446,43 @@ def work_wait_timeout(rank, world):
     outcome["exception"] = work.exception()
     dist.destroy_process_group()
     return outcome
+
+
+def blocking_work_api(rank, world):
+    """A blocking call that ran inline returns a finished Work whose whole API answers."""
+    _init()
+    pg = dist.group.WORLD
+    out = {}
+    t = torch.full((5,), float(rank + 1))
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = False
+    work = pg.allreduce([t], opts)
+    out["allreduce"] = t.tolist()
+    b = torch.full((3,), float(rank))
+    bopts = dist.BroadcastOptions()
+    bopts.rootRank = world - 1
+    bopts.asyncOp = False
+    bwork = pg.broadcast([b], bopts)
+    out["broadcast"] = b.tolist()
+    for name, wk, tensor in (("allreduce", work, t), ("broadcast", bwork, b)):
+        fut = wk.get_future()
+        out[name + "_api"] = [wk.is_completed(), wk.is_success(), wk.exception() is None, wk.wait(),
+                              wk.result()[0] is tensor, fut.done(), fut.wait()[0] is tensor,
+                              wk.get_future() is fut]
+    # A blocking call refused up front raises, and the group stays usable ...
+    try:
+        dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.AVG)
+        out["error"] = None
+    except Exception as e:  # noqa: BLE001
+        out["error"] = str(e)
+    dist.all_reduce(t)
+    out["after"] = t.tolist()
+    # ... and one that fails on the wire (rank 1 passes one element more) raises too.
+    out["mismatch"] = None
+    if world > 1:
+        try:
+            dist.all_reduce(torch.ones(4 + (rank == 1)))
+        except Exception as e:  # noqa: BLE001
+            out["mismatch"] = str(e)
+    dist.destroy_process_group()
+    return out

@@ -474,6 +474,8 @@ PYBIND11_MODULE(_core, m) {
              return w.deviceCompletion() ? w.deviceCompletion()->device() : -1;
            }, "The device of a device op, -1 for host ops.")
       .def("is_completed", &Work::isCompleted)
+      .def("succeeded", [](const Work& w) { return w.isCompleted() && !w.failed(); },
+           "Completed without an error (one call for the small-op paths).")
       .def("failed", &Work::failed)
       .def("error_message", &Work::errorMessage)
       .def_property_readonly("seq", &Work::seq);

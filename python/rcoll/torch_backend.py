@@ -273,6 +273,20 @@ class RcollWork(dist._Work):
         self.wait()
 
 
+class _FinishedWork(RcollWork):
+    """The Work of a blocking op that already ran to completion on the caller's
+    thread (the small-op path): nothing to wait for, no lock, no core work.
+    Building an RcollWork and waiting on it cost ~7 us of a ~15 us op."""
+
+    _finished = True
+    _core_works = ()
+
+    def __init__(self, result):  # noqa: super-init of RcollWork skipped on purpose
+        dist._Work.__init__(self)
+        self._result = result
+        self._lock = threading.Lock()  # get_future() takes it
+
+
 def _done_work(result, finish=None) -> RcollWork:
     """A Work for an op that needed no communication (world size 1, empty input)."""
     work = RcollWork([], result, finish)
@@ -475,7 +489,10 @@ class RcollProcessGroup(dist.ProcessGroup):
 
     # -- helpers ------------------------------------------------------------------
     def _op(self, opts, opname):
-        reduce_op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
+        try:  # the common case first: every attribute of torch's pybind options costs ~0.3 us
+            reduce_op = opts.reduceOp
+        except AttributeError:
+            reduce_op = dist.ReduceOp.SUM
         kind = getattr(reduce_op, "op", reduce_op)  # ReduceOp wraps a RedOpType
         code = _OP_CODES_BY_VALUE.get(int(getattr(kind, "value", -1)))
         if code is None:
@@ -503,8 +520,10 @@ class RcollProcessGroup(dist.ProcessGroup):
             if not t.is_cuda and t.is_contiguous():
                 addr = self._addr(t)
                 # Positional arguments: pybind11 keyword matching costs ~0.5 us.
-                work = self._comm.allreduce(addr, addr, t.numel(), code, op, timeout,
-                                           not getattr(opts, "asyncOp", True))
+                blocking = not getattr(opts, "asyncOp", True)
+                work = self._comm.allreduce(addr, addr, t.numel(), code, op, timeout, blocking)
+                if blocking and work.succeeded():  # ran inline: nothing left to track
+                    return _FinishedWork(tensors)
                 return RcollWork((work,), tensors)
         staged, works = [], []
         for t in tensors:
@@ -546,8 +565,10 @@ class RcollProcessGroup(dist.ProcessGroup):
             t = tensors[0]
             code = _DTYPE_CODES[t.dtype]
             addr = self._addr(t)
-            work = self._comm.broadcast(addr, addr, t.numel(), code, root, timeout,
-                                        not getattr(opts, "asyncOp", True))
+            blocking = not getattr(opts, "asyncOp", True)
+            work = self._comm.broadcast(addr, addr, t.numel(), code, root, timeout, blocking)
+            if blocking and work.succeeded():
+                return _FinishedWork(tensors)
             return RcollWork((work,), tensors)
         staged, works = [], []
         for t in tensors:
