@@ -367,7 +367,7 @@ void TcpTransport::progress(std::chrono::milliseconds timeout) {
     if (wait_ms <= 0) return;
     poll_fds_.clear();
     poll_fds_.push_back({wake_fd_, POLLIN, 0});
-    prepareSleep(&poll_fds_);
+    if (!prepareSleep(&poll_fds_)) continue;  // bytes wait in an inbox
     int rc = ::poll(poll_fds_.data(), poll_fds_.size(), wait_ms);
     if (rc < 0 && errno != EINTR) throwError(ErrorKind::kGeneric, "poll(): " + errnoText(errno));
     if (rc > 0 && (poll_fds_[0].revents & POLLIN)) {
@@ -381,16 +381,20 @@ void TcpTransport::progress(std::chrono::milliseconds timeout) {
 
 Activity TcpTransport::progressNow() { return driveAll() ? Activity::kFinished : Activity::kIdle; }
 
-// Sockets need no announcement: the kernel wakes whoever polls them.
+// Sockets need no announcement: the kernel wakes whoever polls them. Bytes
+// already in an inbox would not wake anyone, though: with a receive waiting
+// for them, the caller must look again instead of sleeping.
 bool TcpTransport::prepareSleep(std::vector<pollfd>* fds) {
+  bool may_sleep = true;
   for (auto& c : connections_) {
     if (!c || c->failed) continue;
+    if (c->inbox_pos < c->inbox_end && wantsRead(*c)) may_sleep = false;
     short events = 0;
     if (!c->sends.empty()) events |= POLLOUT;
     if (wantsRead(*c)) events |= POLLIN;
     if (events != 0) fds->push_back({c->fd, events, 0});
   }
-  return true;
+  return may_sleep;
 }
 
 // The next progressNow() reads and writes whatever became ready.

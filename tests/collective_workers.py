@@ -3,6 +3,8 @@
 Each worker runs a whole sweep inside one job and returns a list of failure
 descriptions, so one process start covers hundreds of cases.
 """
+import time
+
 import numpy as np
 
 import rcoll
@@ -160,6 +162,33 @@ def async_many(rank, world, n_ops=64):
             failures.append(f"async op {i}: got {got[:3]} expected {want}")
     if gathered.wait().ravel().tolist() != list(range(world)):
         failures.append("async allgather wrong")
+    return n_ops, failures
+
+
+def streamed_messages(rank, world, n_ops=300):
+    """The root streams broadcasts of mixed sizes while the others start late, so
+    that many messages queue up in each socket and are read several at a time
+    (TCP reads small messages through a per-connection inbox of 8 KiB + a
+    header): sizes around that boundary, empty ones and large ones mixed."""
+    comm = rcoll.init()
+    sizes = [0, 1, 7, 2047, 2048, 2049, 2064, 4096, 100, 300000, 5, 2032, 2033, 3]
+    failures = []
+    if rank != 0:
+        time.sleep(0.5)
+    handles = []
+    for i in range(n_ops):
+        n = sizes[i % len(sizes)]
+        a = np.full(n, i if rank == 0 else -1, dtype=np.float32)
+        handles.append((i, a, comm.broadcast(a, 0, async_op=True)))
+    for i, a, h in handles:
+        got = h.wait(timeout=60)
+        if got.size and not (got == i).all():
+            failures.append(f"broadcast {i} ({got.size} elements): got {got[:3]} expected {i}")
+    # and reductions after the stream, through the same connections
+    x = np.full(5000, rank + 1, dtype=np.int64)
+    comm.allreduce(x)
+    if not (x == world * (world + 1) // 2).all():
+        failures.append(f"allreduce after the stream: {x[:3]}")
     return n_ops, failures
 
 

@@ -124,6 +124,11 @@ def test_many_async_ops_in_flight(world):
     _check(spawn.run(w.async_many, world, timeout=120))
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_streamed_messages_queued_in_the_sockets(world):
+    _check(spawn.run(w.streamed_messages, world, timeout=120))
+
+
 @pytest.mark.parametrize("world", [1, 3])
 def test_rendezvous_through_a_caller_supplied_store(world):
     for total, gathered, used in spawn.run(w.caller_store, world, timeout=60):
