@@ -1,10 +1,13 @@
 // TCP implementation of the transport interface.
 //
 // One full-duplex socket per peer. Sends go straight from the caller's buffer
-// (sendmsg of header + payload), receives land straight in the destination
-// (header first, checked, then the payload), so no copy is made beyond the
+// (sendmsg of header + payload). Receives read a header into the connection's
+// inbox together with whatever follows it, up to 8 KiB: a small message costs
+// one recv() and is copied out after its header is checked; the rest of a
+// larger payload lands straight in its destination, with no copy beyond the
 // kernel's. All sockets are non-blocking and driven by progress(), which the
-// communicator's progress thread calls: no extra thread, no hand-off.
+// communicator's progress thread (or a caller running a blocking op inline)
+// calls: no extra thread, no hand-off.
 #pragma once
 
 #include <deque>
