@@ -555,6 +555,28 @@ def merge(per_rank_rows, world):
     return merged
 
 
+def median_of_repeats(runs, world):
+    """One row per (op, size) from several merged runs of a backend: the median
+    of the runs' (slowest-rank) times, every run's time kept, #wrong summed."""
+    combined = []
+    for rows in zip(*runs):
+        row = dict(rows[0])
+        failed = [r for r in rows if "error" in r]
+        if failed:
+            combined.append(dict(failed[0]))
+            continue
+        times = sorted(r["time_us"] for r in rows)
+        mid = len(times) // 2
+        row["time_us"] = times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
+        row["time_us_repeats"] = [r["time_us"] for r in rows]
+        row["time_us_per_rank"] = [r["time_us_per_rank"] for r in rows]
+        row["wrong"] = sum(r["wrong"] for r in rows)
+        row["algbw_GBps"] = row["bytes"] / (row["time_us"] * 1e-6) / 1e9
+        row["busbw_GBps"] = row["algbw_GBps"] * bus_factor(row["op"], world)
+        combined.append(row)
+    return combined
+
+
 def load_snapshot():
     """The 1/5/15-min load averages and how many qemu-system processes run (other work on this host)."""
     qemu = 0
@@ -629,8 +651,10 @@ def fmt_table(results, backends, world, args, ceiling):
                      f"{ceiling['per_direction_GBps']:.2f} GB/s per direction "
                      f"({ceiling['both_directions_GBps']:.2f} GB/s total); one direction only "
                      f"{ceiling['one_direction_GBps']:.2f} GB/s")
-    lines.append("# time = slowest rank's mean time per op; busbw factor: allreduce 2(n-1)/n, "
-                 "allgather/reduce_scatter (n-1)/n, broadcast 1")
+    repeats = getattr(args, "repeats", 1)
+    lines.append("# time = slowest rank's mean time per op"
+                 + (f", median of {repeats} runs (backends taking turns)" if repeats > 1 else "")
+                 + "; busbw factor: allreduce 2(n-1)/n, allgather/reduce_scatter (n-1)/n, broadcast 1")
     head = f"{'size(B)':>10} {'count':>10} {'type':>8} {'op':>14}"
     sub = " " * len(head)
     for b in backends:
@@ -733,6 +757,8 @@ def main(argv=None):
     p.add_argument("--iters", "-n", type=int, default=0, help="timed iterations (default: adaptive per size)")
     p.add_argument("--warmup", "-w", type=int, default=None, help="warm-up iterations (default: adaptive)")
     p.add_argument("--world", "-g", type=int, default=2, help="number of local ranks")
+    p.add_argument("--repeats", "-r", type=int, default=1,
+                   help="run every backend this many times, taking turns, and report each row's median")
     p.add_argument("--dtype", "-d", default="float32", choices=sorted(DTYPES))
     p.add_argument("--backends", default="rcoll,gloo",
                    help="comma-separated subset of rcoll,gloo,mpi,mpi-shm (mpi: Open MPI over loopback TCP, "
@@ -761,6 +787,8 @@ def main(argv=None):
         p.error(f"unknown backends {bad}; choose from {', '.join(BACKENDS)}")
     if args.world < 1:
         p.error("--world must be >= 1")
+    if args.repeats < 1:
+        p.error("--repeats must be >= 1")
     if args.factor <= 1:
         p.error("--factor must be > 1")
     lo, hi = parse_size(args.min_bytes), parse_size(args.max_bytes)
@@ -833,25 +861,36 @@ def main(argv=None):
     results, errors, durations = {}, {}, {}
     rank_env = {} if "RCOLL_CONNECT_TIMEOUT" in os.environ else {"RCOLL_CONNECT_TIMEOUT": str(int(args.connect_timeout))}
     info["rank_env"] = rank_env
+    # With --repeats R the backends take turns R times (a, b, a, b, ...), so that
+    # a slow spell of the machine hits every backend alike; each row is then the
+    # median of the R runs.
+    runs = {b: [] for b in backends}
+    for rep in range(args.repeats):
+        for b in backends:
+            if b in errors:
+                continue
+            turn = f", run {rep + 1}/{args.repeats}" if args.repeats > 1 else ""
+            print(f"=== {b} ({backends.index(b) + 1}/{len(backends)}{turn}): world {args.world}, "
+                  f"{len(ops)} ops x {len(sizes)} sizes", file=sys.stderr, flush=True)
+            t0 = time.monotonic()
+            try:
+                if b.startswith("mpi"):
+                    per_rank, cmd = run_mpi(b, args.world, cfg, args.timeout, args.mpi_args.split())
+                    info.setdefault("mpi_commands", {})[b] = cmd
+                else:
+                    per_rank = spawn.run(rank_main, args.world, b, cfg, timeout=args.timeout, env=rank_env)
+                runs[b].append(merge(per_rank, args.world))
+            except Exception as exc:
+                msg = f"{type(exc).__name__}: {exc}"
+                errors[b] = msg
+                print(f"\nERROR: backend {b} failed (world {args.world}); its results are missing:\n{msg}\n",
+                      file=sys.stderr, flush=True)
+                if not isinstance(exc, (spawn.RankFailed, LauncherFailed)):
+                    traceback.print_exc()
+            durations[b] = durations.get(b, 0.0) + time.monotonic() - t0
     for b in backends:
-        print(f"=== {b} ({backends.index(b) + 1}/{len(backends)}): world {args.world}, "
-              f"{len(ops)} ops x {len(sizes)} sizes", file=sys.stderr, flush=True)
-        t0 = time.monotonic()
-        try:
-            if b.startswith("mpi"):
-                per_rank, cmd = run_mpi(b, args.world, cfg, args.timeout, args.mpi_args.split())
-                info.setdefault("mpi_commands", {})[b] = cmd
-            else:
-                per_rank = spawn.run(rank_main, args.world, b, cfg, timeout=args.timeout, env=rank_env)
-            results[b] = merge(per_rank, args.world)
-        except Exception as exc:
-            msg = f"{type(exc).__name__}: {exc}"
-            errors[b] = msg
-            print(f"\nERROR: backend {b} failed (world {args.world}); its results are missing:\n{msg}\n",
-                  file=sys.stderr, flush=True)
-            if not isinstance(exc, (spawn.RankFailed, LauncherFailed)):
-                traceback.print_exc()
-        durations[b] = time.monotonic() - t0
+        if b not in errors and runs[b]:
+            results[b] = runs[b][0] if len(runs[b]) == 1 else median_of_repeats(runs[b], args.world)
 
     info["load_after"] = load_snapshot()
     shown = [b for b in backends if b in results]

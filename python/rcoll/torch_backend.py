@@ -463,6 +463,15 @@ class RcollProcessGroup(dist.ProcessGroup):
         Async calls (DDP's buckets) and device ops stay queued."""
         return {"blocking": True} if calls is self._comm and not getattr(opts, "asyncOp", True) else {}
 
+    @staticmethod
+    def _work_for(work, result, finish=None, keepalive=None) -> RcollWork:
+        """The Work of one host op: a finished one when the op already ended
+        well with nothing left to do (a blocking op that ran inline), else one
+        that tracks it."""
+        if finish is None and work.device < 0 and work.succeeded():
+            return _FinishedWork(result)
+        return RcollWork((work,), result, finish, keepalive)
+
     def getBackendName(self) -> str:
         return BACKEND_NAME
 
@@ -521,10 +530,8 @@ class RcollProcessGroup(dist.ProcessGroup):
                 addr = self._addr(t)
                 # Positional arguments: pybind11 keyword matching costs ~0.5 us.
                 blocking = not getattr(opts, "asyncOp", True)
-                work = self._comm.allreduce(addr, addr, t.numel(), code, op, timeout, blocking)
-                if blocking and work.succeeded():  # ran inline: nothing left to track
-                    return _FinishedWork(tensors)
-                return RcollWork((work,), tensors)
+                return self._work_for(self._comm.allreduce(addr, addr, t.numel(), code, op, timeout, blocking),
+                                      tensors)
         staged, works = [], []
         for t in tensors:
             code = _check_tensor(t, self._rank, "allreduce")
@@ -566,10 +573,8 @@ class RcollProcessGroup(dist.ProcessGroup):
             code = _DTYPE_CODES[t.dtype]
             addr = self._addr(t)
             blocking = not getattr(opts, "asyncOp", True)
-            work = self._comm.broadcast(addr, addr, t.numel(), code, root, timeout, blocking)
-            if blocking and work.succeeded():
-                return _FinishedWork(tensors)
-            return RcollWork((work,), tensors)
+            return self._work_for(self._comm.broadcast(addr, addr, t.numel(), code, root, timeout, blocking),
+                                  tensors)
         staged, works = [], []
         for t in tensors:
             code = _check_tensor(t, self._rank, "broadcast")
@@ -631,7 +636,7 @@ class RcollProcessGroup(dist.ProcessGroup):
         calls = self._on(src, dst.buffer)
         work = calls.allgather(self._addr(src), self._addr(dst.buffer), src.numel(), code, _timeout_seconds(opts),
                                **self._inline(opts, calls))
-        return RcollWork([work], [output], _copy_backs([dst]), (src, dst))
+        return self._work_for(work, [output], _copy_backs([dst]), (src, dst))
 
     _allgather_base = all_gather_single
 
@@ -674,7 +679,7 @@ class RcollProcessGroup(dist.ProcessGroup):
         calls = self._on(src, dst.buffer)
         work = calls.reduce_scatter(self._addr(src), self._addr(dst.buffer), output.numel(), code, op,
                                     _timeout_seconds(opts), **self._inline(opts, calls))
-        return RcollWork([work], [output], _copy_backs([dst]), (src, dst))
+        return self._work_for(work, [output], _copy_backs([dst]), (src, dst))
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -686,7 +691,7 @@ class RcollProcessGroup(dist.ProcessGroup):
 
     def barrier(self, opts=None):
         opts = opts if opts is not None else dist.BarrierOptions()
-        return RcollWork([self._comm.barrier(_timeout_seconds(opts), **self._inline(opts, self._comm))], [])
+        return self._work_for(self._comm.barrier(_timeout_seconds(opts), **self._inline(opts, self._comm)), [])
 
     def monitored_barrier(self, opts=None, wait_all_ranks=False):
         """A barrier bounded by opts.timeout (or a timedelta); on expiry the error
