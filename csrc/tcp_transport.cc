@@ -50,7 +50,7 @@ struct TcpTransport::Connection {
   size_t in_header_got = 0;   // bytes of the incoming header read so far
   bool in_header_checked = false;
   std::string abort_text;     // payload of an incoming abort message
-  // Bytes read from the socket but not yet consumed (see kInlinePayload):
+  // Bytes read from the socket but not yet consumed (see kInboxBytes):
   // every read of the stream takes from here first.
   std::unique_ptr<char[]> inbox{new char[kInboxBytes]};
   size_t inbox_pos = 0;

@@ -153,6 +153,17 @@ def collectives_tour(rank, world):
     dist.reduce_scatter_tensor(out, inp, op=dist.ReduceOp.MAX)
     check("reduce_scatter_tensor max", torch.equal(out, torch.arange(world * 2, dtype=torch.float64)[rank * 2:
                                                                                                    rank * 2 + 2] * world))
+    # ... into non-contiguous outputs (copied back; the elements in between untouched)
+    backing = torch.full((world * 6,), -1.0)
+    dist.all_gather_into_tensor(backing[::2], torch.full((3,), float(rank)))
+    check("all_gather_into_tensor, strided output",
+          torch.equal(backing[::2], torch.arange(world).repeat_interleave(3).float()) and
+          bool((backing[1::2] == -1).all()))
+    backing = torch.full((4,), -1.0, dtype=torch.float64)
+    dist.reduce_scatter_tensor(backing[::2], inp, op=dist.ReduceOp.MAX)
+    check("reduce_scatter_tensor, strided output",
+          torch.equal(backing[::2], torch.arange(world * 2, dtype=torch.float64)[rank * 2:rank * 2 + 2] * world) and
+          bool((backing[1::2] == -1).all()))
 
     # broadcast from the last rank
     t = torch.full((6,), float(rank))

@@ -466,9 +466,11 @@ class RcollProcessGroup(dist.ProcessGroup):
     @staticmethod
     def _work_for(work, result, finish=None, keepalive=None) -> RcollWork:
         """The Work of one host op: a finished one when the op already ended
-        well with nothing left to do (a blocking op that ran inline), else one
-        that tracks it."""
-        if finish is None and work.device < 0 and work.succeeded():
+        well (a blocking op that ran inline; its copy-back, if any, done here),
+        else one that tracks it."""
+        if work.device < 0 and work.succeeded():
+            if finish is not None:
+                finish()
             return _FinishedWork(result)
         return RcollWork((work,), result, finish, keepalive)
 
