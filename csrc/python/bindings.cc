@@ -111,6 +111,15 @@ std::chrono::milliseconds toMillis(double seconds) {
   return std::chrono::milliseconds(static_cast<long long>(std::ceil(seconds * 1000.0)));
 }
 
+// The fast paths' common end: the op runs with the GIL released, the caller
+// waiting (it may run inline); its error, if any, is raised by wait().
+template <typename Issue>
+bool runBlocking(const Issue& issue) {
+  py::gil_scoped_release release;
+  issue()->wait(std::chrono::milliseconds(-1));
+  return true;
+}
+
 // What the fast paths need of a plain numpy array, when it is one they can take.
 struct FastArray {
   char* data = nullptr;
@@ -511,11 +520,10 @@ PYBIND11_MODULE(_core, m) {
              std::chrono::milliseconds limit;
              const int op_code = fastReduceOp(op.ptr());
              if (op_code < 0 || !fastArray(array.ptr(), true, &a) || !fastTimeout(timeout.ptr(), &limit)) return false;
-             py::gil_scoped_release release;
-             c.allreduce(a.data, a.data, a.count, static_cast<DataType>(a.dtype), static_cast<ReduceOp>(op_code), limit,
-                         Launch::kCallerWaits)
-                 ->wait(std::chrono::milliseconds(-1));
-             return true;
+             return runBlocking([&] {
+               return c.allreduce(a.data, a.data, a.count, static_cast<DataType>(a.dtype),
+                                  static_cast<ReduceOp>(op_code), limit, Launch::kCallerWaits);
+             });
            }, "array"_a, "op"_a, "timeout"_a,
            "Blocking in-place allreduce of a plain numpy array; False (nothing done) when the array, op or "
            "timeout needs the full Python path.")
@@ -531,11 +539,10 @@ PYBIND11_MODULE(_core, m) {
                return false;
              }
              if (!fastArray(array.ptr(), r != c.rank(), &a) || !fastTimeout(timeout.ptr(), &limit)) return false;
-             py::gil_scoped_release release;
-             c.broadcast(a.data, a.data, a.count, static_cast<DataType>(a.dtype), static_cast<int>(r), limit,
-                         Launch::kCallerWaits)
-                 ->wait(std::chrono::milliseconds(-1));
-             return true;
+             return runBlocking([&] {
+               return c.broadcast(a.data, a.data, a.count, static_cast<DataType>(a.dtype), static_cast<int>(r), limit,
+                                  Launch::kCallerWaits);
+             });
            }, "array"_a, "root"_a, "timeout"_a,
            "Blocking in-place broadcast of a plain numpy array; False (nothing done) when it needs the full path.")
       .def("allgather_arrays", [](Communicator& c, py::handle array, py::handle out, py::handle timeout) -> bool {
@@ -545,10 +552,10 @@ PYBIND11_MODULE(_core, m) {
                  dst.count != src.count * static_cast<size_t>(c.size()) || !fastTimeout(timeout.ptr(), &limit)) {
                return false;
              }
-             py::gil_scoped_release release;
-             c.allgather(src.data, dst.data, src.count, static_cast<DataType>(src.dtype), limit, Launch::kCallerWaits)
-                 ->wait(std::chrono::milliseconds(-1));
-             return true;
+             return runBlocking([&] {
+               return c.allgather(src.data, dst.data, src.count, static_cast<DataType>(src.dtype), limit,
+                                  Launch::kCallerWaits);
+             });
            }, "array"_a, "out"_a, "timeout"_a,
            "Blocking allgather of plain numpy arrays into `out`; False (nothing done) when they need the full path.")
       .def("reduce_scatter_arrays", [](Communicator& c, py::handle array, py::handle out, py::handle op,
@@ -561,11 +568,10 @@ PYBIND11_MODULE(_core, m) {
                  !fastTimeout(timeout.ptr(), &limit)) {
                return false;
              }
-             py::gil_scoped_release release;
-             c.reduceScatter(src.data, dst.data, dst.count, static_cast<DataType>(src.dtype),
-                             static_cast<ReduceOp>(op_code), limit, Launch::kCallerWaits)
-                 ->wait(std::chrono::milliseconds(-1));
-             return true;
+             return runBlocking([&] {
+               return c.reduceScatter(src.data, dst.data, dst.count, static_cast<DataType>(src.dtype),
+                                      static_cast<ReduceOp>(op_code), limit, Launch::kCallerWaits);
+             });
            }, "array"_a, "out"_a, "op"_a, "timeout"_a,
            "Blocking reduce-scatter of plain numpy arrays into `out`; False (nothing done) when they need the full "
            "path.")
