@@ -631,6 +631,19 @@ def machine_info():
     return info
 
 
+def split_backend(spec):
+    """"rcoll:RCOLL_SOCKETS_PER_PEER=2" -> ("rcoll", {"RCOLL_SOCKETS_PER_PEER": "2"}): a backend run with
+    extra environment for its ranks, so that settings can be compared in one run (taking turns)."""
+    name, *settings = spec.split(":")
+    env = {}
+    for setting in settings:
+        key, eq, value = setting.partition("=")
+        if not eq or not key:
+            raise ValueError(f"backend '{spec}': '{setting}' is not VAR=VALUE")
+        env[key] = value
+    return name, env
+
+
 def ratio_pairs(backends):
     """(a, b) for each busbw-ratio column: rcoll against every other backend (else the first against the rest)."""
     first = "rcoll" if "rcoll" in backends else (backends[0] if backends else None)
@@ -761,8 +774,10 @@ def main(argv=None):
                    help="run every backend this many times, taking turns, and report each row's median")
     p.add_argument("--dtype", "-d", default="float32", choices=sorted(DTYPES))
     p.add_argument("--backends", default="rcoll,gloo",
-                   help="comma-separated subset of rcoll,gloo,mpi,mpi-shm (mpi: Open MPI over loopback TCP, "
-                        "mpi-shm: over shared memory; both need mpirun and mpi4py)")
+                   help="comma-separated subset of rcoll,torch-rcoll,gloo,mpi,mpi-shm (mpi: Open MPI over loopback "
+                        "TCP, mpi-shm: over shared memory; both need mpirun and mpi4py). A backend may carry "
+                        "environment for its ranks, to compare settings in one run: "
+                        "rcoll,rcoll:RCOLL_SOCKETS_PER_PEER=2")
     p.add_argument("--mpi-args", default="", help="extra mpirun arguments for the mpi backends (one string)")
     p.add_argument("--async", dest="async_ops", action="store_true",
                    help="issue the timed iterations asynchronously and wait for them all at the end")
@@ -782,9 +797,16 @@ def main(argv=None):
     if bad:
         p.error(f"unknown ops {bad}; choose from {', '.join(OPS)}")
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    bad = [b for b in backends if b not in BACKENDS]
+    try:
+        bad = [b for b in backends if split_backend(b)[0] not in BACKENDS]
+    except ValueError as exc:
+        p.error(str(exc))
     if bad:
         p.error(f"unknown backends {bad}; choose from {', '.join(BACKENDS)}")
+    if any(split_backend(b)[1] and b.startswith("mpi") for b in backends):
+        p.error("the mpi backends take no environment settings (use --mpi-args)")
+    if len(set(backends)) != len(backends):
+        p.error("a backend is listed twice")
     if args.world < 1:
         p.error("--world must be >= 1")
     if args.repeats < 1:
@@ -878,7 +900,9 @@ def main(argv=None):
                     per_rank, cmd = run_mpi(b, args.world, cfg, args.timeout, args.mpi_args.split())
                     info.setdefault("mpi_commands", {})[b] = cmd
                 else:
-                    per_rank = spawn.run(rank_main, args.world, b, cfg, timeout=args.timeout, env=rank_env)
+                    name, extra_env = split_backend(b)
+                    per_rank = spawn.run(rank_main, args.world, name, cfg, timeout=args.timeout,
+                                         env={**rank_env, **extra_env})
                 runs[b].append(merge(per_rank, args.world))
             except Exception as exc:
                 msg = f"{type(exc).__name__}: {exc}"

@@ -69,6 +69,7 @@ struct JobInfo {
   uint64_t shm_coll_direct_bytes;
   uint64_t cuda_ipc_slot_bytes;  // 0: RCOLL_CUDA_IPC=0
   uint64_t cuda_ipc_direct_bytes;
+  uint32_t sockets_per_peer;  // both ends of a pair must open the same number
 };
 #pragma pack(pop)
 
@@ -187,6 +188,7 @@ void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
     job.shm_coll_direct_bytes = config_.shm_coll_direct_bytes;
     job.cuda_ipc_slot_bytes = config_.cuda_ipc ? config_.cuda_ipc_slot_bytes : 0;
     job.cuda_ipc_direct_bytes = config_.cuda_ipc_direct_bytes;
+    job.sockets_per_peer = static_cast<uint32_t>(config_.sockets_per_peer);
     std::vector<uint8_t> bytes(sizeof(job));
     std::memcpy(bytes.data(), &job, sizeof(job));
     store.set(prefix + "job", bytes);
@@ -236,6 +238,10 @@ void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
       if (config_.cuda_ipc) config_.cuda_ipc_slot_bytes = job.cuda_ipc_slot_bytes;
       config_.cuda_ipc_direct_bytes = job.cuda_ipc_direct_bytes;
     }
+    if (job.sockets_per_peer != static_cast<uint32_t>(config_.sockets_per_peer)) {
+      RCOLL_WARN("RCOLL_SOCKETS_PER_PEER differs from rank 0's (%u); using rank 0's", job.sockets_per_peer);
+      config_.sockets_per_peer = static_cast<int>(job.sockets_per_peer);
+    }
   }
   std::memcpy(info_.token, job.token, sizeof(info_.token));
   info_.comm_id = job.comm_id;
@@ -270,9 +276,14 @@ void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
     peer_transports_[static_cast<size_t>(p)] = shm ? "shm" : network;
     shm_peers += shm ? 1 : 0;
   }
+  // Point-to-point keeps one socket per peer: its messages are few and
+  // matched by tag, and one stream keeps their order simple to reason about.
+  Config p2p_network_config = config_;
+  p2p_network_config.sockets_per_peer = 1;
+  const Config* network_settings = &config_;
   auto makeNetwork = [&](const ConnectInfo& connect_info) -> std::unique_ptr<Transport> {
     if (use_verbs) return makeVerbsTransport(connect_info, config_, bind_host, ib_port);
-    return std::make_unique<TcpTransport>(connect_info, config_, bind_host);
+    return std::make_unique<TcpTransport>(connect_info, *network_settings, bind_host);
   };
   // One transport when every edge is alike (its own progress loop, nothing in
   // between); a composite only when this rank has edges of both kinds.
@@ -299,6 +310,7 @@ void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
   ConnectInfo p2p_info = info_;
   p2p_info.comm_id = info_.comm_id ^ kPointToPointIdSalt;
   shm_settings = &p2p_shm_config;
+  network_settings = &p2p_network_config;
   auto p2p_transport = makeTransport(p2p_info);
   store.set(prefix + "addr/" + std::to_string(rank_), toBytes(listenAddresses(*transport_)));
   store.set(prefix + "p2paddr/" + std::to_string(rank_), toBytes(listenAddresses(*p2p_transport)));

@@ -45,6 +45,10 @@ const std::vector<ConfigVar>& configVars() {
                                   "(default: the address that reaches the rendezvous store)"},
       {"RCOLL_SOCKET_BUFFER_BYTES", "0", "SO_SNDBUF/SO_RCVBUF for data sockets; 0 keeps the "
                                          "kernel's autotuning, which usually grows larger"},
+      {"RCOLL_SOCKETS_PER_PEER", "1", "TCP connections between each pair of ranks (1 to 16); a collective's "
+                                      "segments to a peer take turns on them, so a fast NIC is not bound by "
+                                      "what one stream (one core's copies) carries. Point-to-point traffic "
+                                      "keeps one; rank 0's value is used by every rank"},
       {"RCOLL_CHUNK_BYTES", "1M", "largest pipeline segment of the ring algorithms"},
       {"RCOLL_MIN_CHUNK_BYTES", "64K", "smallest segment the ring cuts a block into for overlap"},
       {"RCOLL_PIPELINE_SLOTS", "8", "staging segments that may be in flight per operation"},
@@ -154,6 +158,9 @@ Config Config::fromEnvironment() {
   if (const char* v = envOrNull("RCOLL_SOCKET_BUFFER_BYTES")) {
     config.socket_buffer_bytes = parseByteSize("RCOLL_SOCKET_BUFFER_BYTES", v);
   }
+  if (const char* v = envOrNull("RCOLL_SOCKETS_PER_PEER")) {
+    config.sockets_per_peer = static_cast<int>(parseInt("RCOLL_SOCKETS_PER_PEER", v, 1, 16));
+  }
   if (const char* v = envOrNull("RCOLL_SOCKET_IFNAME")) config.socket_ifname = v;
   if (const char* v = envOrNull("RCOLL_TRANSPORT")) {
     config.transport = v;
@@ -212,9 +219,9 @@ Config Config::fromEnvironment() {
 
 std::string Config::describe() const {
   return strFormat("transport=%s chunk_bytes=%zu min_chunk_bytes=%zu pipeline_slots=%d "
-                   "socket_buffer_bytes=%zu socket_ifname=%s",
+                   "socket_buffer_bytes=%zu sockets_per_peer=%d socket_ifname=%s",
                    transport.c_str(), chunk_bytes, min_chunk_bytes, pipeline_slots,
-                   socket_buffer_bytes, socket_ifname.empty() ? "(auto)" : socket_ifname.c_str());
+                   socket_buffer_bytes, sockets_per_peer, socket_ifname.empty() ? "(auto)" : socket_ifname.c_str());
 }
 
 }  // namespace rcoll

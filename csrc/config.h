@@ -25,6 +25,7 @@ struct Config {
   size_t allreduce_rd_bytes = 32 << 10;  // RCOLL_ALLREDUCE_RD_BYTES: recursive doubling up to this size
   std::chrono::microseconds spin{50};    // RCOLL_SPIN_US: busy-poll this long before sleeping
   size_t socket_buffer_bytes = 0;        // RCOLL_SOCKET_BUFFER_BYTES: 0 = kernel autotuning
+  int sockets_per_peer = 1;              // RCOLL_SOCKETS_PER_PEER: TCP connections per pair (messages striped)
   std::string socket_ifname;             // RCOLL_SOCKET_IFNAME: interface for data sockets
   std::string transport = "auto";        // RCOLL_TRANSPORT: auto|shm|ib|tcp
   bool shm_disable = false;              // RCOLL_SHM_DISABLE=1: never shared memory

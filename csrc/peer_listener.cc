@@ -27,10 +27,14 @@ struct Handshake {
   uint32_t dst_rank;
   uint64_t comm_id;
   uint8_t token[16];
+  uint16_t lane;   // which of the pair's sockets this is
+  uint16_t lanes;  // sockets per pair: the dialer's count in a hello, the acceptor's in an ack
 };
 #pragma pack(pop)
+static_assert(sizeof(Handshake) == 44, "the handshake is 44 bytes");
+constexpr int kMaxLanes = 64;
 
-Handshake makeHandshake(const ConnectInfo& info, int dst_rank, bool is_ack) {
+Handshake makeHandshake(const ConnectInfo& info, int dst_rank, bool is_ack, int lane, int lanes) {
   Handshake h{};
   h.magic = kHandshakeMagic;
   h.version = kWireVersion;
@@ -39,6 +43,8 @@ Handshake makeHandshake(const ConnectInfo& info, int dst_rank, bool is_ack) {
   h.dst_rank = static_cast<uint32_t>(dst_rank);
   h.comm_id = info.comm_id;
   std::memcpy(h.token, info.token, sizeof(h.token));
+  h.lane = static_cast<uint16_t>(lane);
+  h.lanes = static_cast<uint16_t>(lanes);
   return h;
 }
 
@@ -66,7 +72,18 @@ std::string checkHandshake(const Handshake& h, const ConnectInfo& info, int expe
   if (expected_src >= 0 ? src != expected_src : (src <= info.rank || src >= info.size)) {
     return strFormat("claims to be rank %d", src);
   }
+  if (h.lanes == 0 || h.lanes > kMaxLanes || h.lane >= h.lanes) {
+    return strFormat("names socket %u of %u", h.lane, h.lanes);
+  }
   return "";
+}
+
+// The error for a peer of this job that opens another number of sockets per
+// pair: the same words on both ends.
+std::string lanesMismatch(const ConnectInfo& info, int peer, int peer_lanes, int lanes) {
+  return strFormat("rank %d: rank %d opens %d TCP socket(s) per peer while this rank opens %d: set "
+                   "RCOLL_SOCKETS_PER_PEER to the same value on every rank",
+                   info.rank, peer, peer_lanes, lanes);
 }
 
 }  // namespace
@@ -132,8 +149,9 @@ struct PeerListener::PendingHandshake {
   Deadline deadline;
 };
 
-PeerListener::PeerListener(const ConnectInfo& info, const std::string& bind_host, size_t socket_buffer_bytes)
-    : info_(info), socket_buffer_bytes_(socket_buffer_bytes) {
+PeerListener::PeerListener(const ConnectInfo& info, const std::string& bind_host, size_t socket_buffer_bytes,
+                           int lanes)
+    : info_(info), socket_buffer_bytes_(socket_buffer_bytes), lanes_(lanes) {
   sockaddr_storage addr{};
   unsigned len = 0;
   if (!resolveHost(bind_host, 0, &addr, &len)) {
@@ -187,16 +205,29 @@ bool PeerListener::serviceHandshake(PendingHandshake& p, const std::vector<bool>
     return false;
   }
   std::string bad = checkHandshake(p.hello, info_, -1, /*want_ack=*/false);
-  int peer = static_cast<int>(p.hello.src_rank);
-  if (bad.empty() && connected[static_cast<size_t>(peer)]) bad = strFormat("rank %d is already connected", peer);
+  const int peer = static_cast<int>(p.hello.src_rank);
+  const int lane = p.hello.lane;
+  const bool lanes_differ = bad.empty() && p.hello.lanes != lanes_;
+  if (bad.empty() && !lanes_differ && connected[static_cast<size_t>(peer * lanes_ + lane)]) {
+    bad = lanes_ > 1 ? strFormat("socket %d of rank %d is already connected", lane, peer)
+                     : strFormat("rank %d is already connected", peer);
+  }
   if (!bad.empty()) {
     RCOLL_WARN("rank %d: rejected a connection from %s: %s", info_.rank, p.from.c_str(), bad.c_str());
     ::close(p.fd);
     p.fd = -1;
     return false;
   }
-  Handshake ack = makeHandshake(info_, peer, /*is_ack=*/true);
+  // A rank of this job (it knows the token) that counts sockets differently:
+  // the ack carries our count so that it fails at once too, with the same words.
+  Handshake ack = makeHandshake(info_, peer, /*is_ack=*/true, lane, lanes_);
   std::string why;
+  if (lanes_differ) {
+    sendAll(p.fd, &ack, sizeof(ack), std::chrono::steady_clock::now() + kHandshakeTimeout, &why);
+    ::close(p.fd);
+    p.fd = -1;
+    throwError(ErrorKind::kConfig, lanesMismatch(info_, peer, p.hello.lanes, lanes_));
+  }
   if (!sendAll(p.fd, &ack, sizeof(ack), std::chrono::steady_clock::now() + kHandshakeTimeout, &why)) {
     RCOLL_WARN("rank %d: lost rank %d during the handshake: %s", info_.rank, peer, why.c_str());
     ::close(p.fd);
@@ -207,12 +238,13 @@ bool PeerListener::serviceHandshake(PendingHandshake& p, const std::vector<bool>
   return true;
 }
 
-int PeerListener::accept(Deadline deadline, const std::vector<bool>& connected, int* fd_out) {
+int PeerListener::accept(Deadline deadline, const std::vector<bool>& connected, int* fd_out, int* lane_out) {
   if (listen_fd_ < 0) throwError(ErrorKind::kGeneric, "accept() after the listener was closed");
   std::vector<pollfd> fds;
   auto take = [&](PendingHandshake& p, int peer) {
     setNonBlocking(p.fd, false);
     *fd_out = p.fd;
+    *lane_out = p.hello.lane;
     p.fd = -1;
     return peer;
   };
@@ -231,10 +263,13 @@ int PeerListener::accept(Deadline deadline, const std::vector<bool>& connected, 
     pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [](const auto& p) { return p->fd < 0; }),
                    pending_.end());
     if (now >= deadline) {
-      throwError(ErrorKind::kTimeout,
-                 strFormat("rank %d: timed out waiting for peers to connect (%zu of %d connected)", info_.rank,
-                           static_cast<size_t>(std::count(connected.begin(), connected.end(), true)),
-                           info_.size - 1));
+      size_t done = 0;  // peers with every lane
+      for (size_t i = 0; i + static_cast<size_t>(lanes_) <= connected.size(); i += static_cast<size_t>(lanes_)) {
+        done += std::all_of(connected.begin() + static_cast<long>(i), connected.begin() + static_cast<long>(i) + lanes_,
+                            [](bool b) { return b; });
+      }
+      throwError(ErrorKind::kTimeout, strFormat("rank %d: timed out waiting for peers to connect (%zu of %d connected)",
+                                                info_.rank, done, info_.size - 1));
     }
     fds.clear();
     fds.push_back({listen_fd_, POLLIN, 0});
@@ -270,7 +305,7 @@ int PeerListener::accept(Deadline deadline, const std::vector<bool>& connected, 
 }
 
 int dialPeer(const ConnectInfo& info, int peer, const std::string& address, Deadline deadline,
-             size_t socket_buffer_bytes) {
+             size_t socket_buffer_bytes, int lane, int lanes) {
   std::string host;
   int port = 0;
   sockaddr_storage addr{};
@@ -291,10 +326,15 @@ int dialPeer(const ConnectInfo& info, int peer, const std::string& address, Dead
       ::usleep(50 * 1000);  // the peer listens before it publishes; this is only a transient refusal
       continue;
     }
-    Handshake hello = makeHandshake(info, peer, /*is_ack=*/false);
+    Handshake hello = makeHandshake(info, peer, /*is_ack=*/false, lane, lanes);
     Handshake ack{};
     if (sendAll(fd, &hello, sizeof(hello), deadline, &why) && recvAll(fd, &ack, sizeof(ack), deadline, &why)) {
       std::string bad = checkHandshake(ack, info, peer, /*want_ack=*/true);
+      if (bad.empty() && ack.lane != lane) bad = strFormat("acknowledged socket %u instead of %d", ack.lane, lane);
+      if (bad.empty() && ack.lanes != lanes) {
+        ::close(fd);
+        throwError(ErrorKind::kConfig, lanesMismatch(info, peer, ack.lanes, lanes));
+      }
       if (bad.empty()) return fd;
       ::close(fd);
       throwError(ErrorKind::kPeer, strFormat("rank %d: the process at %s is not rank %d of this job: %s",

@@ -1,8 +1,11 @@
 // Authenticated TCP connections between the ranks of one communicator.
 //
 // Every transport needs the same first step: a socket to each peer whose other
-// end has proved it belongs to this job (the 40-byte handshake carrying the
-// communicator id and the per-job token from the store). The TCP transport
+// end has proved it belongs to this job (the 44-byte handshake carrying the
+// communicator id and the per-job token from the store). A pair of ranks may
+// be joined by several sockets ("lanes", RCOLL_SOCKETS_PER_PEER); each
+// handshake names its lane and how many the dialer opens, and both ends
+// refuse, as a configuration error, a peer that counts differently. The TCP transport
 // then moves data on that socket; the verbs transport uses it to swap queue
 // pair numbers and keeps it as a side channel that sees a dead peer at once
 // and carries abort messages. This file owns that step and nothing else.
@@ -22,17 +25,20 @@ namespace rcoll {
 // half-sent handshakes are dropped with a WARN, never returned.
 class PeerListener {
  public:
-  PeerListener(const ConnectInfo& info, const std::string& bind_host, size_t socket_buffer_bytes);
+  // `lanes`: sockets per peer that this rank expects (and dials); 1 for verbs.
+  PeerListener(const ConnectInfo& info, const std::string& bind_host, size_t socket_buffer_bytes, int lanes = 1);
   ~PeerListener();
   PeerListener(const PeerListener&) = delete;
   PeerListener& operator=(const PeerListener&) = delete;
 
   const std::string& address() const { return address_; }  // "host:port", published in the store
 
-  // Blocks until a higher rank that is not yet in `connected` (indexed by rank)
-  // completes its handshake; returns its rank and a blocking socket in *fd.
-  // Throws RcollError(kTimeout) at `deadline`.
-  int accept(Deadline deadline, const std::vector<bool>& connected, int* fd);
+  // Blocks until a higher rank completes the handshake of a lane that is not
+  // yet in `connected` (indexed by rank * lanes + lane); returns its rank, the
+  // lane in *lane and a blocking socket in *fd. Throws RcollError(kTimeout) at
+  // `deadline`, and RcollError(kConfig) when a rank of this job opens another
+  // number of sockets per peer (after telling it so in the ack).
+  int accept(Deadline deadline, const std::vector<bool>& connected, int* fd, int* lane);
   void close();  // no more peers will come
   bool closed() const { return listen_fd_ < 0; }
 
@@ -42,16 +48,19 @@ class PeerListener {
 
   ConnectInfo info_;
   size_t socket_buffer_bytes_;
+  int lanes_;
   int listen_fd_ = -1;
   std::string address_;
   std::vector<std::unique_ptr<PendingHandshake>> pending_;
 };
 
-// Connects to `peer` at `address` and completes the handshake; returns a
-// blocking socket. Retries refusals until `deadline` (the peer may not listen
-// yet); throws RcollError(kPeer) if the process there is not that rank of this job.
+// Connects to `peer` at `address` and completes the handshake of socket `lane`
+// of `lanes`; returns a blocking socket. Retries refusals until `deadline` (the
+// peer may not listen yet); throws RcollError(kPeer) if the process there is
+// not that rank of this job, RcollError(kConfig) if it expects another number
+// of sockets per peer.
 int dialPeer(const ConnectInfo& info, int peer, const std::string& address, Deadline deadline,
-             size_t socket_buffer_bytes);
+             size_t socket_buffer_bytes, int lane = 0, int lanes = 1);
 
 // An abort message's header: kAbort, the sender's ErrorKind and text length.
 WireHeader makeAbortHeader(const ConnectInfo& info, ErrorKind kind, size_t text_bytes);

@@ -29,6 +29,10 @@ constexpr auto kAbortLinger = std::chrono::seconds(2);
 // destination.
 constexpr size_t kInboxBytes = sizeof(WireHeader) + 8192;
 
+std::string closedText(int peer) {
+  return strFormat("rank %d closed its connection (its process exited, crashed or was killed)", peer);
+}
+
 }  // namespace
 
 struct TcpTransport::TcpRequest : Request {
@@ -44,6 +48,7 @@ struct TcpTransport::TcpRequest : Request {
 struct TcpTransport::Connection {
   int fd = -1;
   int peer = -1;
+  int lane = 0;
   std::deque<TcpRequest*> sends;
   std::deque<TcpRequest*> recvs;
   WireHeader in_header{};
@@ -55,6 +60,14 @@ struct TcpTransport::Connection {
   std::unique_ptr<char[]> inbox{new char[kInboxBytes]};
   size_t inbox_pos = 0;
   size_t inbox_end = 0;
+  // A send that was partly written when the lane failed: an abort message may
+  // only follow the rest of it (finishPartialSend), and the queue is gone.
+  TcpRequest unfinished;
+  // The peer closed this lane at a message boundary while nothing was posted
+  // on it, and other lanes to it were still open: their messages may still be
+  // on the way (a peer that finished its last op and exited), so the peer
+  // fails only once a receive is posted here or every lane is closed.
+  bool closed_by_peer = false;
   bool failed = false;         // no more requests on this connection
   bool socket_broken = false;  // EOF or I/O error: nothing more can be sent either
   TransportFailure failure;
@@ -63,11 +76,13 @@ struct TcpTransport::Connection {
 TcpTransport::TcpTransport(const ConnectInfo& info, const Config& config, const std::string& bind_host)
     : info_(info),
       config_(config),
-      listener_(std::make_unique<PeerListener>(info, bind_host, config.socket_buffer_bytes)),
-      connections_(static_cast<size_t>(info.size)) {
+      lanes_(std::max(1, config.sockets_per_peer)),
+      listener_(std::make_unique<PeerListener>(info, bind_host, config.socket_buffer_bytes, lanes_)),
+      connections_(static_cast<size_t>(info.size) * static_cast<size_t>(lanes_)),
+      posted_(static_cast<size_t>(info.size)) {
   listen_address_ = listener_->address();
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  RCOLL_INFO("tcp transport listening on %s", listen_address_.c_str());
+  RCOLL_INFO("tcp transport listening on %s (%d socket(s) per peer)", listen_address_.c_str(), lanes_);
 }
 
 TcpTransport::~TcpTransport() {
@@ -80,19 +95,25 @@ TcpTransport::~TcpTransport() {
 
 void TcpTransport::closeListener() { listener_->close(); }
 
+// A peer is connected once every lane to it is.
 bool TcpTransport::connected(int peer) const {
-  return peer >= 0 && peer < info_.size && connections_[static_cast<size_t>(peer)] != nullptr;
+  if (peer < 0 || peer >= info_.size) return false;
+  for (int k = 0; k < lanes_; ++k) {
+    if (laneTo(peer, k) == nullptr) return false;
+  }
+  return true;
 }
 
-void TcpTransport::adopt(int peer, int fd) {
+void TcpTransport::adopt(int peer, int lane, int fd) {
   setNonBlocking(fd, true);
   setNoDelay(fd);
   setBufferSizes(fd, config_.socket_buffer_bytes);
   auto conn = std::make_unique<Connection>();
   conn->fd = fd;
   conn->peer = peer;
-  connections_[static_cast<size_t>(peer)] = std::move(conn);
-  RCOLL_TRACE("connected to rank %d (%s)", peer, peerName(fd).c_str());
+  conn->lane = lane;
+  connections_[static_cast<size_t>(peer * lanes_ + lane)] = std::move(conn);
+  RCOLL_TRACE("connected to rank %d, socket %d of %d (%s)", peer, lane, lanes_, peerName(fd).c_str());
 }
 
 // Test hook (see the header): adopt() behind an argument check.
@@ -101,20 +122,31 @@ void TcpTransport::adoptConnectedSocket(int peer, int fd) {
     throwError(ErrorKind::kInvalidArgument,
                strFormat("rank %d: adoptConnectedSocket(%d): not a free peer slot", info_.rank, peer));
   }
-  adopt(peer, fd);
+  int k = 0;
+  while (laneTo(peer, k) != nullptr) ++k;
+  adopt(peer, k, fd);
 }
 
 void TcpTransport::connect(int peer, const std::string& address, Deadline deadline) {
-  adopt(peer, dialPeer(info_, peer, address, deadline, config_.socket_buffer_bytes));
+  for (int k = 0; k < lanes_; ++k) {
+    adopt(peer, k, dialPeer(info_, peer, address, deadline, config_.socket_buffer_bytes, k, lanes_));
+  }
 }
 
+// Lanes of different peers may come in any order: returns the first peer
+// whose lanes are all connected.
 int TcpTransport::accept(Deadline deadline) {
-  std::vector<bool> connected(static_cast<size_t>(info_.size));
-  for (size_t i = 0; i < connected.size(); ++i) connected[i] = connections_[i] != nullptr || !serves(static_cast<int>(i));
-  int fd = -1;
-  int peer = listener_->accept(deadline, connected, &fd);
-  adopt(peer, fd);
-  return peer;
+  for (;;) {
+    std::vector<bool> taken(connections_.size());
+    for (size_t i = 0; i < taken.size(); ++i) {
+      taken[i] = connections_[i] != nullptr || !serves(static_cast<int>(i / static_cast<size_t>(lanes_)));
+    }
+    int fd = -1;
+    int k = 0;
+    int peer = listener_->accept(deadline, taken, &fd, &k);
+    adopt(peer, k, fd);
+    if (connected(peer)) return peer;
+  }
 }
 
 void TcpTransport::release(Request* request) {
@@ -160,7 +192,14 @@ Request* TcpTransport::irecv(int peer, const WireHeader& expected, void* data, s
 Request* TcpTransport::post(TcpRequest* r) {
   // On a connection that already failed the request fails at once, with the
   // connection's cause, so the caller sees why without waiting.
-  Connection* c = connected(r->peer) ? connections_[static_cast<size_t>(r->peer)].get() : nullptr;
+  Connection* c = nullptr;
+  if (connected(r->peer)) {
+    Posted& posted = posted_[static_cast<size_t>(r->peer)];
+    uint64_t& n = r->is_send ? posted.sends : posted.recvs;
+    c = laneTo(r->peer, static_cast<int>(n % static_cast<uint64_t>(lanes_)));
+    ++n;
+  }
+  if (c != nullptr && c->closed_by_peer && !r->is_send) failConnection(*c, ErrorKind::kPeer, closedText(c->peer));
   if (c == nullptr || c->failed || aborted_) {
     r->state = Request::State::kFailed;
     r->why = c && c->failed ? c->failure
@@ -177,13 +216,24 @@ void TcpTransport::failConnection(Connection& c, ErrorKind kind, const std::stri
   // carry our abort message to the peer. Everything else means it is gone.
   if (kind != ErrorKind::kMismatch && kind != ErrorKind::kAborted) c.socket_broken = true;
   if (c.failed) return;
+  // The lanes to a peer carry one ordered stream between them: when one fails,
+  // they all do, with its cause (the others stay usable for our abort message).
+  const TransportFailure failure{kind, message};
+  for (int k = 0; k < lanes_; ++k) {
+    if (Connection* l = laneTo(c.peer, k)) failLane(*l, failure);
+  }
+  RCOLL_INFO("connection to rank %d failed: %s", c.peer, message.c_str());
+}
+
+void TcpTransport::failLane(Connection& c, const TransportFailure& failure) {
+  if (c.failed) return;
   c.failed = true;
-  c.failure = {kind, message};
+  c.failure = failure;
+  if (!c.sends.empty() && c.sends.front()->done > 0) c.unfinished = *c.sends.front();
   for (TcpRequest* r : c.sends) finish(r, Request::State::kFailed, &c.failure);
   for (TcpRequest* r : c.recvs) finish(r, Request::State::kFailed, &c.failure);
   c.sends.clear();
   c.recvs.clear();
-  RCOLL_INFO("connection to rank %d failed: %s", c.peer, message.c_str());
 }
 
 bool TcpTransport::driveSends(Connection& c) {
@@ -253,9 +303,11 @@ bool TcpTransport::driveRecvs(Connection& c) {
       ssize_t n = readStream(c, reinterpret_cast<char*>(&c.in_header) + c.in_header_got,
                              sizeof(WireHeader) - c.in_header_got);
       if (n == 0) {
-        failConnection(c, ErrorKind::kPeer,
-                       strFormat("rank %d closed its connection (its process exited, crashed or was "
-                                 "killed)", c.peer));
+        if (c.in_header_got == 0 && c.recvs.empty() && !lastOpenLane(c)) {
+          c.closed_by_peer = true;  // see Connection::closed_by_peer
+          return completed;
+        }
+        failConnection(c, ErrorKind::kPeer, closedText(c.peer));
         return true;
       }
       if (n < 0) {
@@ -329,8 +381,16 @@ bool TcpTransport::driveRecvs(Connection& c) {
   }
 }
 
+bool TcpTransport::lastOpenLane(const Connection& c) const {
+  for (int k = 0; k < lanes_; ++k) {
+    const Connection* other = laneTo(c.peer, k);
+    if (other != &c && other != nullptr && !other->failed && !other->closed_by_peer) return false;
+  }
+  return true;
+}
+
 bool TcpTransport::wantsRead(const Connection& c) const {
-  if (c.failed) return false;
+  if (c.failed || c.closed_by_peer) return false;
   if (c.in_header_got < sizeof(WireHeader)) return true;
   // The same test as driveRecvs' step 2: a header that only looks like an abort
   // (wrong magic) waits for a receive to fail it; polling for it would spin.
@@ -406,9 +466,16 @@ void TcpTransport::interrupt() {
   (void)ignored;
 }
 
+// The buffer of a partly written send is still alive here: abortPeers() runs
+// before the failed op is reported to its caller.
 bool TcpTransport::finishPartialSend(Connection& c, Deadline deadline) {
-  if (c.sends.empty() || c.sends.front()->done == 0) return true;
-  TcpRequest* r = c.sends.front();
+  TcpRequest* r = nullptr;
+  if (!c.sends.empty() && c.sends.front()->done > 0) {
+    r = c.sends.front();
+  } else if (c.unfinished.done > 0) {
+    r = &c.unfinished;
+  }
+  if (r == nullptr) return true;
   constexpr size_t kHeader = sizeof(WireHeader);
   std::string why;
   if (r->done < kHeader &&
@@ -417,6 +484,10 @@ bool TcpTransport::finishPartialSend(Connection& c, Deadline deadline) {
   }
   size_t sent = r->done > kHeader ? r->done - kHeader : 0;
   if (!sendAll(c.fd, r->data + sent, r->bytes - sent, deadline, &why)) return false;
+  if (r == &c.unfinished) {
+    c.unfinished.done = 0;
+    return true;
+  }
   r->done = kHeader + r->bytes;
   c.sends.pop_front();
   finish(r, Request::State::kDone, nullptr);
@@ -443,7 +514,11 @@ void TcpTransport::abortPeers(ErrorKind kind, const std::string& message) {
     // until the communicator is destroyed, so the peer reads the reason first.
     ::shutdown(c->fd, SHUT_WR);
     c->socket_broken = true;
-    failConnection(*c, ErrorKind::kAborted, "the communicator was aborted: " + message);
+  }
+  // Only now: failing a lane fails its siblings, whose queues (a partly
+  // written send) the loop above still needed.
+  for (auto& c : connections_) {
+    if (c) failConnection(*c, ErrorKind::kAborted, "the communicator was aborted: " + message);
   }
 }
 

@@ -1,6 +1,13 @@
 // TCP implementation of the transport interface.
 //
-// One full-duplex socket per peer. Sends go straight from the caller's buffer
+// One full-duplex socket per peer, or several (RCOLL_SOCKETS_PER_PEER, "lanes"):
+// the k-th message to a peer goes out on lane k mod N and the k-th receive
+// posted for it reads lane k mod N, so both ends agree without a word and the
+// per-pair order that the interface promises holds (completions may come out
+// of order across lanes; callers test each request). Several streams let a
+// fast NIC carry more than one core's copies, and keep one slow segment from
+// holding up the next. A failure on any lane fails the whole peer; an abort
+// goes out on every lane. Sends go straight from the caller's buffer
 // (sendmsg of header + payload). Receives read a header into the connection's
 // inbox together with whatever follows it, up to 8 KiB: a small message costs
 // one recv() and is copied out after its header is checked; the rest of a
@@ -51,32 +58,44 @@ class TcpTransport : public Transport {
   void abortPeers(ErrorKind kind, const std::string& message) override;
 
   // For tests and fuzzers (tests/fuzz): takes ownership of an already-connected
-  // socket as the connection to `peer`, skipping the handshake. Throws
+  // socket as the next free lane to `peer`, skipping the handshake. Throws
   // RcollError(kInvalidArgument), without taking the socket, if `peer` is this
   // rank, out of range or already connected.
   void adoptConnectedSocket(int peer, int fd);
+  int socketsPerPeer() const { return lanes_; }
 
  private:
   struct TcpRequest;
   struct Connection;
 
-  Request* post(TcpRequest* r);  // queues r on its connection, or fails it at once
-  void adopt(int peer, int fd);
+  // Per peer: messages posted so far each way, which pick the next lane.
+  struct Posted {
+    uint64_t sends = 0;
+    uint64_t recvs = 0;
+  };
+
+  Request* post(TcpRequest* r);  // queues r on its lane, or fails it at once
+  void adopt(int peer, int lane, int fd);
+  Connection* laneTo(int peer, int k) const { return connections_[static_cast<size_t>(peer * lanes_ + k)].get(); }
   bool driveAll();                 // true if any request completed or failed
   bool driveSends(Connection& c);
   bool driveRecvs(Connection& c);
   ssize_t readStream(Connection& c, char* dst, size_t want);
   bool wantsRead(const Connection& c) const;
-  void failConnection(Connection& c, ErrorKind kind, const std::string& message);
+  bool lastOpenLane(const Connection& c) const;  // no other lane to c's peer can still bring a message
+  void failConnection(Connection& c, ErrorKind kind, const std::string& message);  // every lane of c's peer
+  void failLane(Connection& c, const TransportFailure& failure);
   void finish(TcpRequest* r, Request::State state, const TransportFailure* why);
   bool finishPartialSend(Connection& c, Deadline deadline);
 
   ConnectInfo info_;
   Config config_;
+  int lanes_;  // sockets per peer
   std::unique_ptr<PeerListener> listener_;
   int wake_fd_ = -1;
   std::string listen_address_;
-  std::vector<std::unique_ptr<Connection>> connections_;  // indexed by peer rank
+  std::vector<std::unique_ptr<Connection>> connections_;  // indexed by peer * lanes_ + lane
+  std::vector<Posted> posted_;                           // indexed by peer
   RequestPool<TcpRequest> requests_;
   std::vector<pollfd> poll_fds_;  // progress() scratch
   bool aborted_ = false;

@@ -14,7 +14,9 @@
 namespace rcoll {
 
 constexpr uint32_t kWireMagic = 0x4c4f4352;  // "RCOL" in little-endian byte order
-constexpr uint16_t kWireVersion = 1;
+// 2: the connection handshake names its socket (lane) and the sockets per
+//    pair (RCOLL_SOCKETS_PER_PEER), 44 bytes instead of 40.
+constexpr uint16_t kWireVersion = 2;
 
 enum class OpKind : uint8_t {
   kAllreduce = 1,

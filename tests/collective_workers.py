@@ -3,6 +3,7 @@
 Each worker runs a whole sweep inside one job and returns a list of failure
 descriptions, so one process start covers hundreds of cases.
 """
+import os
 import time
 
 import numpy as np
@@ -213,6 +214,22 @@ class DuckStore:
     def add(self, key, delta):
         self.calls += 1
         return self.client.add(key, delta)
+
+
+def socket_count(rank, world):
+    """Sockets this process holds once its communicator is up (and used)."""
+    comm = rcoll.init()
+    out = comm.allreduce(np.ones(4096, dtype=np.float32))
+    assert (out == world).all()
+    fds = os.listdir("/proc/self/fd")
+    sockets = 0
+    for fd in fds:
+        try:
+            sockets += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass  # the listing's own descriptor, gone by now
+    comm.barrier()
+    return sockets
 
 
 def caller_store(rank, world):

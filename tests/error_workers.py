@@ -240,3 +240,24 @@ def shutdown_from_thread(rank, world):
     stuck = comm.allreduce(np.ones(8, np.float32), async_op=True)
     threading.Timer(0.3, comm.shutdown, kwargs={"grace": 0.5}).start()
     return _outcome(lambda: stuck.wait())
+
+
+def sockets_per_peer_differ(rank, world, differ=True):
+    """Rank 1 asks for two TCP sockets per peer (differ) and the others for
+    one. Returns the outcome of an allreduce and the sockets the process holds."""
+    os.environ["RCOLL_SOCKETS_PER_PEER"] = "2" if differ and rank == 1 else "1"
+
+    def run():
+        comm = rcoll.init(timeout=20)
+        total = float(comm.allreduce(np.ones(1 << 16, dtype=np.float32))[0])
+        sockets = sum(1 for fd in os.listdir("/proc/self/fd") if _is_socket(fd))
+        comm.barrier()
+        return total, sockets
+    return _outcome(run)
+
+
+def _is_socket(fd):
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+    except OSError:
+        return False  # the listing's own descriptor, gone by now

@@ -19,6 +19,8 @@ TRANSPORTS = {
     "shm": {"RCOLL_TRANSPORT": "shm"},
     "shm-ring": {"RCOLL_TRANSPORT": "shm", "RCOLL_SHM_COLL": "0"},
     "tcp": {"RCOLL_TRANSPORT": "tcp"},
+    # Three sockets per pair: segments take turns on them (csrc/tcp_transport.h).
+    "tcp-3sockets": {"RCOLL_TRANSPORT": "tcp", "RCOLL_SOCKETS_PER_PEER": "3"},
 }
 WINDOW_OPS = pytest.mark.transports(["shm", "shm-ring", "tcp"])  # ops the windows serve: both shm paths
 
@@ -32,6 +34,7 @@ def pytest_generate_tests(metafunc):
 @pytest.fixture(autouse=True)
 def transport(request, monkeypatch):
     monkeypatch.delenv("RCOLL_SHM_COLL", raising=False)
+    monkeypatch.delenv("RCOLL_SOCKETS_PER_PEER", raising=False)
     for name, value in TRANSPORTS[request.param].items():
         monkeypatch.setenv(name, value)
     return request.param
@@ -127,6 +130,32 @@ def test_many_async_ops_in_flight(world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_streamed_messages_queued_in_the_sockets(world):
     _check(spawn.run(w.streamed_messages, world, timeout=120))
+
+
+# Several sockets per pair: the k-th message to a peer takes socket k mod 3 on
+# both ends, so segments complete out of order across sockets. Small chunks put
+# many segments (and every socket) into each op; the streamed and async cases
+# queue messages on every socket before their receives are posted.
+@pytest.mark.transports(["tcp-3sockets"])
+@pytest.mark.parametrize("world", [2, 3, 5])
+@pytest.mark.parametrize("sweep", ["allreduce_sweep", "reduce_scatter_sweep", "allgather_sweep", "broadcast_sweep",
+                                   "alltoall_sweep", "large_sweep", "streamed_messages", "async_many"])
+def test_several_sockets_per_peer(world, sweep):
+    env = SMALL_CHUNKS if sweep.endswith("_sweep") and sweep != "large_sweep" else None
+    _check(spawn.run(getattr(w, sweep), world, timeout=240, env=env))
+
+
+@pytest.mark.transports(["tcp"])
+def test_sockets_per_peer_opens_that_many_sockets(monkeypatch):
+    world = 3
+    counts = {}
+    for n in (1, 3):
+        monkeypatch.setenv("RCOLL_SOCKETS_PER_PEER", str(n))
+        counts[n] = spawn.run(w.socket_count, world, timeout=120)
+    # Collective traffic gets n sockets to each of the other ranks; the
+    # point-to-point engine, the store and the listeners keep theirs.
+    for rank in range(world):
+        assert counts[3][rank] - counts[1][rank] == 2 * (world - 1), counts
 
 
 @pytest.mark.parametrize("world", [1, 3])

@@ -19,16 +19,20 @@ import error_workers as w
 # "ring" the schedules over the shm transport (RCOLL_SHM_COLL=0: headers are
 # checked), as between hosts.
 PATHS = {"windows": {}, "ring": {"RCOLL_SHM_COLL": "0"}}
+# The TCP transport with three sockets per pair: a failure on one must fail
+# them all, and an abort message must reach the peer whichever it reads.
+TCP_3SOCKETS = {"RCOLL_TRANSPORT": "tcp", "RCOLL_SOCKETS_PER_PEER": "3"}
 
 
-@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("path", sorted(PATHS) + ["tcp-3sockets"])
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("kind", ["count", "dtype", "op_kind", "reduce_op", "root"])
 def test_mismatch_is_reported_on_every_rank(world, kind, path):
     # At world 4 the ranks that meet the odd call first may fail and exit (rank
     # 0 hosts the store) while another is still connecting: a barrier goes first.
     barrier_first = world > 2
-    results = spawn.run(w.mismatch, world, kind, barrier_first, timeout=60, env=PATHS[path])
+    env = TCP_3SOCKETS if path == "tcp-3sockets" else PATHS[path]
+    results = spawn.run(w.mismatch, world, kind, barrier_first, timeout=60, env=env)
     for rank, (name, message, seconds) in enumerate(results):
         assert name in ("MismatchError", "PeerError"), (rank, name, message)
         assert seconds < 15, (rank, seconds, message)  # detected, not timed out (timeout is 20 s)
@@ -66,10 +70,11 @@ def test_window_op_against_a_transport_op_is_a_mismatch(world):
     assert results[0][0] == "MismatchError" and "rank 1 called gather" in results[0][1], results[0]
 
 
-@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("path", sorted(PATHS) + ["tcp-3sockets"])
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_dead_peer_fails_every_survivor_quickly(world, path):
-    results = spawn.run(w.dead_peer, world, timeout=60, allow_failures=True, env=PATHS[path])
+    env = TCP_3SOCKETS if path == "tcp-3sockets" else PATHS[path]
+    results = spawn.run(w.dead_peer, world, timeout=60, allow_failures=True, env=env)
     dead = world - 1
     assert results[dead][0] == "error" and "exit code 3" in results[dead][1]
     for rank in range(dead):
@@ -122,11 +127,12 @@ def _knock(port, stop):
 
     connect()                                   # says nothing at all (slow loris)
     connect().sendall(b"GET / HTTP/1.0\r\n\r\n" * 4)  # garbage
-    connect().sendall(struct.pack("<IHH", 0x53484352, 1, 0))  # half a handshake, then silence
-    wrong = struct.pack("<IHHIIQ", 0x53484352, 1, 0, 1, 0, 12345) + b"\x00" * 16
-    connect().sendall(wrong)                    # a full handshake with a wrong token
+    connect().sendall(struct.pack("<IHH", 0x53484352, 2, 0))  # half a handshake, then silence
+    # A full handshake (wire version 2: 44 bytes) with a wrong token, then one of another wire version.
+    connect().sendall(struct.pack("<IHHIIQ16sHH", 0x53484352, 2, 0, 1, 0, 12345, bytes(16), 0, 1))
+    connect().sendall(struct.pack("<IHHIIQ16s", 0x53484352, 1, 0, 1, 0, 12345, bytes(16)))
     s = connect()
-    s.sendall(b"\xff" * 40)
+    s.sendall(b"\xff" * 44)
     s.close()                                   # random bytes, then gone
     stop.wait(20)
     for s in held:
@@ -155,6 +161,19 @@ def test_bad_arguments_raise_value_errors_and_nothing_is_lost():
             is_rcoll_error, text = m
             assert is_rcoll_error and text.startswith("rank "), text
         assert result == [2.0] * 4
+
+
+def test_ranks_that_count_sockets_differently_use_rank_0s_count():
+    # Both ends of a pair must open as many sockets: every rank takes rank 0's
+    # RCOLL_SOCKETS_PER_PEER and says so. (Were a peer still to announce another
+    # count in its handshake, both ends would fail with a ConfigError: see
+    # tests/fuzz/fuzz_handshake.cc.)
+    env = {"RCOLL_TRANSPORT": "tcp", "RCOLL_CONNECT_TIMEOUT": "30"}
+    differ = spawn.run(w.sockets_per_peer_differ, 3, True, timeout=60, env=env)
+    same = spawn.run(w.sockets_per_peer_differ, 3, False, timeout=60, env=env)
+    for rank in range(3):
+        assert differ[rank][0] == "ok" and same[rank][0] == "ok", (rank, differ[rank], same[rank])
+        assert differ[rank][1] == same[rank][1] == (3.0, same[rank][1][1]), (rank, differ, same)
 
 
 def test_bad_environment_is_a_config_error(monkeypatch):

@@ -201,6 +201,14 @@ int main() {
   runWorld(1, "single", server.port(), collectives);
   runWorld(3, "inline", server.port(), inlineMix);
   runWorld(3, "abort", server.port(), abortRace);
+  // The TCP transport with three sockets per pair: segments striped over them,
+  // a failure or an abort reaching every one.
+  setenv("RCOLL_TRANSPORT", "tcp", 1);
+  setenv("RCOLL_SOCKETS_PER_PEER", "3", 1);
+  runWorld(3, "tcp3-collectives", server.port(), collectives);
+  runWorld(3, "tcp3-abort", server.port(), abortRace);
+  unsetenv("RCOLL_TRANSPORT");
+  unsetenv("RCOLL_SOCKETS_PER_PEER");
   if (g_failures.load() != 0) {
     std::fprintf(stderr, "test_communicator: %d failures\n", g_failures.load());
     return 1;

@@ -8,17 +8,21 @@
 //
 //   byte 0    bits 0-1: what the client sends
 //               0: the rest of the input as is
-//               1: a valid handshake XOR the next 40 bytes (zeros: valid), then the rest
-//               2: the first (byte 1 % 41) bytes of a valid handshake, then the rest
+//               1: a valid handshake XOR the next 44 bytes (zeros: valid), then the rest
+//               2: the first (byte 1 % 45) bytes of a valid handshake, then the rest
 //               3: like 1
 //             bit 2: stalled: the client does not close before accept() returns
 //             bit 3: a second client then sends a valid handshake: accept() must
 //                    return rank 1 whatever the first one sent (and when both
-//                    are valid, a second accept() must reject the duplicate)
+//                    are valid, a second accept() must reject the duplicate;
+//                    not sent after a hello that counts sockets differently)
 //
 // Oracle (an independent reading of the protocol): accept() returns 1 when the
-// first 40 bytes form a valid hello of this job from rank 1 to rank 0, and the
-// client then reads a valid ack; otherwise it throws RcollError(kTimeout).
+// first 44 bytes form a valid hello of this job from rank 1 to rank 0 for its
+// one socket (lane 0 of 1), and the client then reads a valid ack. When they
+// differ from that only in announcing 2-64 sockets per peer (and a lane below
+// that), accept() throws RcollError(kConfig) and the client reads an ack that
+// says 1. Otherwise accept() throws RcollError(kTimeout).
 // Anything else (another return value, another exception, a crash, a leak) is
 // a bug.
 #include <arpa/inet.h>
@@ -52,20 +56,25 @@ struct Hello {
   uint32_t dst_rank;
   uint64_t comm_id;
   uint8_t token[16];
+  uint16_t lane;
+  uint16_t lanes;
 };
 #pragma pack(pop)
-static_assert(sizeof(Hello) == 40, "the handshake is 40 bytes");
+static_assert(sizeof(Hello) == 44, "the handshake is 44 bytes");
+constexpr size_t kIdentityBytes = 40;  // everything before lane and lanes
 constexpr uint32_t kHelloMagic = 0x53484352;  // "RCHS"
 
 Hello validHello() {
   Hello h{};
   h.magic = kHelloMagic;
-  h.version = 1;
+  h.version = 2;
   h.is_ack = 0;
   h.src_rank = 1;
   h.dst_rank = 0;
   h.comm_id = rcoll_fuzz::kCommId;
   std::memcpy(h.token, rcoll_fuzz::kToken, sizeof(h.token));
+  h.lane = 0;
+  h.lanes = 1;
   return h;
 }
 
@@ -73,6 +82,16 @@ bool isValidHello(const uint8_t* bytes, size_t n) {
   if (n < sizeof(Hello)) return false;
   Hello valid = validHello();
   return std::memcmp(bytes, &valid, sizeof(Hello)) == 0;  // every field has exactly one valid value here
+}
+
+// A hello of this job that announces another number of sockets per peer.
+bool countsSocketsDifferently(const uint8_t* bytes, size_t n) {
+  if (n < sizeof(Hello)) return false;
+  Hello valid = validHello();
+  Hello got;
+  std::memcpy(&got, bytes, sizeof(got));
+  return std::memcmp(bytes, &valid, kIdentityBytes) == 0 && got.lanes >= 2 && got.lanes <= 64 &&
+         got.lane < got.lanes;
 }
 
 int connectTo(int port) {
@@ -118,13 +137,20 @@ void closeHard(int fd) {
   ::close(fd);
 }
 
+constexpr int kConfigError = -2;
+
 // accept() with a short deadline; for an input the oracle calls valid, a
 // timeout is retried with a long one so that a slow machine is not reported.
+// -1: timed out; kConfigError: threw RcollError(kConfig).
 int acceptOutcome(TcpTransport& t, bool valid) {
   for (auto wait : {std::chrono::milliseconds(3), std::chrono::milliseconds(5000)}) {
     try {
       return t.accept(std::chrono::steady_clock::now() + wait);
     } catch (const RcollError& e) {
+      if (e.kind() == ErrorKind::kConfig) {
+        FUZZ_CHECK(std::strstr(e.what(), "RCOLL_SOCKETS_PER_PEER") != nullptr, "unclear config error: %s", e.what());
+        return kConfigError;
+      }
       FUZZ_CHECK(e.kind() == ErrorKind::kTimeout, "accept() threw %s: %s", errorKindName(e.kind()), e.what());
       FUZZ_CHECK(std::strlen(e.what()) > 0, "accept() threw an empty message");
       if (!valid) return -1;
@@ -169,7 +195,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   const bool stalled = mode & 4;
-  const bool second_valid = mode & 8;
+  const bool config_first = countsSocketsDifferently(out.data(), std::min(out.size(), sizeof(Hello)));
 
   TcpTransport transport(rcoll_fuzz::connectInfo(), Config(), "127.0.0.1");
   std::string host;
@@ -181,6 +207,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   size_t sent = sendSome(client, out.data(), out.size());
   if (!stalled) ::shutdown(client, SHUT_WR);
   bool valid_first = isValidHello(out.data(), sent);
+  const bool config_error = config_first && sent >= sizeof(Hello);
+  const bool second_valid = (mode & 8) && !config_first;
 
   int client2 = -1;
   if (second_valid) {
@@ -189,8 +217,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   const bool expect_accept = valid_first || second_valid;
-  int peer = acceptOutcome(transport, expect_accept);
-  if (expect_accept) {
+  int peer = acceptOutcome(transport, expect_accept || config_error);
+  if (config_error) {
+    FUZZ_CHECK(peer == kConfigError, "accept() gave %d for a hello announcing %u sockets per peer", peer,
+               reinterpret_cast<const Hello*>(out.data())->lanes);
+    FUZZ_CHECK(!transport.connected(1), "rank 1 connected with another socket count");
+    Hello ack{};
+    std::string why;
+    FUZZ_CHECK(recvAll(client, &ack, sizeof(ack), std::chrono::steady_clock::now() + std::chrono::seconds(5), &why),
+               "no ack telling the socket count: %s", why.c_str());
+    FUZZ_CHECK(ack.magic == kHelloMagic && ack.is_ack == 1 && ack.lanes == 1, "malformed ack");
+  } else if (expect_accept) {
     FUZZ_CHECK(peer == 1, "a valid handshake was not accepted (accept() gave %d; %zu bytes sent%s)", peer, sent,
                second_valid ? ", then a second, valid client" : "");
     FUZZ_CHECK(transport.connected(1), "accept() returned 1 but rank 1 is not connected");
@@ -207,9 +244,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::string why;
     FUZZ_CHECK(recvAll(acked, &ack, sizeof(ack), std::chrono::steady_clock::now() + std::chrono::seconds(5), &why),
                "no ack for an accepted handshake: %s", why.c_str());
-    FUZZ_CHECK(ack.magic == kHelloMagic && ack.version == 1 && ack.is_ack == 1 && ack.src_rank == 0 &&
+    FUZZ_CHECK(ack.magic == kHelloMagic && ack.version == 2 && ack.is_ack == 1 && ack.src_rank == 0 &&
                    ack.dst_rank == 1 && ack.comm_id == rcoll_fuzz::kCommId &&
-                   std::memcmp(ack.token, rcoll_fuzz::kToken, sizeof(ack.token)) == 0,
+                   std::memcmp(ack.token, rcoll_fuzz::kToken, sizeof(ack.token)) == 0 && ack.lane == 0 &&
+                   ack.lanes == 1,
                "malformed ack");
     if (valid_first && second_valid) {
       // The other client claims rank 1 too: rejected ("already connected"), never re-adopted.

@@ -11,7 +11,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 COMM_ID = 0x0123456789ABCDEF
 TOKEN = bytes([0x10, 0x32, 0x54, 0x76, 0x98, 0xBA, 0xDC, 0xFE, 0x01, 0x23, 0x45, 0x67, 0x89, 0xAB, 0xCD, 0xEF])
 
-WIRE_MAGIC, WIRE_VERSION, HELLO_MAGIC = 0x4C4F4352, 1, 0x53484352
+WIRE_MAGIC, WIRE_VERSION, HELLO_MAGIC = 0x4C4F4352, 2, 0x53484352
 # fuzz_receive_path.cc's kKinds order -> OpKind values
 KINDS = ["allreduce", "allgather", "broadcast", "reduce_scatter", "barrier", "reduce", "gather", "scatter",
          "alltoall", "p2p"]
@@ -49,8 +49,8 @@ def abort_message(text, error_kind=MISMATCH):
     return header(ABORT, dtype=0, nbytes=len(data), error_kind=error_kind, src=1) + data
 
 
-def hello(src=1, dst=0, is_ack=0, comm_id=COMM_ID, token=TOKEN):
-    return struct.pack("<IHHIIQ16s", HELLO_MAGIC, WIRE_VERSION, is_ack, src, dst, comm_id, token)
+def hello(src=1, dst=0, is_ack=0, comm_id=COMM_ID, token=TOKEN, lane=0, lanes=1):
+    return struct.pack("<IHHIIQ16sHH", HELLO_MAGIC, WIRE_VERSION, is_ack, src, dst, comm_id, token, lane, lanes)
 
 
 def receive_path():
@@ -107,10 +107,13 @@ def handshake():
         "valid_stalled": bytes([0x04]) + valid,
         "valid_twice": bytes([0x08]) + valid,
         "valid_then_data": bytes([0x00]) + valid + header("barrier", 5),
-        "xor_zero": bytes([0x01]) + bytes(40),
-        "xor_token": bytes([0x01]) + bytes(24) + b"\x01" + bytes(15),
+        "xor_zero": bytes([0x01]) + bytes(44),
+        "xor_token": bytes([0x01]) + bytes(24) + b"\x01" + bytes(19),
         "truncated": bytes([0x02, 20]),
-        "truncated_stalled_then_valid": bytes([0x02 | 0x04 | 0x08, 39]),
+        "truncated_stalled_then_valid": bytes([0x02 | 0x04 | 0x08, 43]),
+        "sockets_differ": bytes([0x00]) + hello(lane=1, lanes=3),
+        "sockets_differ_then_valid": bytes([0x08]) + hello(lane=0, lanes=2),
+        "lane_out_of_range": bytes([0x00]) + hello(lane=1, lanes=1),
         "wrong_rank": bytes([0x00]) + hello(src=0),
         "ack_instead": bytes([0x00]) + hello(is_ack=1),
         "http_then_valid": bytes([0x08]) + b"GET / HTTP/1.0\r\n\r\n",
@@ -130,12 +133,32 @@ def wire_header():
     }
 
 
+def to_current_version(data):
+    """Every header in `data` (the magic, then a version) with WIRE_VERSION."""
+    out = bytearray(data)
+    for magic in (struct.pack("<I", WIRE_MAGIC), struct.pack("<I", HELLO_MAGIC)):
+        i = out.find(magic)
+        while i >= 0:
+            if i + 6 <= len(out):
+                out[i + 4:i + 6] = struct.pack("<H", WIRE_VERSION)
+            i = out.find(magic, i + 4)
+    return bytes(out)
+
+
 def main():
     for target, seeds in [("fuzz_receive_path", receive_path()), ("fuzz_handshake", handshake()),
                           ("fuzz_wire_header", wire_header())]:
         d = os.path.join(HERE, "corpus", target)
+        # Inputs the fuzzer found (regress*) stay, moved to the current wire version.
+        kept = {}
+        if os.path.isdir(d):
+            for name in os.listdir(d):
+                if name.startswith("regress"):
+                    with open(os.path.join(d, name), "rb") as f:
+                        kept[name] = to_current_version(f.read())
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
+        seeds = {**seeds, **kept}
         for name, data in seeds.items():
             with open(os.path.join(d, name), "wb") as f:
                 f.write(data)
