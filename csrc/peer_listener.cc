@@ -244,7 +244,7 @@ int PeerListener::accept(Deadline deadline, const std::vector<bool>& connected, 
   auto take = [&](PendingHandshake& p, int peer) {
     setNonBlocking(p.fd, false);
     *fd_out = p.fd;
-    *lane_out = p.hello.lane;
+    if (lane_out != nullptr) *lane_out = p.hello.lane;
     p.fd = -1;
     return peer;
   };

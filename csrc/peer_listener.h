@@ -37,8 +37,9 @@ class PeerListener {
   // yet in `connected` (indexed by rank * lanes + lane); returns its rank, the
   // lane in *lane and a blocking socket in *fd. Throws RcollError(kTimeout) at
   // `deadline`, and RcollError(kConfig) when a rank of this job opens another
-  // number of sockets per peer (after telling it so in the ack).
-  int accept(Deadline deadline, const std::vector<bool>& connected, int* fd, int* lane);
+  // number of sockets per peer (after telling it so in the ack). `lane` may
+  // be null where one socket per peer is all there is.
+  int accept(Deadline deadline, const std::vector<bool>& connected, int* fd, int* lane = nullptr);
   void close();  // no more peers will come
   bool closed() const { return listen_fd_ < 0; }
 

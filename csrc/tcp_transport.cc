@@ -48,7 +48,6 @@ struct TcpTransport::TcpRequest : Request {
 struct TcpTransport::Connection {
   int fd = -1;
   int peer = -1;
-  int lane = 0;
   std::deque<TcpRequest*> sends;
   std::deque<TcpRequest*> recvs;
   WireHeader in_header{};
@@ -111,7 +110,6 @@ void TcpTransport::adopt(int peer, int lane, int fd) {
   auto conn = std::make_unique<Connection>();
   conn->fd = fd;
   conn->peer = peer;
-  conn->lane = lane;
   connections_[static_cast<size_t>(peer * lanes_ + lane)] = std::move(conn);
   RCOLL_TRACE("connected to rank %d, socket %d of %d (%s)", peer, lane, lanes_, peerName(fd).c_str());
 }

@@ -251,8 +251,7 @@ int VerbsTransport::accept(Deadline deadline) {
   std::vector<bool> connected(static_cast<size_t>(info_.size));
   for (size_t i = 0; i < connected.size(); ++i) connected[i] = connections_[i] != nullptr || !serves(static_cast<int>(i));
   int fd = -1;
-  int lane = 0;  // one socket per peer here
-  int peer = listener_->accept(deadline, connected, &fd, &lane);
+  int peer = listener_->accept(deadline, connected, &fd);
   setUpConnection(peer, fd, deadline);
   return peer;
 }

@@ -148,8 +148,7 @@ int ShmTransport::accept(Deadline deadline) {
   std::vector<bool> connected(static_cast<size_t>(info_.size));
   for (size_t i = 0; i < connected.size(); ++i) connected[i] = connections_[i] != nullptr || !serves(static_cast<int>(i));
   int fd = -1;
-  int lane = 0;  // one socket per peer here
-  const int peer = listener_->accept(deadline, connected, &fd, &lane);
+  const int peer = listener_->accept(deadline, connected, &fd);
   adopt(peer, fd, deadline, /*creator=*/true);
   return peer;
 }
