@@ -221,14 +221,19 @@ def socket_count(rank, world):
     comm = rcoll.init()
     out = comm.allreduce(np.ones(4096, dtype=np.float32))
     assert (out == world).all()
-    fds = os.listdir("/proc/self/fd")
+    sockets = open_sockets()
+    comm.barrier()
+    return sockets
+
+
+def open_sockets():
+    """Socket descriptors this process holds."""
     sockets = 0
-    for fd in fds:
+    for fd in os.listdir("/proc/self/fd"):
         try:
             sockets += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
         except OSError:
             pass  # the listing's own descriptor, gone by now
-    comm.barrier()
     return sockets
 
 

@@ -6,6 +6,7 @@ import time
 import numpy as np
 
 import rcoll
+from collective_workers import open_sockets
 
 
 def _outcome(fn):
@@ -250,14 +251,7 @@ def sockets_per_peer_differ(rank, world, differ=True):
     def run():
         comm = rcoll.init(timeout=20)
         total = float(comm.allreduce(np.ones(1 << 16, dtype=np.float32))[0])
-        sockets = sum(1 for fd in os.listdir("/proc/self/fd") if _is_socket(fd))
+        sockets = open_sockets()
         comm.barrier()
         return total, sockets
     return _outcome(run)
-
-
-def _is_socket(fd):
-    try:
-        return os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
-    except OSError:
-        return False  # the listing's own descriptor, gone by now
