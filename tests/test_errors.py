@@ -17,22 +17,21 @@ import error_workers as w
 # The local ranks of these tests share memory: "windows" is the default path
 # there (csrc/shm/shm_collectives.h: the ranks compare step descriptors),
 # "ring" the schedules over the shm transport (RCOLL_SHM_COLL=0: headers are
-# checked), as between hosts.
-PATHS = {"windows": {}, "ring": {"RCOLL_SHM_COLL": "0"}}
-# The TCP transport with three sockets per pair: a failure on one must fail
-# them all, and an abort message must reach the peer whichever it reads.
-TCP_3SOCKETS = {"RCOLL_TRANSPORT": "tcp", "RCOLL_SOCKETS_PER_PEER": "3"}
+# checked), as between hosts. "tcp-3sockets" is the TCP transport with three
+# sockets per pair: a failure on one must fail them all, and an abort message
+# must reach the peer whichever it reads.
+PATHS = {"windows": {}, "ring": {"RCOLL_SHM_COLL": "0"},
+         "tcp-3sockets": {"RCOLL_TRANSPORT": "tcp", "RCOLL_SOCKETS_PER_PEER": "3"}}
 
 
-@pytest.mark.parametrize("path", sorted(PATHS) + ["tcp-3sockets"])
+@pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("kind", ["count", "dtype", "op_kind", "reduce_op", "root"])
 def test_mismatch_is_reported_on_every_rank(world, kind, path):
     # At world 4 the ranks that meet the odd call first may fail and exit (rank
     # 0 hosts the store) while another is still connecting: a barrier goes first.
     barrier_first = world > 2
-    env = TCP_3SOCKETS if path == "tcp-3sockets" else PATHS[path]
-    results = spawn.run(w.mismatch, world, kind, barrier_first, timeout=60, env=env)
+    results = spawn.run(w.mismatch, world, kind, barrier_first, timeout=60, env=PATHS[path])
     for rank, (name, message, seconds) in enumerate(results):
         assert name in ("MismatchError", "PeerError"), (rank, name, message)
         assert seconds < 15, (rank, seconds, message)  # detected, not timed out (timeout is 20 s)
@@ -70,11 +69,10 @@ def test_window_op_against_a_transport_op_is_a_mismatch(world):
     assert results[0][0] == "MismatchError" and "rank 1 called gather" in results[0][1], results[0]
 
 
-@pytest.mark.parametrize("path", sorted(PATHS) + ["tcp-3sockets"])
+@pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_dead_peer_fails_every_survivor_quickly(world, path):
-    env = TCP_3SOCKETS if path == "tcp-3sockets" else PATHS[path]
-    results = spawn.run(w.dead_peer, world, timeout=60, allow_failures=True, env=env)
+    results = spawn.run(w.dead_peer, world, timeout=60, allow_failures=True, env=PATHS[path])
     dead = world - 1
     assert results[dead][0] == "error" and "exit code 3" in results[dead][1]
     for rank in range(dead):
