@@ -379,7 +379,7 @@ struct TcpStoreServer::State {
   void guarded(uint64_t id, F&& fn) {
     try {
       fn();
-    } catch (...) {
+    } catch (const std::exception&) {  // not catch (...): a forced unwind must go on
       drop(id);
     }
   }
@@ -482,7 +482,7 @@ void TcpStoreServer::serve() {
         st.guarded(id, [&] { st.onEvents(id, revents); });
       }
       st.runRunnable();
-    } catch (...) {
+    } catch (const std::exception&) {
       // Only allocation failures outside per-client work can land here; let
       // memory free up and try again instead of letting the thread die.
       std::this_thread::sleep_for(std::chrono::milliseconds(10));

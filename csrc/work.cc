@@ -47,10 +47,23 @@ void CompletionQueue::push(uint64_t token) {
 
 bool CompletionQueue::pop(uint64_t* token, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
-  if (!cv_.wait_for(lock, timeout, [&] { return !tokens_.empty(); })) return false;
+  if (!cv_.wait_for(lock, timeout, [&] { return closed_ || !tokens_.empty(); }) || closed_) return false;
   *token = tokens_.front();
   tokens_.pop_front();
   return true;
+}
+
+void CompletionQueue::close() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    closed_ = true;
+  }
+  cv_.notify_all();
+}
+
+bool CompletionQueue::closed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return closed_;
 }
 
 bool Work::notifyOnCompletion(std::shared_ptr<CompletionQueue> queue, uint64_t token) {

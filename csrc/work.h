@@ -21,13 +21,18 @@ class DeviceEvent;  // device_runtime.h
 class CompletionQueue {
  public:
   void push(uint64_t token);
-  // Waits up to `timeout` for a token; false if none came.
+  // Waits up to `timeout` for a token; false if none came or the queue is closed.
   bool pop(uint64_t* token, std::chrono::milliseconds timeout);
+  // Wakes every pop() and makes later ones return false at once: the consumer
+  // thread is told to stop (before the interpreter finalizes; torch_backend.py).
+  void close();
+  bool closed() const;
 
  private:
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<uint64_t> tokens_;
+  bool closed_ = false;
 };
 
 class Work;

@@ -19,8 +19,10 @@
 #include "cuda_reduce.h"
 #include "device_api.h"
 #include "dtype.h"
+#include "python/gil.h"
 
 namespace py = pybind11;
+using rcoll::python::withoutGil;
 
 namespace {
 
@@ -67,13 +69,10 @@ PYBIND11_MODULE(_cuda, m) {
       "reduce",
       [](uintptr_t dst, uintptr_t a, uintptr_t b, size_t count, int dtype, int op,
          uintptr_t stream) {
-        int rc;
-        {
-          py::gil_scoped_release release;  // a launch can block when the stream's queue is full
-          rc = rcollCudaReduce(asPointer(dst), asPointer(a), asPointer(b), count, dtype, op,
-                               asPointer(stream));
-        }
-        check(rc);
+        // A launch can block when the stream's queue is full.
+        check(withoutGil([&] {
+          return rcollCudaReduce(asPointer(dst), asPointer(a), asPointer(b), count, dtype, op, asPointer(stream));
+        }));
       },
       py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("count"), py::arg("dtype"),
       py::arg("op"), py::arg("stream") = 0,
@@ -82,12 +81,7 @@ PYBIND11_MODULE(_cuda, m) {
   m.def(
       "scale_divide",
       [](uintptr_t buf, size_t count, int dtype, size_t divisor, uintptr_t stream) {
-        int rc;
-        {
-          py::gil_scoped_release release;
-          rc = rcollCudaScaleDivide(asPointer(buf), count, dtype, divisor, asPointer(stream));
-        }
-        check(rc);
+        check(withoutGil([&] { return rcollCudaScaleDivide(asPointer(buf), count, dtype, divisor, asPointer(stream)); }));
       },
       py::arg("buf"), py::arg("count"), py::arg("dtype"), py::arg("divisor"),
       py::arg("stream") = 0, "Enqueues buf[i] = buf[i] / divisor on `stream` (avg's last step).");

@@ -22,16 +22,16 @@
 #include "rdma/ib_device.h"
 #include "socket_util.h"
 #include "tcp_store.h"
+#include "python/gil.h"
 #include "work.h"
 
 namespace py = pybind11;
 using namespace rcoll;
 using namespace pybind11::literals;
+using rcoll::python::releasingGil;
+using rcoll::python::withoutGil;
 
 namespace {
-
-// Collectives run with the GIL released: a blocking one may run inline (below).
-const py::call_guard<py::gil_scoped_release> kReleaseGil{};
 
 Launch launchFor(bool blocking) { return blocking ? Launch::kCallerWaits : Launch::kQueued; }
 
@@ -115,8 +115,7 @@ std::chrono::milliseconds toMillis(double seconds) {
 // waiting (it may run inline); its error, if any, is raised by wait().
 template <typename Issue>
 bool runBlocking(const Issue& issue) {
-  py::gil_scoped_release release;
-  issue()->wait(std::chrono::milliseconds(-1));
+  withoutGil([&] { issue()->wait(std::chrono::milliseconds(-1)); });
   return true;
 }
 
@@ -190,6 +189,12 @@ class PythonStore : public Store {
  public:
   explicit PythonStore(py::object store) : store_(std::move(store)) {}
   ~PythonStore() override {
+    // A destructor must not take the GIL while the interpreter finalizes
+    // (python/gil.h): then the reference is left to the dying interpreter.
+    if (rcoll::python::interpreterFinalizing()) {
+      store_.release();
+      return;
+    }
     py::gil_scoped_acquire gil;
     store_ = py::object();
   }
@@ -398,10 +403,9 @@ PYBIND11_MODULE(_core, m) {
     deviceCheck(*api, api->stream_create(0, &stream), "emulated stream");
     return reinterpret_cast<uintptr_t>(stream);
   });
-  m.def("_testing_emulated_stream_destroy", [](uintptr_t stream) {
-    py::gil_scoped_release release;
+  m.def("_testing_emulated_stream_destroy", releasingGil([](uintptr_t stream) {
     testing::emulatedDeviceApi()->stream_destroy(mptr(stream));
-  });
+  }));
   m.def("_testing_emulated_delayed_copy", [](uintptr_t stream, uintptr_t dst, uintptr_t src, size_t bytes,
                                              double delay) {
     deviceCheck(*testing::emulatedDeviceApi(),
@@ -424,43 +428,39 @@ PYBIND11_MODULE(_core, m) {
            "Adapts a Python store (torch.distributed.Store or set/get/add duck type) for rendezvous.");
 
   py::class_<TcpStoreServer>(m, "TcpStoreServer")
-      .def(py::init<const std::string&, int>(), py::arg("host"), py::arg("port"),
-           py::call_guard<py::gil_scoped_release>())
+      .def(py::init(releasingGil([](const std::string& host, int port) {
+             return std::make_unique<TcpStoreServer>(host, port);
+           })),
+           py::arg("host"), py::arg("port"))
       .def_property_readonly("port", &TcpStoreServer::port);
 
   py::class_<TcpStoreClient, Store, std::shared_ptr<TcpStoreClient>>(m, "TcpStore")
-      .def(py::init([](const std::string& host, int port, double timeout) {
+      .def(py::init(releasingGil([](const std::string& host, int port, double timeout) {
              return std::make_shared<TcpStoreClient>(host, port, toMillis(timeout));
-           }),
-           py::arg("host"), py::arg("port"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>())
+           })),
+           py::arg("host"), py::arg("port"), py::arg("timeout"))
       .def("set", [](TcpStoreClient& s, const std::string& key, const py::bytes& value) {
              std::string v = value;
-             py::gil_scoped_release release;
-             s.set(key, std::vector<uint8_t>(v.begin(), v.end()));
+             withoutGil([&] { s.set(key, std::vector<uint8_t>(v.begin(), v.end())); });
            })
       .def("get", [](TcpStoreClient& s, const std::string& key, double timeout) {
-             std::vector<uint8_t> v;
-             {
-               py::gil_scoped_release release;
-               v = s.get(key, toMillis(timeout));
-             }
+             std::vector<uint8_t> v = withoutGil([&] { return s.get(key, toMillis(timeout)); });
              return py::bytes(reinterpret_cast<const char*>(v.data()), v.size());
            })
-      .def("add", &TcpStoreClient::add, py::call_guard<py::gil_scoped_release>())
-      .def("check", &TcpStoreClient::check, py::call_guard<py::gil_scoped_release>())
+      .def("add", releasingGil(&TcpStoreClient::add))
+      .def("check", releasingGil(&TcpStoreClient::check))
       .def_property_readonly("local_address", &TcpStoreClient::localAddress);
 
   py::class_<CompletionQueue, std::shared_ptr<CompletionQueue>>(m, "CompletionQueue")
       .def(py::init<>())
       .def("pop", [](CompletionQueue& q, double timeout) -> std::optional<uint64_t> {
              uint64_t token = 0;
-             bool got;
-             {
-               py::gil_scoped_release release;
-               got = q.pop(&token, std::chrono::milliseconds(static_cast<long long>(timeout * 1000)));
-             }
+             const bool got = withoutGil(
+                 [&] { return q.pop(&token, std::chrono::milliseconds(static_cast<long long>(timeout * 1000))); });
              return got ? std::optional<uint64_t>(token) : std::nullopt;
-           }, py::arg("timeout"), "Next finished work's token, or None after `timeout` seconds.");
+           }, py::arg("timeout"), "Next finished work's token, or None after `timeout` seconds or once closed.")
+      .def("close", &CompletionQueue::close, "Wakes every pop(); later ones return None at once.")
+      .def_property_readonly("closed", &CompletionQueue::closed);
 
   py::class_<Work, std::shared_ptr<Work>>(m, "Work")
       .def("notify", &Work::notifyOnCompletion, py::arg("queue"), py::arg("token"),
@@ -468,8 +468,7 @@ PYBIND11_MODULE(_core, m) {
       .def("wait", [](Work& w, std::optional<double> timeout) {
              auto limit = timeout ? std::chrono::milliseconds(static_cast<long long>(std::max(0.0, *timeout) * 1000))
                                   : std::chrono::milliseconds(-1);
-             py::gil_scoped_release release;
-             return w.wait(limit);
+             return withoutGil([&] { return w.wait(limit); });
            }, py::arg("timeout") = py::none())
       .def("stream_wait", [](Work& w, uintptr_t stream) {
              if (!w.deviceCompletion()) return false;
@@ -490,16 +489,16 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("seq", &Work::seq);
 
   py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator")
-      .def(py::init([](std::shared_ptr<Store> store, int rank, int size, const std::string& name, double timeout,
-                       const std::string& bind_hint) {
+      .def(py::init(releasingGil([](std::shared_ptr<Store> store, int rank, int size, const std::string& name,
+                                    double timeout, const std::string& bind_hint) {
              CommunicatorOptions options;
              options.name = name;
              options.timeout = toMillis(timeout);
              options.bind_hint = bind_hint;
              return std::make_shared<Communicator>(std::move(store), rank, size, options);
-           }),
+           })),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("name") = "default",
-           py::arg("timeout") = 0.0, py::arg("bind_hint") = "", py::call_guard<py::gil_scoped_release>())
+           py::arg("timeout") = 0.0, py::arg("bind_hint") = "")
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("transport", &Communicator::transportName)
@@ -510,11 +509,11 @@ PYBIND11_MODULE(_core, m) {
       // The collectives validate and enqueue. With blocking=True the caller is
       // about to wait, so the op may run right here (Launch::kCallerWaits): the
       // GIL is released for the call either way.
-      .def("allreduce", [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op,
+      .def("allreduce", releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op,
                            double timeout, bool blocking) {
              return c.allreduce(ptr(send), mptr(recv), count, toDataType(dtype), toReduceOp(op), toMillis(timeout),
                                 launchFor(blocking));
-           }, "send"_a, "recv"_a, "count"_a, "dtype"_a, "op"_a, "timeout"_a, "blocking"_a = false, kReleaseGil)
+           }), "send"_a, "recv"_a, "count"_a, "dtype"_a, "op"_a, "timeout"_a, "blocking"_a = false)
       .def("allreduce_array", [](Communicator& c, py::handle array, py::handle op, py::handle timeout) -> bool {
              FastArray a;
              std::chrono::milliseconds limit;
@@ -575,46 +574,45 @@ PYBIND11_MODULE(_core, m) {
            }, "array"_a, "out"_a, "op"_a, "timeout"_a,
            "Blocking reduce-scatter of plain numpy arrays into `out`; False (nothing done) when they need the full "
            "path.")
-      .def("allgather", [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, double timeout,
+      .def("allgather", releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, double timeout,
                            bool blocking) {
              return c.allgather(ptr(send), mptr(recv), count, toDataType(dtype), toMillis(timeout), launchFor(blocking));
-           }, "send"_a, "recv"_a, "count"_a, "dtype"_a, "timeout"_a, "blocking"_a = false, kReleaseGil)
-      .def("reduce_scatter", [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op,
+           }), "send"_a, "recv"_a, "count"_a, "dtype"_a, "timeout"_a, "blocking"_a = false)
+      .def("reduce_scatter", releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op,
                                 double timeout, bool blocking) {
              return c.reduceScatter(ptr(send), mptr(recv), count, toDataType(dtype), toReduceOp(op),
                                     toMillis(timeout), launchFor(blocking));
-           }, "send"_a, "recv"_a, "count"_a, "dtype"_a, "op"_a, "timeout"_a, "blocking"_a = false, kReleaseGil)
-      .def("broadcast", [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int root,
+           }), "send"_a, "recv"_a, "count"_a, "dtype"_a, "op"_a, "timeout"_a, "blocking"_a = false)
+      .def("broadcast", releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int root,
                            double timeout, bool blocking) {
              return c.broadcast(ptr(send), mptr(recv), count, toDataType(dtype), root, toMillis(timeout),
                                 launchFor(blocking));
-           }, "send"_a, "recv"_a, "count"_a, "dtype"_a, "root"_a, "timeout"_a, "blocking"_a = false, kReleaseGil)
-      .def("barrier", [](Communicator& c, double timeout, bool blocking) {
+           }), "send"_a, "recv"_a, "count"_a, "dtype"_a, "root"_a, "timeout"_a, "blocking"_a = false)
+      .def("barrier", releasingGil([](Communicator& c, double timeout, bool blocking) {
              return c.barrier(toMillis(timeout), launchFor(blocking));
-           }, "timeout"_a, "blocking"_a = false, kReleaseGil)
-      .def("reduce", [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op, int root,
+           }), "timeout"_a, "blocking"_a = false)
+      .def("reduce", releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op, int root,
                         double timeout, bool blocking) {
              return c.reduce(ptr(send), mptr(recv), count, toDataType(dtype), toReduceOp(op), root, toMillis(timeout),
                              launchFor(blocking));
-           }, "send"_a, "recv"_a, "count"_a, "dtype"_a, "op"_a, "root"_a, "timeout"_a, "blocking"_a = false,
-           kReleaseGil)
-      .def("gather", [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int root,
+           }), "send"_a, "recv"_a, "count"_a, "dtype"_a, "op"_a, "root"_a, "timeout"_a, "blocking"_a = false)
+      .def("gather", releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int root,
                         double timeout, bool blocking) {
              return c.gather(ptr(send), mptr(recv), count, toDataType(dtype), root, toMillis(timeout),
                              launchFor(blocking));
-           }, "send"_a, "recv"_a, "count"_a, "dtype"_a, "root"_a, "timeout"_a, "blocking"_a = false, kReleaseGil)
-      .def("scatter", [](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int root,
+           }), "send"_a, "recv"_a, "count"_a, "dtype"_a, "root"_a, "timeout"_a, "blocking"_a = false)
+      .def("scatter", releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int root,
                          double timeout, bool blocking) {
              return c.scatter(ptr(send), mptr(recv), count, toDataType(dtype), root, toMillis(timeout),
                               launchFor(blocking));
-           }, "send"_a, "recv"_a, "count"_a, "dtype"_a, "root"_a, "timeout"_a, "blocking"_a = false, kReleaseGil)
-      .def("alltoall", [](Communicator& c, uintptr_t send, uintptr_t recv, const std::vector<int64_t>& send_counts,
+           }), "send"_a, "recv"_a, "count"_a, "dtype"_a, "root"_a, "timeout"_a, "blocking"_a = false)
+      .def("alltoall", releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, const std::vector<int64_t>& send_counts,
                           const std::vector<int64_t>& send_displs, const std::vector<int64_t>& recv_counts,
                           const std::vector<int64_t>& recv_displs, int dtype, double timeout, bool blocking) {
              return c.allToAll(ptr(send), mptr(recv), send_counts, send_displs, recv_counts, recv_displs,
                                toDataType(dtype), toMillis(timeout), launchFor(blocking));
-           }, "send"_a, "recv"_a, "send_counts"_a, "send_displs"_a, "recv_counts"_a, "recv_displs"_a, "dtype"_a,
-           "timeout"_a, "blocking"_a = false, kReleaseGil,
+           }), "send"_a, "recv"_a, "send_counts"_a, "send_displs"_a, "recv_counts"_a, "recv_displs"_a, "dtype"_a,
+           "timeout"_a, "blocking"_a = false,
            "alltoallv: counts and displacements in elements, one per rank (lists of ints).")
       .def("device_alltoall", [](Communicator& c, uintptr_t send, uintptr_t recv,
                                  const std::vector<int64_t>& send_counts, const std::vector<int64_t>& send_displs,
@@ -646,13 +644,13 @@ PYBIND11_MODULE(_core, m) {
       .def("recv", [](Communicator& c, uintptr_t data, size_t count, int dtype, int peer, int tag, double timeout) {
              return c.recv(mptr(data), count, toDataType(dtype), peer, tag, toMillis(timeout));
            })
-      .def("abort", &Communicator::abort, py::arg("reason") = "", py::call_guard<py::gil_scoped_release>())
-      .def("shutdown", [](Communicator& c, double grace) { c.shutdown(toMillis(grace)); }, py::arg("grace") = 0.0,
-           py::call_guard<py::gil_scoped_release>())
+      .def("abort", releasingGil(&Communicator::abort), py::arg("reason") = "")
+      .def("shutdown", releasingGil([](Communicator& c, double grace) { c.shutdown(toMillis(grace)); }),
+           py::arg("grace") = 0.0)
       .def("poison_message", &Communicator::poisonMessage)
       .def_property_readonly("caches_registrations", &Communicator::cachesRegistrations)
-      .def("invalidate_memory", [](Communicator& c, uintptr_t data, size_t bytes) {
+      .def("invalidate_memory", releasingGil([](Communicator& c, uintptr_t data, size_t bytes) {
         c.invalidateMemory(reinterpret_cast<const void*>(data), bytes);
-      }, py::call_guard<py::gil_scoped_release>(),
+      }),
          "Drops cached RDMA registrations of memory that is being freed.");
 }

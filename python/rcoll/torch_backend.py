@@ -24,6 +24,7 @@ Work objects follow torch's contract:
 """
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import threading
@@ -75,7 +76,15 @@ class _Completer:
     Works register a token with the C++ CompletionQueue; the progress thread
     pushes the token when the op ends; this thread pops it and completes the
     future (running its callbacks) outside the progress thread.
+
+    The thread is stopped and joined at exit (stop(), an atexit hook): a daemon
+    thread still waiting in the core when the interpreter finalizes is ended by
+    CPython with a forced unwind, and no rcoll thread is to be in the core then.
+    atexit hooks run after threading has joined the non-daemon threads (which
+    may still wait on futures this thread completes) and before finalization.
     """
+
+    _STOP_JOIN_SECONDS = 10.0  # a callback still running at exit gets this long
 
     def __init__(self):
         self.queue = _core.CompletionQueue()
@@ -97,7 +106,7 @@ class _Completer:
         token = next(self._tokens)
         with self._lock:
             self._pending[token] = work
-            if self._thread is None or not self._thread.is_alive():
+            if (self._thread is None or not self._thread.is_alive()) and not self.queue.closed:
                 self._thread = threading.Thread(target=self._run, name="rcoll-completion", daemon=True)
                 self._thread.start()
         if core_work.notify(self.queue, token):
@@ -106,10 +115,21 @@ class _Completer:
             self._pending.pop(token, None)
         return False
 
+    def stop(self) -> None:
+        """Ends the thread (at exit): works that finish later complete no future."""
+        self.queue.close()
+        with self._lock:
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self._STOP_JOIN_SECONDS)
+
     def _run(self):
+        queue = self.queue
         while True:
-            token = self.queue.pop(1.0)
+            token = queue.pop(1.0)
             if token is None:
+                if queue.closed:
+                    return
                 continue
             with self._lock:
                 work = self._pending.pop(token, None)
@@ -128,6 +148,7 @@ class _Keeper:
 
 
 _COMPLETER = _Completer()
+atexit.register(_COMPLETER.stop)
 
 
 # ---------------------------------------------------------------------------------------

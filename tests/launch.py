@@ -1,0 +1,99 @@
+"""Running rcoll the way users do: a script under torchrun (or with a launcher's
+environment), every rank's exit code and stderr checked.
+
+A job that computes the right answer and then aborts at exit is a failed job,
+so a result read back through a queue is not enough: these helpers judge a job
+by how every one of its processes ended.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence
+
+# What must never appear on a rank's stderr. Anything else a rank prints on
+# stderr fails the job too, unless a test allows it by pattern.
+FATAL = re.compile(r"terminate called|Traceback|Segmentation fault|Aborted|core dumped|exception not rethrown")
+
+# The marker a job script prints as its last line on every rank.
+DONE = "RCOLL-JOB-DONE"
+
+
+def _clean_env(extra: Optional[Dict[str, str]]) -> Dict[str, str]:
+    env = dict(os.environ)
+    # The parent test process may run with settings of its own; the job starts clean.
+    for key in list(env):
+        if key.startswith(("RCOLL_", "TORCHELASTIC_")) or key in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                                  "MASTER_ADDR", "MASTER_PORT"):
+            del env[key]
+    env.setdefault("OMP_NUM_THREADS", "1")  # torchrun sets it and warns when it does: set it first
+    env.update(extra or {})
+    return env
+
+
+def write_script(tmp_path: Path, body: str, name: str = "job.py") -> Path:
+    """A job script whose every rank ends by printing DONE (to stdout)."""
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body).strip() + f"\nprint({DONE!r}, flush=True)\n")
+    return path
+
+
+def check_rank_output(label: str, stdout: str, stderr: str, allow: Sequence[str] = ()) -> None:
+    """Fails unless the rank printed DONE and nothing but allowed lines on stderr."""
+    assert DONE in stdout, f"{label} did not reach the end of its script\nstdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-3000:]}"
+    allowed = [re.compile(a) for a in allow]
+    bad = [line for line in stderr.splitlines()
+           if line.strip() and not any(a.search(line) for a in allowed)]
+    assert not bad, f"{label} wrote to stderr:\n" + "\n".join(bad[:40])
+    assert not FATAL.search(stderr), f"{label}: {stderr[-3000:]}"
+
+
+def torchrun(script: Path, nproc: int, tmp_path: Path, *, args: Sequence[str] = (),
+             launcher_args: Sequence[str] = ("--standalone",), module_form: bool = False,
+             env: Optional[Dict[str, str]] = None, allow: Sequence[str] = (), timeout: float = 180) -> List[str]:
+    """Runs `script` under torchrun with `nproc` ranks on this host; asserts the job
+    exited 0, every rank printed DONE and wrote nothing unexpected to stderr.
+    Returns each rank's stdout."""
+    log_dir = Path(tmp_path) / f"logs-{os.urandom(4).hex()}"
+    launcher = ([sys.executable, "-m", "torch.distributed.run"] if module_form
+                else [str(Path(sys.executable).parent / "torchrun")])
+    cmd = [*launcher, *launcher_args, "--nproc-per-node", str(nproc), "--log-dir", str(log_dir),
+           "--redirects", "3", str(script), *args]
+    try:
+        proc = subprocess.run(cmd, env=_clean_env(env), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"torchrun job did not end within {timeout} s: {cmd}\n{e.stderr}") from None
+    rank_dirs = sorted(log_dir.glob("*/attempt_*/*"), key=lambda p: (p.parent.name, int(p.name)))
+    outputs = []
+    for d in rank_dirs:
+        out = (d / "stdout.log").read_text() if (d / "stdout.log").exists() else ""
+        err = (d / "stderr.log").read_text() if (d / "stderr.log").exists() else ""
+        if proc.returncode == 0:
+            check_rank_output(f"rank {d.name} ({d.parent.name})", out, err, allow)
+        outputs.append((d.name, out, err))
+    assert proc.returncode == 0, (f"torchrun exited {proc.returncode}\n{proc.stderr[-4000:]}\n" +
+                                  "\n".join(f"--- rank {r} stderr:\n{e[-2000:]}" for r, _, e in outputs))
+    assert len(outputs) == nproc, f"expected {nproc} ranks' logs, found {[r for r, _, _ in outputs]}"
+    # torchrun's own stderr: its banner is silenced by OMP_NUM_THREADS; anything fatal fails.
+    assert not FATAL.search(proc.stderr), proc.stderr[-4000:]
+    return [out for _, out, _ in outputs]
+
+
+@contextlib.contextmanager
+def busy_cpus(count: Optional[int] = None) -> Iterator[None]:
+    """Processes spinning beside the job, as a training job's data-loader workers
+    keep the CPUs: races at start-up and exit show up far more often then."""
+    count = count or os.cpu_count() or 2
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for p in spinners:
+            p.kill()
+        for p in spinners:
+            p.wait()
