@@ -445,9 +445,9 @@ void DeviceStagingExecutor::finish(DeviceEvent* done, Deadline deadline, std::ch
       throwError(ErrorKind::kAborted, context_ + " was aborted");
     }
     if (std::chrono::steady_clock::now() >= deadline) {
-      throwError(ErrorKind::kTimeout, strFormat("%s timed out after %.1f s waiting for the device to finish its "
-                                                "copies (is the GPU hung or busy with a long kernel?)",
-                                                context_.c_str(), static_cast<double>(limit.count()) / 1000.0));
+      throwError(ErrorKind::kTimeout, strFormat("%s %s waiting for the device to finish its copies (is the GPU "
+                                                "hung or busy with a long kernel?)", context_.c_str(),
+                                                timedOut(static_cast<double>(limit.count()) / 1000.0).c_str()));
     }
     std::this_thread::yield();
   }

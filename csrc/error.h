@@ -32,6 +32,13 @@ class RcollError : public std::runtime_error {
 // printf-style formatting into a std::string (used to build error messages).
 std::string strFormat(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
+// "timed out: the timeout of 1.5 s passed": every timeout is worded so, with
+// both "timed out" and " timeout " in it, which is what users' log filters and
+// torch's own tests (" (Timed out|closed|timeout) ") look for.
+inline std::string timedOut(double seconds) {
+  return strFormat("timed out: the timeout of %g s passed", seconds);
+}
+
 [[noreturn]] void throwError(ErrorKind kind, const std::string& message);
 
 }  // namespace rcoll

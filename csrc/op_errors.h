@@ -49,10 +49,9 @@ inline std::string opTimeoutMessage(int rank, const OpDesc& op, std::chrono::mil
               " did not take the data sent to them";
   }
   if (detail.empty()) detail = otherwise;
-  return strFormat("rank %d: %s (op #%llu) timed out after %.1f s: %s (did a rank die, hang, or skip this "
-                   "collective?)",
-                   rank, describeOp(op).c_str(), static_cast<unsigned long long>(op.seq),
-                   static_cast<double>(limit.count()) / 1000.0, detail.c_str());
+  return strFormat("rank %d: %s (op #%llu) %s; %s (did a rank die, hang, or skip this collective?)", rank,
+                   describeOp(op).c_str(), static_cast<unsigned long long>(op.seq),
+                   timedOut(static_cast<double>(limit.count()) / 1000.0).c_str(), detail.c_str());
 }
 
 }  // namespace rcoll

@@ -192,8 +192,9 @@ void P2PEngine::loop() {
         break;
       }
       if (now >= m.deadline) {
-        std::string text = strFormat("rank %d: %s timed out after %.1f s (did rank %d post the matching %s?)", rank_,
-                                     describe(m).c_str(), static_cast<double>(m.timeout.count()) / 1000.0, m.peer,
+        std::string text = strFormat("rank %d: %s %s (did rank %d post the matching %s?)", rank_,
+                                     describe(m).c_str(),
+                                     timedOut(static_cast<double>(m.timeout.count()) / 1000.0).c_str(), m.peer,
                                      m.is_send ? "recv" : "send");
         on_failure_(ErrorKind::kTimeout, text);
         fail(ErrorKind::kTimeout, text);

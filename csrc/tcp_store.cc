@@ -686,8 +686,8 @@ std::vector<uint8_t> TcpStoreClient::get(const std::string& key,
     // in step with us. Drop it; the next call reconnects on a clean one.
     closeLocked();
     throwError(ErrorKind::kTimeout,
-               strFormat("timed out after %g s waiting for key '%s' in the rendezvous store at %s",
-                         toSeconds(timeout), key.c_str(), address().c_str()));
+               strFormat("%s waiting for key '%s' in the rendezvous store at %s", timedOut(toSeconds(timeout)).c_str(),
+                         key.c_str(), address().c_str()));
   }
   return value;
 }

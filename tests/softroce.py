@@ -45,6 +45,10 @@ def _guest_module():
     return mod
 
 
+SOFTROCE_HINT = ("install: sudo apt-get install qemu-system-x86 busybox-static iproute2 kmod rdma-core "
+                 "ibverbs-providers ibverbs-utils perftest python3-pyverbs, then "
+                 "python3 scripts/softroce/guest.py prepare")
+
 def guest_available(for_check: bool = False) -> Tuple[bool, str]:
     """(usable, reason) for running commands in the guest from this host.
 

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from softroce import guest_available, in_guest, run_in_guest
+import optional
+from softroce import SOFTROCE_HINT, guest_available, in_guest, run_in_guest
 
 GUEST_TIMEOUT_S = 3600  # TCG emulation: the suite takes ~25 min on a busy 2-core machine
 
@@ -24,9 +25,7 @@ def test_verbs_suite_in_the_softroce_guest():
         pytest.skip("already inside the guest (tests/test_verbs.py runs directly here)")
     ok, reason = guest_available()
     if not ok:
-        if os.environ.get("RCOLL_REQUIRE_SOFTROCE") == "1":
-            pytest.fail(f"RCOLL_REQUIRE_SOFTROCE=1 but the Soft-RoCE guest is unavailable: {reason}")
-        pytest.skip(f"Soft-RoCE guest unavailable: {reason}")
+        optional.missing("softroce", f"the Soft-RoCE guest is unavailable: {reason}; {SOFTROCE_HINT}")
     # The same interpreter and PYTHONPATH as this test (passed through), so the
     # guest imports the rcoll under test: the venv's in CI, the tree's in development.
     proc = run_in_guest([sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "--durations=10",

@@ -82,9 +82,9 @@ void ShmCollectives::deviceWait(const RunContext& run) {
       throwError(ErrorKind::kAborted, context + " was aborted");
     }
     if (std::chrono::steady_clock::now() >= run.deadline) {
-      throwError(ErrorKind::kTimeout, strFormat("%s timed out after %.1f s waiting for its own device copies (is the "
-                                                "GPU hung or busy with a long kernel?)",
-                                                context.c_str(), static_cast<double>(run.timeout.count()) / 1000.0));
+      throwError(ErrorKind::kTimeout, strFormat("%s %s waiting for its own device copies (is the GPU hung or busy "
+                                                "with a long kernel?)", context.c_str(),
+                                                timedOut(static_cast<double>(run.timeout.count()) / 1000.0).c_str()));
     }
     std::this_thread::yield();
   }

@@ -235,7 +235,8 @@ class RcollWork(dist._Work):
             seconds = timeout.total_seconds() if timeout else 0
             for w in self._core_works:
                 if not w.wait(seconds if seconds > 0 else None):
-                    raise _core.TimeoutError(f"Work.wait timed out after {seconds} s (op #{w.seq} is still running)")
+                    raise _core.TimeoutError(f"Work.wait timed out: the timeout of {seconds} s passed "
+                                             f"(op #{w.seq} is still running)")
             self._settle()
         if self._error is not None:
             raise self._error
