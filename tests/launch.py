@@ -8,6 +8,7 @@ by how every one of its processes ended.
 from __future__ import annotations
 
 import contextlib
+import socket
 import os
 import re
 import subprocess
@@ -97,3 +98,34 @@ def busy_cpus(count: Optional[int] = None) -> Iterator[None]:
             p.kill()
         for p in spinners:
             p.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(script: Path, rank_envs: Sequence[Dict[str, str]], *, allow: Sequence[str] = (),
+              timeout: float = 120) -> List[str]:
+    """Starts one process of `script` per entry of rank_envs (the variables a
+    launcher would set), as srun or mpirun would; asserts that every process
+    exited 0, printed DONE and wrote nothing unexpected to stderr."""
+    procs = [subprocess.Popen([sys.executable, str(script)], env=_clean_env(e), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for e in rank_envs]
+    outputs = []
+    try:
+        for i, p in enumerate(procs):
+            try:
+                out, err = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"process {i} of {script.name} did not end within {timeout} s") from None
+            assert p.returncode == 0, f"process {i} exited {p.returncode}:\n{err[-4000:]}"
+            check_rank_output(f"process {i}", out, err, allow)
+            outputs.append(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return outputs

@@ -11,6 +11,7 @@ of a DDP job, 6 runs of 6); an idle machine hid it. See csrc/python/gil.h.
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -83,22 +84,12 @@ def test_closed_completion_queue_wakes_its_consumer_at_once():
 
 torch = pytest.importorskip("torch")
 
-_DDP_JOB = """
-    import torch, torch.distributed as dist, torch.nn as nn
-    dist.init_process_group("rcoll")
-    model = nn.parallel.DistributedDataParallel(nn.Linear(8, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(3):
-        opt.zero_grad()
-        model(torch.randn(16, 8)).sum().backward()
-        opt.step()
-    {destroy}
-"""
+JOURNEYS = Path(__file__).parent / "journeys"
 
 
 @pytest.mark.parametrize("destroy", [True, False], ids=["destroy_process_group", "no_destroy"])
 def test_ddp_job_under_torchrun_exits_cleanly_with_busy_cpus(destroy, tmp_path):
-    script = launch.write_script(tmp_path, _DDP_JOB.format(destroy="dist.destroy_process_group()" if destroy else ""))
+    # 10 jobs each, 20 in all: an exit race that shows 1 time in 20 fails this.
     with launch.busy_cpus():
-        for _ in range(6):
-            launch.torchrun(script, 2, tmp_path)
+        for _ in range(10):
+            launch.torchrun(JOURNEYS / "ddp.py", 2, tmp_path, args=[] if destroy else ["--no-destroy"])

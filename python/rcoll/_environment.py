@@ -44,3 +44,25 @@ def resolve(rank=None, world_size=None, master_addr=None, master_port=None):
         port, _ = _first_int(("MASTER_PORT",))
         master_port = port if port is not None else DEFAULT_PORT
     return int(rank), int(world_size), str(master_addr), int(master_port)
+
+
+def launcher_store(master_addr: str, master_port: int, timeout: float):
+    """The store a launcher already hosts at master_addr:master_port, or None.
+
+    torchrun's agent hosts a torch TCPStore on MASTER_PORT itself (and says so
+    with TORCHELASTIC_USE_AGENT_STORE=True), so rank 0 cannot host rcoll's own
+    there: rcoll joins torchrun's as a client, as torch's env:// rendezvous
+    does, under a prefix of its own per run and restart (a restarted group
+    never reads an earlier attempt's keys)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+        return None
+    if str(master_addr) != os.environ.get("MASTER_ADDR") or str(master_port) != os.environ.get("MASTER_PORT"):
+        return None  # the caller chose another address: rcoll hosts its own there
+    from datetime import timedelta
+
+    import torch.distributed as dist  # torchrun comes with torch
+
+    store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=timedelta(seconds=timeout))
+    prefix = "rcoll/{}/{}".format(os.environ.get("TORCHELASTIC_RUN_ID", "run"),
+                                  os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    return dist.PrefixStore(prefix, store)

@@ -10,7 +10,7 @@ import numpy as np
 from . import _core, _device
 from ._registrations import RegistrationTracker
 from ._buffers import address, as_array, dtype_code, reduce_op_code
-from ._environment import resolve
+from ._environment import launcher_store, resolve
 
 
 class Handle:
@@ -78,6 +78,8 @@ class Communicator:
         rank, world_size, master_addr, master_port = resolve(rank, world_size, master_addr, master_port)
         connect_timeout = float(os.environ.get("RCOLL_CONNECT_TIMEOUT", "300"))
         self._server = None
+        if store is None:
+            store = launcher_store(master_addr, master_port, connect_timeout)
         if store is None:
             if rank == 0:
                 local = master_addr in ("127.0.0.1", "localhost", "::1")
@@ -568,6 +570,7 @@ def init(rank=None, world_size=None, **kwargs) -> Communicator:
     """Creates the communicator of this process from arguments or the launcher's environment.
 
     Rank 0 hosts rcoll's rendezvous store on MASTER_ADDR:MASTER_PORT (default
-    127.0.0.1:29500); the others connect to it.
+    127.0.0.1:29500); the others connect to it. Under torchrun, every rank joins
+    the store torchrun already hosts there instead.
     """
     return Communicator(rank, world_size, **kwargs)

@@ -1,0 +1,67 @@
+"""A DDP training job as users write it, with backend="rcoll"; a replica of the
+model trained with Gloo in the same job is the reference.
+
+Usage (under torchrun): ddp.py [--hook none|allreduce|fp16] [--no-sync]
+[--static-graph] [--no-destroy]. Every rank checks its parameters against the
+Gloo replica's (bit for bit at world 2 without compression: a + b has one
+order) and prints the job-done marker last (tests/launch.py)."""
+import argparse
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--hook", default="none", choices=["none", "allreduce", "fp16"])
+parser.add_argument("--no-sync", action="store_true", help="accumulate two micro-batches under no_sync()")
+parser.add_argument("--static-graph", action="store_true")
+parser.add_argument("--no-destroy", action="store_true", help="exit without destroy_process_group()")
+args = parser.parse_args()
+
+dist.init_process_group("rcoll")
+rank, world = dist.get_rank(), dist.get_world_size()
+gloo = dist.new_group(backend="gloo")
+
+
+def make_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def wrap(group):
+    model = DDP(make_model(), process_group=group, static_graph=args.static_graph)
+    if args.hook == "allreduce":
+        model.register_comm_hook(group, default_hooks.allreduce_hook)
+    elif args.hook == "fp16":
+        model.register_comm_hook(group, default_hooks.fp16_compress_hook)
+    return model, torch.optim.SGD(model.parameters(), lr=0.05)
+
+
+models = {"rcoll": wrap(None), "gloo": wrap(gloo)}
+data = torch.Generator().manual_seed(1000 + rank)
+for step in range(4):
+    batches = [torch.randn(8, 16, generator=data) for _ in range(2 if args.no_sync else 1)]
+    for model, opt in models.values():
+        opt.zero_grad()
+        if args.no_sync:
+            with model.no_sync():
+                model(batches[0]).square().mean().backward()
+        model(batches[-1]).square().mean().backward()
+        opt.step()
+
+exact = world == 2 and args.hook != "fp16"
+for (name, p), q in zip(models["rcoll"][0].named_parameters(), models["gloo"][0].parameters()):
+    if exact:
+        assert torch.equal(p, q), f"rank {rank}: {name} differs from Gloo's"
+    else:
+        torch.testing.assert_close(p, q, rtol=2e-3 if args.hook == "fp16" else 1e-5, atol=1e-5)
+# Every rank holds the same parameters.
+flat = torch.cat([p.detach().flatten() for p in models["rcoll"][0].parameters()])
+gathered = [torch.empty_like(flat) for _ in range(world)]
+dist.all_gather(gathered, flat)
+assert all(torch.equal(g, gathered[0]) for g in gathered), f"rank {rank}: replicas diverged"
+if not args.no_destroy:
+    dist.destroy_process_group()
+print("RCOLL-JOB-DONE", flush=True)  # the last line every rank prints (tests/launch.py)
