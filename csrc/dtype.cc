@@ -13,6 +13,12 @@ size_t elementSize(DataType dtype) {
     case DataType::kInt32: return 4;
     case DataType::kInt64: return 8;
     case DataType::kBool: return 1;
+    case DataType::kInt16: return 2;
+    case DataType::kUInt16: return 2;
+    case DataType::kUInt32: return 4;
+    case DataType::kUInt64: return 8;
+    case DataType::kFloat8E4M3FN: return 1;
+    case DataType::kFloat8E5M2: return 1;
   }
   return 0;
 }
@@ -28,6 +34,12 @@ const char* dataTypeName(DataType dtype) {
     case DataType::kInt32: return "int32";
     case DataType::kInt64: return "int64";
     case DataType::kBool: return "bool";
+    case DataType::kInt16: return "int16";
+    case DataType::kUInt16: return "uint16";
+    case DataType::kUInt32: return "uint32";
+    case DataType::kUInt64: return "uint64";
+    case DataType::kFloat8E4M3FN: return "float8_e4m3fn";
+    case DataType::kFloat8E5M2: return "float8_e5m2";
   }
   return "?";
 }
@@ -50,8 +62,8 @@ bool isValidDataType(int value) { return value >= 0 && value < kNumDataTypes; }
 bool isValidReduceOp(int value) { return value >= 0 && value < kNumReduceOps; }
 
 bool isFloatingPoint(DataType dtype) {
-  return dtype == DataType::kFloat16 || dtype == DataType::kBFloat16 ||
-         dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
+  return dtype == DataType::kFloat16 || dtype == DataType::kBFloat16 || dtype == DataType::kFloat32 ||
+         dtype == DataType::kFloat64 || dtype == DataType::kFloat8E4M3FN || dtype == DataType::kFloat8E5M2;
 }
 
 std::string reduceUnsupportedReason(DataType dtype, ReduceOp op) {

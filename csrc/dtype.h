@@ -21,8 +21,14 @@ enum class DataType : uint8_t {
   kInt32 = 6,
   kInt64 = 7,
   kBool = 8,
+  kInt16 = 9,
+  kUInt16 = 10,
+  kUInt32 = 11,
+  kUInt64 = 12,
+  kFloat8E4M3FN = 13,  // float8.h: layouts, rounding, NaN and overflow rules
+  kFloat8E5M2 = 14,
 };
-constexpr int kNumDataTypes = 9;
+constexpr int kNumDataTypes = 15;
 
 enum class ReduceOp : uint8_t {
   kSum = 0,

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "error.h"
+#include "float8.h"
 #include "half.h"
 
 #include <atomic>
@@ -119,12 +120,16 @@ void applyTyped(void* out, const void* a, const void* b, size_t count, Op op) {
   applyLoop(static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), count, op);
 }
 
+// The narrow float types are stored as `Storage` and computed in float32 (the
+// float8 codecs, Float8E4M3FN and Float8E5M2 from float8.h, have the same shape).
 struct Float16Codec {
+  using Storage = uint16_t;
   static float toFloat(uint16_t v) { return halfToFloat(v); }
   static uint16_t fromFloat(float v) { return floatToHalf(v); }
 };
 
 struct BFloat16Codec {
+  using Storage = uint16_t;
   static float toFloat(uint16_t v) { return bfloat16ToFloat(v); }
   static uint16_t fromFloat(float v) { return floatToBfloat16(v); }
 };
@@ -134,7 +139,7 @@ struct BFloat16Codec {
 constexpr size_t kHalfBlock = 256;
 
 template <typename Codec>
-void widenBlock(const uint16_t* __restrict src, float* __restrict dst, size_t count) {
+void widenBlock(const typename Codec::Storage* __restrict src, float* __restrict dst, size_t count) {
   for (size_t i = 0; i < count; ++i) dst[i] = Codec::toFloat(src[i]);
 }
 
@@ -142,16 +147,17 @@ void widenBlock(const uint16_t* __restrict src, float* __restrict dst, size_t co
 // back once, matching the header's "computed in float32, rounded once".
 template <typename Codec, typename Op>
 void applyHalf(void* outRaw, const void* aRaw, const void* bRaw, size_t count, Op op) {
-  auto* out = static_cast<uint16_t*>(outRaw);
-  const auto* a = static_cast<const uint16_t*>(aRaw);
-  const auto* b = static_cast<const uint16_t*>(bRaw);
+  using Storage = typename Codec::Storage;
+  auto* out = static_cast<Storage*>(outRaw);
+  const auto* a = static_cast<const Storage*>(aRaw);
+  const auto* b = static_cast<const Storage*>(bRaw);
   float fa[kHalfBlock];
   float fb[kHalfBlock];
   for (size_t base = 0; base < count; base += kHalfBlock) {
     const size_t len = std::min(kHalfBlock, count - base);
     widenBlock<Codec>(a + base, fa, len);
     widenBlock<Codec>(b + base, fb, len);
-    uint16_t* dst = out + base;
+    Storage* dst = out + base;
     for (size_t i = 0; i < len; ++i) dst[i] = Codec::fromFloat(op(fa[i], fb[i]));
   }
 }
@@ -209,7 +215,9 @@ __attribute__((target("avx2,f16c"))) void applyHalfAvx2(void* outRaw, const void
 template <typename Codec, typename Op>
 void applyHalfBest(void* out, const void* a, const void* b, size_t count, Op op) {
 #ifdef RCOLL_HAVE_AVX2_HALF
-  if (cpuHasAvx2F16c() && !portableHalfForced()) return applyHalfAvx2<Codec>(out, a, b, count, op);
+  if constexpr (sizeof(typename Codec::Storage) == 2) {
+    if (cpuHasAvx2F16c() && !portableHalfForced()) return applyHalfAvx2<Codec>(out, a, b, count, op);
+  }
 #endif
   applyHalf<Codec>(out, a, b, count, op);
 }
@@ -291,7 +299,7 @@ void divideLoop(T* buf, size_t count, T divisor) {
 }
 
 template <typename Codec>
-void divideHalf(uint16_t* buf, size_t count, float divisor) {
+void divideHalf(typename Codec::Storage* buf, size_t count, float divisor) {
   for (size_t i = 0; i < count; ++i) buf[i] = Codec::fromFloat(Codec::toFloat(buf[i]) / divisor);
 }
 
@@ -314,6 +322,12 @@ void reduceInto(void* out, const void* a, const void* b, size_t count, DataType 
     case DataType::kInt32: return reduceInteger<int32_t>(out, a, b, count, dtype, op);
     case DataType::kInt64: return reduceInteger<int64_t>(out, a, b, count, dtype, op);
     case DataType::kBool: return reduceBool(out, a, b, count, dtype, op);
+    case DataType::kInt16: return reduceInteger<int16_t>(out, a, b, count, dtype, op);
+    case DataType::kUInt16: return reduceInteger<uint16_t>(out, a, b, count, dtype, op);
+    case DataType::kUInt32: return reduceInteger<uint32_t>(out, a, b, count, dtype, op);
+    case DataType::kUInt64: return reduceInteger<uint64_t>(out, a, b, count, dtype, op);
+    case DataType::kFloat8E4M3FN: return reduceHalf<Float8E4M3FN>(out, a, b, count, dtype, op);
+    case DataType::kFloat8E5M2: return reduceHalf<Float8E5M2>(out, a, b, count, dtype, op);
   }
   throwBadCombo(dtype, op);
 }
@@ -331,6 +345,10 @@ void scaleDivide(void* buf, size_t count, DataType dtype, size_t divisor) {
       return divideLoop(static_cast<float*>(buf), count, static_cast<float>(divisor));
     case DataType::kFloat64:
       return divideLoop(static_cast<double*>(buf), count, static_cast<double>(divisor));
+    case DataType::kFloat8E4M3FN:
+      return divideHalf<Float8E4M3FN>(static_cast<uint8_t*>(buf), count, static_cast<float>(divisor));
+    case DataType::kFloat8E5M2:
+      return divideHalf<Float8E5M2>(static_cast<uint8_t*>(buf), count, static_cast<float>(divisor));
     default: break;
   }
   throwError(ErrorKind::kInvalidArgument,

@@ -10,17 +10,23 @@ import numpy as np
 try:
     import ml_dtypes
     BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # bfloat16 cases are skipped without ml_dtypes
+    FLOAT8 = [np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)]
+except ImportError:  # bfloat16 and float8 cases are skipped without ml_dtypes
     BFLOAT16 = None
+    FLOAT8 = []
 
-DTYPES = [np.dtype(n) for n in ("float16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool")]
+DTYPES = [np.dtype(n) for n in ("float16", "float32", "float64", "int8", "uint8", "int16", "uint16", "int32",
+                                "uint32", "int64", "uint64", "bool")]
 if BFLOAT16 is not None:
     DTYPES.insert(1, BFLOAT16)
+DTYPES += FLOAT8
+# numpy has no float type of these: they are computed in float32 and rounded once.
+NARROW_FLOATS = [d for d in [np.dtype(np.float16), BFLOAT16, *FLOAT8] if d is not None]
 OPS = ["sum", "prod", "min", "max", "avg", "band", "bor", "bxor"]
 
 
 def is_float(dtype):
-    return dtype.kind == "f" or dtype == BFLOAT16
+    return dtype.kind == "f" or dtype in NARROW_FLOATS
 
 
 def supported(dtype, op):
@@ -35,9 +41,11 @@ def make_input(seed, rank, dtype, n, op="sum"):
     rng = np.random.default_rng([seed, rank, n, DTYPES.index(dtype) if dtype in DTYPES else 0, OPS.index(op)])
     if dtype == np.bool_:
         return rng.integers(0, 2, n).astype(np.bool_)
-    signed = dtype.kind in "fi" or dtype == BFLOAT16
+    signed = dtype.kind in "fi" or dtype in NARROW_FLOATS
     if op in ("sum", "avg"):
-        lo, hi = (-3, 4) if signed else (0, 4)
+        # float8 holds every integer up to 8 (e5m2) exactly: partial sums of
+        # up to 8 ranks' -1/0/1 are exact in any order.
+        lo, hi = (-1, 2) if dtype in FLOAT8 else (-3, 4) if signed else (0, 4)
         return rng.integers(lo, hi, n).astype(np.float64).astype(dtype)
     if op == "prod":
         choices = np.array([1, 2, -1] if signed else [1, 2, 3])
@@ -45,6 +53,8 @@ def make_input(seed, rank, dtype, n, op="sum"):
     if dtype.kind in "iu":
         info = np.iinfo(dtype)
         return rng.integers(info.min, info.max, n, endpoint=True, dtype=dtype)
+    if dtype in FLOAT8:  # min/max: anything finite of the format
+        return (rng.standard_normal(n) * 8).astype(np.float32).astype(dtype)
     return rng.standard_normal(n).astype(np.float32).astype(dtype) * 100
 
 
@@ -62,7 +72,7 @@ def reduce_reference(stack, dtype, op, world):
         return (total / compute(world)).astype(dtype)
     ufunc = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum,
              "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}[op]
-    if dtype == BFLOAT16 or dtype == np.float16:
+    if dtype in NARROW_FLOATS:
         # Exact in float32 for the chosen values, then one rounding.
         return ufunc.reduce(stack.astype(np.float32), axis=0).astype(dtype)
     return ufunc.reduce(stack, axis=0, dtype=dtype)

@@ -29,6 +29,11 @@ def test_every_other_collective(world):
     _ok(spawn.run(w.collectives_tour, world, timeout=180))
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_dtype_moves_and_the_new_ones_reduce(world):
+    assert spawn.run(w.any_dtype_tour, world, timeout=180) == [[]] * world
+
+
 def test_subgroups_beside_the_default_group():
     assert spawn.run(w.subgroups, 4, timeout=120) == [True] * 4
 

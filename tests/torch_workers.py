@@ -264,7 +264,7 @@ def init_methods(rank, world, method, path):
 def unsupported_input(rank, world):
     _init()
     errors = []
-    for call in (lambda: dist.all_reduce(torch.ones(3, dtype=torch.int16)),
+    for call in (lambda: dist.all_reduce(torch.ones(3, dtype=torch.float8_e4m3fnuz)),  # moved, never reduced
                  lambda: dist.all_reduce(torch.ones(3, dtype=torch.complex64), op=dist.ReduceOp.MAX),
                  lambda: dist.all_reduce(torch.ones(3), op=dist.ReduceOp.BXOR),
                  lambda: dist.all_reduce(torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.AVG)):
@@ -497,3 +497,104 @@ def blocking_work_api(rank, world):
             out["mismatch"] = str(e)
     dist.destroy_process_group()
     return out
+
+
+# dtypes beyond the original nine: reduced by the core (the first six), or only
+# moved as bytes (the rest: reductions refuse them).
+NEW_REDUCIBLE = [torch.int16, torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn, torch.float8_e5m2]
+MOVED_ONLY = [torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.complex32, torch.complex64, torch.complex128]
+
+
+def _pattern(rank, dtype, n):
+    """n elements of `dtype` whose bytes say which rank made them (any bit pattern)."""
+    size = torch.empty(0, dtype=dtype).element_size()
+    raw = (torch.arange(n * size, dtype=torch.int64) * 7 + rank * 31) % 251
+    return raw.to(torch.uint8).view(dtype)
+
+
+def _bytes(t):
+    return t.contiguous().view(torch.uint8)
+
+
+def any_dtype_tour(rank, world):
+    """Every data-movement op on every dtype (bytes compared), and the reductions
+    of the new dtypes against numpy / ml_dtypes. Returns the failures."""
+    import ml_dtypes
+    import numpy as np
+
+    _init()
+    failures = []
+    for dtype in NEW_REDUCIBLE + MOVED_ONLY:
+        n = 5
+        mine = _pattern(rank, dtype, n)
+        every = [_pattern(r, dtype, n) for r in range(world)]
+
+        def check(name, got, want):
+            if not torch.equal(_bytes(got), _bytes(want)):
+                failures.append(f"{dtype} {name}")
+
+        t = mine.clone()
+        dist.broadcast(t, src=world - 1)
+        check("broadcast", t, every[-1])
+        outs = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(outs, mine)
+        for r in range(world):
+            check(f"all_gather[{r}]", outs[r], every[r])
+        flat = torch.empty(world * n, dtype=dtype)
+        dist.all_gather_into_tensor(flat, mine)
+        check("all_gather_into_tensor", flat, torch.cat([_bytes(e) for e in every]).view(dtype))
+        gathered = [torch.empty_like(mine) for _ in range(world)] if rank == 0 else None
+        dist.gather(mine, gathered, dst=0)
+        if rank == 0:
+            for r in range(world):
+                check(f"gather[{r}]", gathered[r], every[r])
+        got = torch.empty_like(mine)
+        dist.scatter(got, [_pattern(100 + r, dtype, n) for r in range(world)] if rank == 0 else None, src=0)
+        check("scatter", got, _pattern(100 + rank, dtype, n))
+        a2a_in = torch.cat([_bytes(_pattern(10 * rank + r, dtype, 2)) for r in range(world)]).view(dtype)
+        a2a_out = torch.empty_like(a2a_in)
+        dist.all_to_all_single(a2a_out, a2a_in)
+        check("all_to_all_single", a2a_out, torch.cat([_bytes(_pattern(10 * r + rank, dtype, 2)) for r in range(world)]).view(dtype))
+        if world > 1:
+            if rank == 0:
+                dist.send(mine, dst=1)
+            elif rank == 1:
+                got = torch.empty_like(mine)
+                dist.recv(got, src=0)
+                check("send/recv", got, every[0])
+
+    # Reductions of the new dtypes: values whose sums are exact in any order.
+    for dtype in NEW_REDUCIBLE:
+        is_float8 = dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+        np_dtype = np.dtype(getattr(ml_dtypes, str(dtype).rpartition(".")[2])) if is_float8 else \
+            np.dtype(str(dtype).rpartition(".")[2])
+        for op in ["sum", "prod", "min", "max"] + (["avg"] if is_float8 else ["band", "bor", "bxor"]):
+            g = np.random.default_rng([rank, NEW_REDUCIBLE.index(dtype), len(op)])
+            if is_float8:
+                values = {"sum": [-1, 0, 1], "avg": [-1, 0, 1], "prod": [1, 2, -1]}.get(op)
+                arrays = [np.random.default_rng([r, NEW_REDUCIBLE.index(dtype), len(op)]).choice(
+                    values, 33).astype(np.float32).astype(np_dtype) if values else
+                    (np.random.default_rng([r, 9, len(op)]).standard_normal(33) * 8).astype(np.float32).astype(np_dtype)
+                    for r in range(world)]
+            else:
+                info = np.iinfo(np_dtype)
+                arrays = [np.random.default_rng([r, NEW_REDUCIBLE.index(dtype), len(op)]).integers(
+                    info.min, info.max, 33, dtype=np_dtype, endpoint=True) for r in range(world)]
+            del g
+            t = torch.from_numpy(arrays[rank].view(f"u{np_dtype.itemsize}").copy()).view(dtype)
+            dist.all_reduce(t, op=OPS[op])
+            stack = np.stack(arrays)
+            with np.errstate(over="ignore"):
+                if is_float8:
+                    f = stack.astype(np.float32)
+                    want = {"sum": f.sum(0), "prod": f.prod(0), "min": f.min(0), "max": f.max(0),
+                            "avg": f.sum(0) / np.float32(world)}[op].astype(np_dtype)
+                else:
+                    ufunc = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum,
+                             "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}[op]
+                    want = ufunc.reduce(stack, axis=0, dtype=np_dtype)
+            got = t.view(getattr(torch, f"uint{8 * np_dtype.itemsize}")).numpy().view(np_dtype)
+            if not np.array_equal(got.view(f"u{np_dtype.itemsize}"), want.view(f"u{np_dtype.itemsize}")):
+                failures.append(f"{dtype} all_reduce {op}: {got[:4]} != {want[:4]}")
+    dist.destroy_process_group()
+    return failures

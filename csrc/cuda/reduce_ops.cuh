@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "float8.h"  // Float8E4M3FN, Float8E5M2: the same codecs as the CPU kernels
+
 namespace rcoll {
 namespace cuda {
 
@@ -103,6 +105,7 @@ struct LogicalXor {
 // The CUDA conversions are exact (to float) and round to nearest-even (from
 // float), like csrc/half.h; NaN stays NaN (its payload may differ).
 struct Float16Codec {
+  using Storage = uint16_t;
   __host__ __device__ static float toFloat(uint16_t v) {
     return __half2float(__ushort_as_half(v));
   }
@@ -112,6 +115,7 @@ struct Float16Codec {
 };
 
 struct BFloat16Codec {
+  using Storage = uint16_t;
   __host__ __device__ static float toFloat(uint16_t v) {
     return __bfloat162float(__ushort_as_bfloat16(v));
   }
@@ -120,9 +124,12 @@ struct BFloat16Codec {
   }
 };
 
+// The narrow float types (16-bit, and float8 through float8.h): stored as
+// Codec::Storage, computed in float32, rounded once.
 template <typename Codec, typename Op>
 struct ViaFloat {
-  __host__ __device__ uint16_t operator()(uint16_t x, uint16_t y) const {
+  using Storage = typename Codec::Storage;
+  __host__ __device__ Storage operator()(Storage x, Storage y) const {
     return Codec::fromFloat(Op{}(Codec::toFloat(x), Codec::toFloat(y)));
   }
 };
@@ -139,8 +146,9 @@ struct DivideBy {
 
 template <typename Codec>
 struct DivideViaFloat {
+  using Storage = typename Codec::Storage;
   float divisor;
-  __host__ __device__ uint16_t operator()(uint16_t x) const {
+  __host__ __device__ Storage operator()(Storage x) const {
     return Codec::fromFloat(Codec::toFloat(x) / divisor);
   }
 };

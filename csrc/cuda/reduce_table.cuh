@@ -22,7 +22,7 @@ struct Type {
   using type = T;
 };
 
-// float16/bfloat16 as uint16_t storage computed in float32; avg reduces like sum.
+// float16/bfloat16 (uint16_t storage) and float8 (uint8_t) computed in float32; avg reduces like sum.
 template <typename R, typename Visit>
 R visitFloatingReduce(DataType dtype, ReduceOp op, Visit&& visit, R otherwise) {
   auto native = [&](auto type) -> R {
@@ -39,10 +39,10 @@ R visitFloatingReduce(DataType dtype, ReduceOp op, Visit&& visit, R otherwise) {
     using Codec = decltype(codec);
     switch (op) {
       case ReduceOp::kSum:
-      case ReduceOp::kAvg: return visit(Type<uint16_t>{}, ViaFloat<Codec, Add>{});
-      case ReduceOp::kProd: return visit(Type<uint16_t>{}, ViaFloat<Codec, Mul>{});
-      case ReduceOp::kMin: return visit(Type<uint16_t>{}, ViaFloat<Codec, Min>{});
-      case ReduceOp::kMax: return visit(Type<uint16_t>{}, ViaFloat<Codec, Max>{});
+      case ReduceOp::kAvg: return visit(Type<typename Codec::Storage>{}, ViaFloat<Codec, Add>{});
+      case ReduceOp::kProd: return visit(Type<typename Codec::Storage>{}, ViaFloat<Codec, Mul>{});
+      case ReduceOp::kMin: return visit(Type<typename Codec::Storage>{}, ViaFloat<Codec, Min>{});
+      case ReduceOp::kMax: return visit(Type<typename Codec::Storage>{}, ViaFloat<Codec, Max>{});
       default: return otherwise;
     }
   };
@@ -51,6 +51,8 @@ R visitFloatingReduce(DataType dtype, ReduceOp op, Visit&& visit, R otherwise) {
     case DataType::kBFloat16: return via(BFloat16Codec{});
     case DataType::kFloat32: return native(Type<float>{});
     case DataType::kFloat64: return native(Type<double>{});
+    case DataType::kFloat8E4M3FN: return via(Float8E4M3FN{});
+    case DataType::kFloat8E5M2: return via(Float8E5M2{});
     default: return otherwise;
   }
 }
@@ -80,6 +82,10 @@ R visitIntegralReduce(DataType dtype, ReduceOp op, Visit&& visit, R otherwise) {
     case DataType::kUInt8: return integer(Type<uint8_t>{});
     case DataType::kInt32: return integer(Type<int32_t>{});
     case DataType::kInt64: return integer(Type<int64_t>{});
+    case DataType::kInt16: return integer(Type<int16_t>{});
+    case DataType::kUInt16: return integer(Type<uint16_t>{});
+    case DataType::kUInt32: return integer(Type<uint32_t>{});
+    case DataType::kUInt64: return integer(Type<uint64_t>{});
     case DataType::kBool:
       switch (op) {
         case ReduceOp::kSum:
@@ -107,6 +113,10 @@ R visitScaleDivide(DataType dtype, size_t divisor, Visit&& visit, R otherwise) {
     case DataType::kFloat32: return visit(Type<float>{}, DivideBy<float>{static_cast<float>(divisor)});
     case DataType::kFloat64:
       return visit(Type<double>{}, DivideBy<double>{static_cast<double>(divisor)});
+    case DataType::kFloat8E4M3FN:
+      return visit(Type<uint8_t>{}, DivideViaFloat<Float8E4M3FN>{static_cast<float>(divisor)});
+    case DataType::kFloat8E5M2:
+      return visit(Type<uint8_t>{}, DivideViaFloat<Float8E5M2>{static_cast<float>(divisor)});
     default: return otherwise;
   }
 }

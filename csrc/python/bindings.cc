@@ -82,9 +82,14 @@ int fastDataType(PyObject* descr) {
     case 0: return static_cast<int>(DataType::kBool);     // NPY_BOOL
     case 1: return static_cast<int>(DataType::kInt8);     // NPY_BYTE
     case 2: return static_cast<int>(DataType::kUInt8);    // NPY_UBYTE
+    case 3: return static_cast<int>(DataType::kInt16);    // NPY_SHORT
+    case 4: return static_cast<int>(DataType::kUInt16);   // NPY_USHORT
     case 5: return static_cast<int>(DataType::kInt32);    // NPY_INT
+    case 6: return static_cast<int>(DataType::kUInt32);   // NPY_UINT
     case 7: return sizeof(long) == 8 ? static_cast<int>(DataType::kInt64) : -1;  // NPY_LONG
+    case 8: return sizeof(long) == 8 ? static_cast<int>(DataType::kUInt64) : -1;  // NPY_ULONG
     case 9: return static_cast<int>(DataType::kInt64);    // NPY_LONGLONG
+    case 10: return static_cast<int>(DataType::kUInt64);  // NPY_ULONGLONG
     case 11: return static_cast<int>(DataType::kFloat32); // NPY_FLOAT
     case 12: return static_cast<int>(DataType::kFloat64); // NPY_DOUBLE
     case 23: return static_cast<int>(DataType::kFloat16); // NPY_HALF

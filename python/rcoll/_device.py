@@ -88,10 +88,15 @@ class DeviceBuffer:
         self.shape = tuple(int(n) for n in cai["shape"])
         self.size = int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
         typestr = cai["typestr"]
-        itemsize = np.dtype(typestr).itemsize
-        # bfloat16 has no typestr of its own ('<V2'): the object's dtype names it.
+        try:
+            described = np.dtype(typestr)
+        except TypeError:  # ml_dtypes' float8_e5m2 says '<f1', which numpy cannot parse
+            described = None
+        itemsize = described.itemsize if described is not None else int(typestr[2:])
+        # bfloat16 and float8 have no typestr of their own ('<V2', '|V1', '<f1'):
+        # the object's dtype names them.
         own = getattr(getattr(obj, "dtype", None), "name", None) or str(getattr(obj, "dtype", "")).rpartition(".")[2]
-        name = own if own in _core.DTYPES and np.dtype(typestr).kind == "V" else np.dtype(typestr).name
+        name = own if own in _core.DTYPES and (described is None or described.kind == "V") else described.name
         if name not in _core.DTYPES:
             raise invalid(f"has dtype {typestr} ({name}), which is not supported "
                           f"(supported: {', '.join(sorted(_core.DTYPES))})")

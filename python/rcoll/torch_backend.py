@@ -25,6 +25,7 @@ Work objects follow torch's contract:
 from __future__ import annotations
 
 import atexit
+import functools
 import itertools
 import os
 import threading
@@ -40,17 +41,13 @@ from ._registrations import RegistrationTracker
 
 BACKEND_NAME = "rcoll"
 
-_DTYPE_CODES = {
-    torch.float16: _core.DTYPES["float16"],
-    torch.bfloat16: _core.DTYPES["bfloat16"],
-    torch.float32: _core.DTYPES["float32"],
-    torch.float64: _core.DTYPES["float64"],
-    torch.int8: _core.DTYPES["int8"],
-    torch.uint8: _core.DTYPES["uint8"],
-    torch.int32: _core.DTYPES["int32"],
-    torch.int64: _core.DTYPES["int64"],
-    torch.bool: _core.DTYPES["bool"],
-}
+# torch dtype -> core dtype code: the core's names are torch's (float16, ...,
+# float8_e4m3fn), so the table is read off the core's, never written twice.
+_DTYPE_CODES = {getattr(torch, name): code for name, code in _core.DTYPES.items()
+                if isinstance(getattr(torch, name, None), torch.dtype)}
+# element size -> the code of the unsigned integer type of that width: how a
+# dtype the core does not know moves as bytes (_check_tensor's moves_only).
+_SAME_WIDTH_CODES = {size: _core.DTYPES[f"uint{8 * size}"] for size in (1, 2, 4, 8)}
 
 _OP_NAMES = {
     dist.ReduceOp.SUM: "sum",
@@ -319,7 +316,11 @@ def _done_work(result, finish=None) -> RcollWork:
 # ---------------------------------------------------------------------------------------
 # Tensors -> (address, count, dtype code)
 # ---------------------------------------------------------------------------------------
-def _check_tensor(t: torch.Tensor, rank: int, opname: str) -> int:
+def _check_tensor(t: torch.Tensor, rank: int, opname: str, moves_only: bool = False) -> int:
+    """The tensor's core dtype code. `moves_only`: the op moves bytes without
+    reducing them (broadcast, gathers, scatter, alltoall, send/recv), so a dtype
+    the core has no code for (complex64, float8_e4m3fnuz, ...) travels as the
+    unsigned integer type of its width: same address, same element count."""
     if not isinstance(t, torch.Tensor):
         raise _core.InvalidArgumentError(f"rank {rank}: {opname}: expected a tensor, got {type(t).__name__}")
     if t.layout is not torch.strided:
@@ -328,12 +329,31 @@ def _check_tensor(t: torch.Tensor, rank: int, opname: str) -> int:
         raise _core.InvalidArgumentError(
             f"rank {rank}: {opname}: {t.device.type} tensors are not supported (CPU and CUDA tensors are)")
     code = _DTYPE_CODES.get(t.dtype)
+    if code is None and moves_only:
+        code = _SAME_WIDTH_CODES.get(t.element_size())
     if code is None:
         supported = ", ".join(str(d).replace("torch.", "") for d in _DTYPE_CODES)
         raise _core.InvalidArgumentError(f"rank {rank}: {opname}: dtype {t.dtype} is not supported ({supported})")
     return code
 
 
+
+
+def _complex_as_real(method):
+    """torch's front end views complex tensors as real pairs (view_as_real: the
+    same memory) before broadcast, all_gather and all_reduce, but not before
+    gather, scatter, alltoall or send/recv: those methods do it here."""
+    def convert(x):
+        if isinstance(x, torch.Tensor):
+            return torch.view_as_real(x) if x.is_complex() else x
+        if isinstance(x, (list, tuple)):
+            return [convert(item) for item in x]
+        return x
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        return method(self, *[convert(a) for a in args], **kwargs)
+    return wrapper
 
 
 class _Staged:
@@ -591,17 +611,16 @@ class RcollProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.BroadcastOptions()
         root = self._root(opts.rootRank, "broadcast")
         timeout = _timeout_seconds(opts)
-        if len(tensors) == 1 and _check_tensor(tensors[0], self._rank, "broadcast") is not None and \
-                not tensors[0].is_cuda and tensors[0].is_contiguous():  # the common call, as in allreduce()
+        if len(tensors) == 1 and not tensors[0].is_cuda and tensors[0].is_contiguous():  # the common call
             t = tensors[0]
-            code = _DTYPE_CODES[t.dtype]
+            code = _check_tensor(t, self._rank, "broadcast", moves_only=True)
             addr = self._addr(t)
             blocking = not getattr(opts, "asyncOp", True)
             return self._work_for(self._comm.broadcast(addr, addr, t.numel(), code, root, timeout, blocking),
                                   tensors)
         staged, works = [], []
         for t in tensors:
-            code = _check_tensor(t, self._rank, "broadcast")
+            code = _check_tensor(t, self._rank, "broadcast", moves_only=True)
             s = _Staged(t)
             staged.append(s)
             calls = self._on(s.buffer)
@@ -614,7 +633,7 @@ class RcollProcessGroup(dist.ProcessGroup):
         timeout = _timeout_seconds(opts)
         works, finishes, keep = [], [], []
         for outs, inp in zip(output_tensors, input_tensors):
-            code = _check_tensor(inp, self._rank, "allgather")
+            code = _check_tensor(inp, self._rank, "allgather", moves_only=True)
             self._check_outputs(outs, inp, "allgather")
             src = inp.contiguous()
             flat = torch.empty(self._size * src.numel(), dtype=src.dtype, device=src.device)
@@ -630,9 +649,9 @@ class RcollProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else AllgatherOptions()
         if not input_list:
             return _done_work(output_lists)
-        code = _check_tensor(input_list[0], self._rank, "allgather_coalesced")
+        code = _check_tensor(input_list[0], self._rank, "allgather_coalesced", moves_only=True)
         for t in input_list:
-            if _check_tensor(t, self._rank, "allgather_coalesced") != code:
+            if _check_tensor(t, self._rank, "allgather_coalesced", moves_only=True) != code:
                 raise _core.InvalidArgumentError(f"rank {self._rank}: allgather_coalesced: inputs differ in dtype")
         flat_in = _flat(input_list)
         flat_out = torch.empty(self._size * flat_in.numel(), dtype=flat_in.dtype, device=flat_in.device)
@@ -649,8 +668,8 @@ class RcollProcessGroup(dist.ProcessGroup):
 
     def all_gather_single(self, output, input, opts=None):
         opts = opts if opts is not None else AllgatherOptions()
-        code = _check_tensor(input, self._rank, "all_gather_into_tensor")
-        _check_tensor(output, self._rank, "all_gather_into_tensor")
+        code = _check_tensor(input, self._rank, "all_gather_into_tensor", moves_only=True)
+        _check_tensor(output, self._rank, "all_gather_into_tensor", moves_only=True)
         if output.numel() != self._size * input.numel() or output.dtype != input.dtype:
             raise _core.InvalidArgumentError(
                 f"rank {self._rank}: all_gather_into_tensor: output has {output.numel()} {output.dtype} elements, "
@@ -742,11 +761,12 @@ class RcollProcessGroup(dist.ProcessGroup):
             works.append(self._on(s.buffer).reduce(self._addr(s.buffer), recv, s.buffer.numel(), code, op, root, timeout))
         return RcollWork(works, list(tensors), _copy_backs(staged), staged)
 
+    @_complex_as_real
     def gather(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else dist.GatherOptions()
         root = self._root(opts.rootRank, "gather")
         inp = input_tensors[0]
-        code = _check_tensor(inp, self._rank, "gather")
+        code = _check_tensor(inp, self._rank, "gather", moves_only=True)
         src = inp.contiguous()
         flat = None
         finish = None
@@ -759,11 +779,12 @@ class RcollProcessGroup(dist.ProcessGroup):
                                  _timeout_seconds(opts))
         return RcollWork([work], output_tensors, finish, (src, flat))
 
+    @_complex_as_real
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else dist.ScatterOptions()
         root = self._root(opts.rootRank, "scatter")
         out = output_tensors[0]
-        code = _check_tensor(out, self._rank, "scatter")
+        code = _check_tensor(out, self._rank, "scatter", moves_only=True)
         flat = None
         if self._rank == root:
             ins = input_tensors[0]
@@ -775,14 +796,15 @@ class RcollProcessGroup(dist.ProcessGroup):
         return RcollWork([work], output_tensors, _copy_backs([dst]), (flat, dst))
 
     # -- all-to-all ---------------------------------------------------------------
+    @_complex_as_real
     def alltoall(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else dist.AllToAllOptions()
         if len(output_tensors) != self._size or len(input_tensors) != self._size:
             raise _core.InvalidArgumentError(
                 f"rank {self._rank}: all_to_all: needs {self._size} input and output tensors")
-        code = _check_tensor(input_tensors[0], self._rank, "all_to_all")
+        code = _check_tensor(input_tensors[0], self._rank, "all_to_all", moves_only=True)
         for t in list(input_tensors) + list(output_tensors):
-            if _check_tensor(t, self._rank, "all_to_all") != code:
+            if _check_tensor(t, self._rank, "all_to_all", moves_only=True) != code:
                 raise _core.InvalidArgumentError(f"rank {self._rank}: all_to_all: tensors differ in dtype")
         send_counts = [t.numel() for t in input_tensors]
         recv_counts = [t.numel() for t in output_tensors]
@@ -798,10 +820,11 @@ class RcollProcessGroup(dist.ProcessGroup):
                 offset += n
         return RcollWork([work], output_tensors, finish, (flat_in, flat_out))
 
+    @_complex_as_real
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         opts = opts if opts is not None else dist.AllToAllOptions()
-        code = _check_tensor(input, self._rank, "all_to_all_single")
-        if _check_tensor(output, self._rank, "all_to_all_single") != code:
+        code = _check_tensor(input, self._rank, "all_to_all_single", moves_only=True)
+        if _check_tensor(output, self._rank, "all_to_all_single", moves_only=True) != code:
             raise _core.InvalidArgumentError(f"rank {self._rank}: all_to_all_single: input and output differ in dtype")
         send_counts = self._split_counts(input, input_split_sizes, "input")
         recv_counts = self._split_counts(output, output_split_sizes, "output")
@@ -834,16 +857,18 @@ class RcollProcessGroup(dist.ProcessGroup):
     # CUDA tensor is copied to the host when sent (in the order of the
     # caller's current stream) and into the tensor when the receive completes
     # (both copies synchronous), as Gloo does.
+    @_complex_as_real
     def send(self, tensors, dst_rank, tag=0):
         t = tensors[0]
-        code = _check_tensor(t, self._rank, "send")
+        code = _check_tensor(t, self._rank, "send", moves_only=True)
         src = t.detach().to("cpu").contiguous() if t.is_cuda else t.contiguous()
         return RcollWork([self._comm.send(self._addr(src), src.numel(), code, dst_rank, tag, 0.0)], list(tensors),
                          None, src)
 
+    @_complex_as_real
     def recv(self, tensors, src_rank, tag=0):
         t = tensors[0]
-        code = _check_tensor(t, self._rank, "recv")
+        code = _check_tensor(t, self._rank, "recv", moves_only=True)
         if t.is_cuda:
             host = torch.empty(t.shape, dtype=t.dtype)
             work = self._comm.recv(self._addr(host), host.numel(), code, src_rank, tag, 0.0)
@@ -861,8 +886,8 @@ class RcollProcessGroup(dist.ProcessGroup):
         if len(outs) != self._size:
             raise _core.InvalidArgumentError(
                 f"rank {self._rank}: {opname}: needs {self._size} output tensors, got {len(outs)}")
-        for o in outs:
-            _check_tensor(o, self._rank, opname)
+        for o in outs:  # (the list outputs of allgather, gather and scatter: data movement)
+            _check_tensor(o, self._rank, opname, moves_only=True)
             if o.numel() != like.numel() or o.dtype != like.dtype:
                 raise _core.InvalidArgumentError(
                     f"rank {self._rank}: {opname}: output {tuple(o.shape)} {o.dtype} does not match the input "

@@ -337,6 +337,55 @@ uint8_t refBoolOp(ReduceOp op, uint8_t x, uint8_t y) {
 }
 
 float refHalfToFloat(uint16_t h) { return static_cast<float>(refHalfToDouble(h)); }
+
+// float8 from the formats' definitions, independent of csrc/float8.h's bit
+// arithmetic: decoding by formula, encoding as the nearest of all codes (ties to
+// the even code). One step past the largest finite value stands the code above
+// it: 480 = 0x7f (NaN in e4m3fn: odd, so a tie at 464 goes down to 448) and
+// 65536 = 0x7c (infinity in e5m2: even, so a tie at 61440 goes up to it).
+struct RefFloat8 {
+  int exp_bits, man_bits;
+  bool finite_only;
+  int bias() const { return (1 << (exp_bits - 1)) - 1; }
+  bool isNan(uint8_t v) const {
+    const int e = (v >> man_bits) & ((1 << exp_bits) - 1), m = v & ((1 << man_bits) - 1);
+    return finite_only ? (e == (1 << exp_bits) - 1 && m == (1 << man_bits) - 1) : (e == (1 << exp_bits) - 1 && m != 0);
+  }
+  // The value of a non-negative code; the code above the largest finite one gives
+  // the value a next binade would have.
+  double magnitude(int code) const {
+    const int e = code >> man_bits, m = code & ((1 << man_bits) - 1);
+    if (e == 0) return std::ldexp(static_cast<double>(m), 1 - bias() - man_bits);
+    return std::ldexp(1.0 + static_cast<double>(m) / (1 << man_bits), e - bias());
+  }
+  double toDouble(uint8_t v) const {
+    if (isNan(v)) return std::numeric_limits<double>::quiet_NaN();
+    const double s = (v & 0x80) ? -1.0 : 1.0;
+    const int code = v & 0x7f;
+    if (!finite_only && (code >> man_bits) == (1 << exp_bits) - 1) return s * INFINITY;
+    return s * magnitude(code);
+  }
+  uint8_t fromDouble(double x) const {
+    const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+    const uint8_t past_max = finite_only ? 0x7f : 0x7c;  // NaN / infinity
+    if (std::isnan(x)) return static_cast<uint8_t>(sign | (finite_only ? 0x7f : 0x7e));
+    if (std::isinf(x)) return static_cast<uint8_t>(sign | past_max);
+    const double a = std::fabs(x);
+    int best = 0;
+    for (int code = 1; code <= past_max; ++code) {
+      const double d = std::fabs(magnitude(code) - a), best_d = std::fabs(magnitude(best) - a);
+      if (d < best_d || (d == best_d && (code & 1) == 0)) best = code;
+    }
+    return static_cast<uint8_t>(sign | best);
+  }
+};
+const RefFloat8 kRefE4M3FN{4, 3, true};
+const RefFloat8 kRefE5M2{5, 2, false};
+
+bool refFloat8Element(const RefFloat8& f, ReduceOp op, const uint8_t* a, const uint8_t* b, const uint8_t* got) {
+  const float r = refFloatOp(op, static_cast<float>(f.toDouble(*a)), static_cast<float>(f.toDouble(*b)));
+  return std::isnan(r) ? f.isNan(*got) : *got == f.fromDouble(r);
+}
 float refBf16ToFloat(uint16_t h) { return static_cast<float>(refBf16ToDouble(h)); }
 
 // Writes the expected element and returns whether `got` matches it (NaN
@@ -373,6 +422,16 @@ bool refElement(DataType dtype, ReduceOp op, const uint8_t* a, const uint8_t* b,
       return refIntOp(op, load<int64_t>(a), load<int64_t>(b)) == load<int64_t>(got);
     case DataType::kBool:
       return refBoolOp(op, *a, *b) == *got;
+    case DataType::kInt16:
+      return refIntOp(op, load<int16_t>(a), load<int16_t>(b)) == load<int16_t>(got);
+    case DataType::kUInt16:
+      return refIntOp(op, load<uint16_t>(a), load<uint16_t>(b)) == load<uint16_t>(got);
+    case DataType::kUInt32:
+      return refIntOp(op, load<uint32_t>(a), load<uint32_t>(b)) == load<uint32_t>(got);
+    case DataType::kUInt64:
+      return refIntOp(op, load<uint64_t>(a), load<uint64_t>(b)) == load<uint64_t>(got);
+    case DataType::kFloat8E4M3FN: return refFloat8Element(kRefE4M3FN, op, a, b, got);
+    case DataType::kFloat8E5M2: return refFloat8Element(kRefE5M2, op, a, b, got);
   }
   return false;
 }

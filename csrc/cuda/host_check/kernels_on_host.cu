@@ -63,6 +63,8 @@ bool isNanBits(DataType dtype, const uint8_t* p) {
       std::memcpy(&v, p, 8);
       return std::isnan(v);
     }
+    case DataType::kFloat8E4M3FN: return (p[0] & 0x7fu) == 0x7fu;
+    case DataType::kFloat8E5M2: return (p[0] & 0x7fu) > 0x7cu;
     default: return false;
   }
 }
