@@ -34,6 +34,11 @@ def test_every_dtype_moves_and_the_new_ones_reduce(world):
     assert spawn.run(w.any_dtype_tour, world, timeout=180) == [[]] * world
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_sparse_allreduce_sums_every_ranks_entries(world):
+    assert spawn.run(w.sparse_allreduce, world, timeout=180) == [[]] * world
+
+
 def test_subgroups_beside_the_default_group():
     assert spawn.run(w.subgroups, 4, timeout=120) == [True] * 4
 

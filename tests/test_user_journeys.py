@@ -51,9 +51,10 @@ def test_numpy_api_under_torchrun(tmp_path):
 
 
 @pytest.mark.parametrize("options", [["--hook", "allreduce"], ["--hook", "fp16", "--no-sync"], ["--static-graph"],
-                                     ["--static-graph", "--no-destroy"]],
+                                     ["--static-graph", "--no-destroy"], ["--sparse"], ["--sparse", "--no-sync"]],
                          # (static_graph with no_sync: torch's reducer asserts with Gloo too)
-                         ids=["allreduce_hook", "fp16_hook_no_sync", "static_graph", "static_graph_no_destroy"])
+                         ids=["allreduce_hook", "fp16_hook_no_sync", "static_graph", "static_graph_no_destroy",
+                              "sparse_embedding", "sparse_embedding_no_sync"])
 def test_ddp_variants_at_world_2(options, tmp_path):
     with launch.busy_cpus():
         for _ in range(2):

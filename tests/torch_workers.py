@@ -598,3 +598,38 @@ def any_dtype_tour(rank, world):
                 failures.append(f"{dtype} all_reduce {op}: {got[:4]} != {want[:4]}")
     dist.destroy_process_group()
     return failures
+
+
+def _sparse_input(rank, step, shape=(20, 3)):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    nnz = [0, 1, 7, 12][(rank + step) % 4]  # some ranks contribute nothing
+    indices = torch.randint(0, shape[0], (1, nnz), generator=g)  # duplicates on purpose
+    values = torch.randint(-3, 4, (nnz, shape[1]), generator=g).double()
+    return torch.sparse_coo_tensor(indices, values, shape)
+
+
+def sparse_allreduce(rank, world):
+    """Sparse COO allreduce (SUM, AVG) against the sum of every rank's dense input;
+    a shape mismatch raises on every rank. Returns the failures."""
+    _init()
+    failures = []
+    for step in range(4):
+        for op in ("sum", "avg"):
+            t = _sparse_input(rank, step)
+            work = dist.all_reduce(t, op=OPS[op], async_op=True)
+            work.wait()
+            want = sum(_sparse_input(r, step).to_dense() for r in range(world))
+            want = want / world if op == "avg" else want
+            if not (t.is_sparse and torch.equal(t.to_dense(), want)):
+                failures.append(f"step {step} {op}: {t.to_dense()} != {want}")
+            if not torch.equal(work.result()[0].to_dense(), want):
+                failures.append(f"step {step} {op}: the Work's result differs")
+    try:
+        dist.all_reduce(torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0, 3),
+                                                (20 + rank, 3)))
+        failures.append("a shape mismatch did not raise")
+    except RuntimeError as e:
+        if "shape" not in str(e) or f"rank {rank}" not in str(e):
+            failures.append(f"mismatch message: {e}")
+    dist.destroy_process_group()
+    return failures

@@ -564,6 +564,8 @@ class RcollProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceOptions()
         timeout = _timeout_seconds(opts)
+        if tensors and tensors[0].layout is torch.sparse_coo:
+            return self._sparse_allreduce(tensors, opts, timeout)
         if len(tensors) == 1:
             # The common call (dist.all_reduce of one tensor), without the
             # list bookkeeping: small ops are dominated by Python here.
@@ -586,6 +588,62 @@ class RcollProcessGroup(dist.ProcessGroup):
             works.append(calls.allreduce(self._addr(s.buffer), self._addr(s.buffer), s.buffer.numel(), code, op, timeout,
                                          **self._inline(opts, calls)))
         return RcollWork(works, list(tensors), _copy_backs(staged), staged)
+
+    def _sparse_allreduce(self, tensors, opts, timeout):
+        """Sparse COO tensors (DDP with nn.Embedding(sparse=True)), as Gloo does
+        it: every rank's indices and values are gathered, and torch's coalesce()
+        sums the entries that share an index. Blocking; the result replaces the
+        input (copy_) and is the Work's result."""
+        op = self._op(opts, "allreduce")
+        average = op == _core.REDUCE_OPS["avg"]
+        if op != _core.REDUCE_OPS["sum"] and not average:
+            name = next(n for n, code in _core.REDUCE_OPS.items() if code == op)
+            raise _core.InvalidArgumentError(
+                f"rank {self._rank}: allreduce: sparse tensors reduce with SUM or AVG only, not {name}")
+        outputs = []
+        for t in tensors:
+            if t.layout is not torch.sparse_coo:
+                raise _core.InvalidArgumentError(f"rank {self._rank}: allreduce: sparse and dense tensors mixed")
+            host = t.detach().to("cpu")
+            indices, values = host._indices(), host._values().contiguous()
+            nnz = indices.shape[1]
+            # What every rank must agree on, and each rank's entry count.
+            meta = torch.tensor([host.sparse_dim(), host.dense_dim(), len(host.shape), *host.shape, nnz],
+                                dtype=torch.int64)
+            metas = self._gather_rows(meta, timeout)
+            if not torch.equal(metas[:, :-1], meta[:-1].expand(self._size, -1)):
+                bad = next(r for r in range(self._size) if not torch.equal(metas[r, :-1], meta[:-1]))
+                raise _core.MismatchError(
+                    f"rank {self._rank}: allreduce of a sparse tensor of shape {tuple(host.shape)} (sparse dims "
+                    f"{host.sparse_dim()}) while rank {bad} passed a different shape or layout")
+            counts = metas[:, -1].tolist()
+            most = max(counts)
+            # Indices entry-major (nnz x sparse_dim) and values, padded to the largest count.
+            padded_idx = torch.zeros(most, host.sparse_dim(), dtype=torch.int64)
+            padded_idx[:nnz] = indices.t()
+            padded_val = torch.zeros((most, *values.shape[1:]), dtype=values.dtype)
+            padded_val[:nnz] = values
+            all_idx = self._gather_rows(padded_idx, timeout)
+            all_val = self._gather_rows(padded_val, timeout)
+            idx = torch.cat([all_idx[r * most:r * most + counts[r]] for r in range(self._size)]).t()
+            val = torch.cat([all_val[r * most:r * most + counts[r]] for r in range(self._size)])
+            # Indices from other processes: checked (a bad one would otherwise be a
+            # memory error later), which also keeps torch's warning off stderr.
+            out = torch.sparse_coo_tensor(idx, val, host.shape, check_invariants=True).coalesce()
+            if average:
+                out = out / self._size
+            out = out.to(t.device)
+            t.copy_(out)
+            outputs.append(out)
+        return _done_work(outputs)
+
+    def _gather_rows(self, t, timeout):
+        """Blocking allgather of a CPU tensor into a (size x ...) tensor, rows of rank order."""
+        src = t.contiguous()
+        out = torch.empty((self._size * src.shape[0] if src.dim() else self._size, *src.shape[1:]), dtype=src.dtype)
+        code = _check_tensor(src, self._rank, "allreduce")
+        self._comm.allgather(self._addr(src), self._addr(out), src.numel(), code, timeout, True).wait()
+        return out.view(self._size, *src.shape) if src.dim() == 1 else out
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()

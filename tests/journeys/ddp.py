@@ -2,7 +2,8 @@
 model trained with Gloo in the same job is the reference.
 
 Usage (under torchrun): ddp.py [--hook none|allreduce|fp16] [--no-sync]
-[--static-graph] [--no-destroy]. Every rank checks its parameters against the
+[--static-graph] [--sparse] [--no-destroy]. --sparse: the model starts with an
+nn.Embedding(sparse=True), whose gradients DDP allreduces as sparse COO tensors. Every rank checks its parameters against the
 Gloo replica's (bit for bit at world 2 without compression: a + b has one
 order) and prints the job-done marker last (tests/launch.py)."""
 import argparse
@@ -17,6 +18,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--hook", default="none", choices=["none", "allreduce", "fp16"])
 parser.add_argument("--no-sync", action="store_true", help="accumulate two micro-batches under no_sync()")
 parser.add_argument("--static-graph", action="store_true")
+parser.add_argument("--sparse", action="store_true", help="a sparse embedding (sparse gradients)")
 parser.add_argument("--no-destroy", action="store_true", help="exit without destroy_process_group()")
 args = parser.parse_args()
 
@@ -25,8 +27,20 @@ rank, world = dist.get_rank(), dist.get_world_size()
 gloo = dist.new_group(backend="gloo")
 
 
+class EmbeddingBagOfWords(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(50, 16, sparse=True)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, tokens):
+        return self.head(self.embedding(tokens).mean(dim=1))
+
+
 def make_model():
     torch.manual_seed(0)
+    if args.sparse:
+        return EmbeddingBagOfWords()
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
 
 
@@ -42,7 +56,8 @@ def wrap(group):
 models = {"rcoll": wrap(None), "gloo": wrap(gloo)}
 data = torch.Generator().manual_seed(1000 + rank)
 for step in range(4):
-    batches = [torch.randn(8, 16, generator=data) for _ in range(2 if args.no_sync else 1)]
+    batches = [torch.randint(0, 50, (8, 6), generator=data) if args.sparse else torch.randn(8, 16, generator=data)
+               for _ in range(2 if args.no_sync else 1)]
     for model, opt in models.values():
         opt.zero_grad()
         if args.no_sync:
