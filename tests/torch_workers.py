@@ -600,11 +600,16 @@ def any_dtype_tour(rank, world):
     return failures
 
 
-def _sparse_input(rank, step, shape=(20, 3)):
+# (shape, sparse dims): a dense dimension, none, two sparse dimensions
+SPARSE_LAYOUTS = [((20, 3), 1), ((20,), 1), ((20, 5), 2)]
+
+
+def _sparse_input(rank, step):
+    shape, sparse_dims = SPARSE_LAYOUTS[step % len(SPARSE_LAYOUTS)]
     g = torch.Generator().manual_seed(1000 * step + rank)
     nnz = [0, 1, 7, 12][(rank + step) % 4]  # some ranks contribute nothing
-    indices = torch.randint(0, shape[0], (1, nnz), generator=g)  # duplicates on purpose
-    values = torch.randint(-3, 4, (nnz, shape[1]), generator=g).double()
+    indices = torch.stack([torch.randint(0, shape[d], (nnz,), generator=g) for d in range(sparse_dims)])  # duplicates
+    values = torch.randint(-3, 4, (nnz, *shape[sparse_dims:]), generator=g).double()
     return torch.sparse_coo_tensor(indices, values, shape)
 
 
@@ -613,7 +618,7 @@ def sparse_allreduce(rank, world):
     a shape mismatch raises on every rank. Returns the failures."""
     _init()
     failures = []
-    for step in range(4):
+    for step in range(6):
         for op in ("sum", "avg"):
             t = _sparse_input(rank, step)
             work = dist.all_reduce(t, op=OPS[op], async_op=True)

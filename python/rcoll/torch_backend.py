@@ -610,7 +610,7 @@ class RcollProcessGroup(dist.ProcessGroup):
             # What every rank must agree on, and each rank's entry count.
             meta = torch.tensor([host.sparse_dim(), host.dense_dim(), len(host.shape), *host.shape, nnz],
                                 dtype=torch.int64)
-            metas = self._gather_rows(meta, timeout)
+            metas = self._gather_rows(meta, timeout).view(self._size, -1)
             if not torch.equal(metas[:, :-1], meta[:-1].expand(self._size, -1)):
                 bad = next(r for r in range(self._size) if not torch.equal(metas[r, :-1], meta[:-1]))
                 raise _core.MismatchError(
@@ -638,12 +638,12 @@ class RcollProcessGroup(dist.ProcessGroup):
         return _done_work(outputs)
 
     def _gather_rows(self, t, timeout):
-        """Blocking allgather of a CPU tensor into a (size x ...) tensor, rows of rank order."""
+        """Blocking allgather of a CPU tensor (at least 1-D) along dim 0, in rank order."""
         src = t.contiguous()
-        out = torch.empty((self._size * src.shape[0] if src.dim() else self._size, *src.shape[1:]), dtype=src.dtype)
+        out = torch.empty((self._size * src.shape[0], *src.shape[1:]), dtype=src.dtype)
         code = _check_tensor(src, self._rank, "allreduce")
         self._comm.allgather(self._addr(src), self._addr(out), src.numel(), code, timeout, True).wait()
-        return out.view(self._size, *src.shape) if src.dim() == 1 else out
+        return out
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()

@@ -1,0 +1,44 @@
+"""torch's own distributed test suite (DistributedTest) against rcoll.
+
+    python -m pytest tests/torch_suite.py -q              # rcoll, world 2
+    RCOLL_SUITE_BACKEND=gloo python -m pytest tests/torch_suite.py -q   # the reference
+    python -m pytest tests/torch_suite.py -q -k all_reduce               # a selection
+
+torch decides at import time which of its tests a backend may run (many are
+marked "only gloo supports ..."). This module imports the suite with
+BACKEND=gloo, so that rcoll faces exactly the tests Gloo faces, then sets the
+backend (the module's global and the environment, which the tests read at run
+time) to RCOLL_SUITE_BACKEND (default rcoll). The ranks are spawned processes
+that import this module again, and so get the same treatment. WORLD_SIZE
+(default 2) sets the world. tests/test_torch_suite.py runs a selection in CI.
+"""
+import os
+import sys
+import tempfile
+
+BACKEND = os.environ.get("RCOLL_SUITE_BACKEND", "rcoll")
+os.environ.setdefault("WORLD_SIZE", "2")
+if "TEMP_DIR" not in os.environ:  # shared by the ranks (inherited by the spawned children)
+    os.environ["TEMP_DIR"] = tempfile.mkdtemp(prefix="rcoll-torch-suite-")
+os.environ["BACKEND"] = "gloo"  # while the suite is imported: Gloo's import-time skips
+
+import torch.distributed as dist  # noqa: E402
+from torch.testing._internal.common_utils import run_tests  # noqa: E402
+from torch.testing._internal.distributed import distributed_test  # noqa: E402
+
+distributed_test.BACKEND = BACKEND
+os.environ["BACKEND"] = BACKEND
+if BACKEND == "rcoll":
+    import rcoll.torch_backend  # noqa: E402,F401  (registered by the entry point too; explicit here)
+
+assert dist.is_available()
+
+
+class TestDistBackendWithSpawn(distributed_test.TestDistBackend, distributed_test.DistributedTest._DistTestBase):
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+
+if __name__ == "__main__":
+    sys.exit(run_tests())
