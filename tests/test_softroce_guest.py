@@ -1,6 +1,5 @@
 """The Soft-RoCE guest boots and has working ibverbs (scripts/softroce/guest.py)."""
 
-import os
 
 import pytest
 

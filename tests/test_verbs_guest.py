@@ -6,7 +6,6 @@ suite runs in a QEMU guest with Debian's kernel and rdma_rxe on a veth pair
 package is unavailable, unless RCOLL_REQUIRE_SOFTROCE=1 (set by .ci/run), where
 a guest that cannot start is a failure: CI must not pass by skipping it.
 """
-import os
 import re
 import sys
 

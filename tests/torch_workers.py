@@ -569,7 +569,6 @@ def any_dtype_tour(rank, world):
         np_dtype = np.dtype(getattr(ml_dtypes, str(dtype).rpartition(".")[2])) if is_float8 else \
             np.dtype(str(dtype).rpartition(".")[2])
         for op in ["sum", "prod", "min", "max"] + (["avg"] if is_float8 else ["band", "bor", "bxor"]):
-            g = np.random.default_rng([rank, NEW_REDUCIBLE.index(dtype), len(op)])
             if is_float8:
                 values = {"sum": [-1, 0, 1], "avg": [-1, 0, 1], "prod": [1, 2, -1]}.get(op)
                 arrays = [np.random.default_rng([r, NEW_REDUCIBLE.index(dtype), len(op)]).choice(
@@ -580,7 +579,6 @@ def any_dtype_tour(rank, world):
                 info = np.iinfo(np_dtype)
                 arrays = [np.random.default_rng([r, NEW_REDUCIBLE.index(dtype), len(op)]).integers(
                     info.min, info.max, 33, dtype=np_dtype, endpoint=True) for r in range(world)]
-            del g
             t = torch.from_numpy(arrays[rank].view(f"u{np_dtype.itemsize}").copy()).view(dtype)
             dist.all_reduce(t, op=OPS[op])
             stack = np.stack(arrays)
