@@ -77,6 +77,14 @@ flat = torch.cat([p.detach().flatten() for p in models["rcoll"][0].parameters()]
 gathered = [torch.empty_like(flat) for _ in range(world)]
 dist.all_gather(gathered, flat)
 assert all(torch.equal(g, gathered[0]) for g in gathered), f"rank {rank}: replicas diverged"
-if not args.no_destroy:
+if args.no_destroy:
+    # rcoll's group is left for the interpreter's exit to tear down: that is
+    # what this mode tests. The Gloo reference group is destroyed, because
+    # torch's Gloo backend itself aborts at such an exit now and then (seen 1
+    # job in ~40 with busy CPUs: its pt_gloo_runloop thread destroys a work
+    # whose destructor takes the GIL while the interpreter finalizes, the same
+    # forced unwind through a destructor that csrc/python/gil.h keeps out of rcoll).
+    dist.destroy_process_group(gloo)
+else:
     dist.destroy_process_group()
 print("RCOLL-JOB-DONE", flush=True)  # the last line every rank prints (tests/launch.py)
