@@ -140,7 +140,7 @@ def bad_arguments(rank, world):
         lambda: comm.allreduce(np.ones((4, 4), np.float32)[:, 0]),           # non-contiguous
         lambda: comm.allreduce(np.frombuffer(b"\0" * 16, np.float32)),        # read-only
         lambda: comm.allreduce(np.ones(4, np.complex64)),                     # dtype
-        lambda: comm.allreduce(np.ones(4, np.int16)),                         # dtype
+        lambda: comm.allreduce(np.ones(4, np.longdouble)),                    # dtype (80-bit, no core type)
         lambda: comm.allreduce(np.ones(4, np.float32), "bxor"),               # op x dtype
         lambda: comm.allreduce(np.ones(4, np.int32), "avg"),                  # op x dtype
         lambda: comm.allreduce(np.ones(4, np.float32), "median"),             # op
