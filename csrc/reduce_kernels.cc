@@ -146,7 +146,7 @@ void widenBlock(const typename Codec::Storage* __restrict src, float* __restrict
 // Converts both inputs of a block to float32, applies the op there and rounds
 // back once, matching the header's "computed in float32, rounded once".
 template <typename Codec, typename Op>
-void applyHalf(void* outRaw, const void* aRaw, const void* bRaw, size_t count, Op op) {
+void applyViaFloat(void* outRaw, const void* aRaw, const void* bRaw, size_t count, Op op) {
   using Storage = typename Codec::Storage;
   auto* out = static_cast<Storage*>(outRaw);
   const auto* a = static_cast<const Storage*>(aRaw);
@@ -213,13 +213,13 @@ __attribute__((target("avx2,f16c"))) void applyHalfAvx2(void* outRaw, const void
 #endif
 
 template <typename Codec, typename Op>
-void applyHalfBest(void* out, const void* a, const void* b, size_t count, Op op) {
+void applyViaFloatBest(void* out, const void* a, const void* b, size_t count, Op op) {
 #ifdef RCOLL_HAVE_AVX2_HALF
   if constexpr (sizeof(typename Codec::Storage) == 2) {
     if (cpuHasAvx2F16c() && !portableHalfForced()) return applyHalfAvx2<Codec>(out, a, b, count, op);
   }
 #endif
-  applyHalf<Codec>(out, a, b, count, op);
+  applyViaFloat<Codec>(out, a, b, count, op);
 }
 
 [[noreturn]] void throwBadCombo(DataType dtype, ReduceOp op) {
@@ -244,14 +244,14 @@ void reduceFloat(void* out, const void* a, const void* b, size_t count, DataType
 }
 
 template <typename Codec>
-void reduceHalf(void* out, const void* a, const void* b, size_t count, DataType dtype,
+void reduceViaFloat(void* out, const void* a, const void* b, size_t count, DataType dtype,
                 ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return applyHalfBest<Codec>(out, a, b, count, Add{});
-    case ReduceOp::kProd: return applyHalfBest<Codec>(out, a, b, count, Mul{});
-    case ReduceOp::kMin: return applyHalfBest<Codec>(out, a, b, count, Min{});
-    case ReduceOp::kMax: return applyHalfBest<Codec>(out, a, b, count, Max{});
+    case ReduceOp::kAvg: return applyViaFloatBest<Codec>(out, a, b, count, Add{});
+    case ReduceOp::kProd: return applyViaFloatBest<Codec>(out, a, b, count, Mul{});
+    case ReduceOp::kMin: return applyViaFloatBest<Codec>(out, a, b, count, Min{});
+    case ReduceOp::kMax: return applyViaFloatBest<Codec>(out, a, b, count, Max{});
     default: throwBadCombo(dtype, op);
   }
 }
@@ -299,7 +299,7 @@ void divideLoop(T* buf, size_t count, T divisor) {
 }
 
 template <typename Codec>
-void divideHalf(typename Codec::Storage* buf, size_t count, float divisor) {
+void divideViaFloat(typename Codec::Storage* buf, size_t count, float divisor) {
   for (size_t i = 0; i < count; ++i) buf[i] = Codec::fromFloat(Codec::toFloat(buf[i]) / divisor);
 }
 
@@ -313,8 +313,8 @@ void reduceInto(void* out, const void* a, const void* b, size_t count, DataType 
   const std::string reason = reduceUnsupportedReason(dtype, op);
   if (!reason.empty()) throwError(ErrorKind::kInvalidArgument, reason);
   switch (dtype) {
-    case DataType::kFloat16: return reduceHalf<Float16Codec>(out, a, b, count, dtype, op);
-    case DataType::kBFloat16: return reduceHalf<BFloat16Codec>(out, a, b, count, dtype, op);
+    case DataType::kFloat16: return reduceViaFloat<Float16Codec>(out, a, b, count, dtype, op);
+    case DataType::kBFloat16: return reduceViaFloat<BFloat16Codec>(out, a, b, count, dtype, op);
     case DataType::kFloat32: return reduceFloat<float>(out, a, b, count, dtype, op);
     case DataType::kFloat64: return reduceFloat<double>(out, a, b, count, dtype, op);
     case DataType::kInt8: return reduceInteger<int8_t>(out, a, b, count, dtype, op);
@@ -326,8 +326,8 @@ void reduceInto(void* out, const void* a, const void* b, size_t count, DataType 
     case DataType::kUInt16: return reduceInteger<uint16_t>(out, a, b, count, dtype, op);
     case DataType::kUInt32: return reduceInteger<uint32_t>(out, a, b, count, dtype, op);
     case DataType::kUInt64: return reduceInteger<uint64_t>(out, a, b, count, dtype, op);
-    case DataType::kFloat8E4M3FN: return reduceHalf<Float8E4M3FN>(out, a, b, count, dtype, op);
-    case DataType::kFloat8E5M2: return reduceHalf<Float8E5M2>(out, a, b, count, dtype, op);
+    case DataType::kFloat8E4M3FN: return reduceViaFloat<Float8E4M3FN>(out, a, b, count, dtype, op);
+    case DataType::kFloat8E5M2: return reduceViaFloat<Float8E5M2>(out, a, b, count, dtype, op);
   }
   throwBadCombo(dtype, op);
 }
@@ -336,19 +336,19 @@ void scaleDivide(void* buf, size_t count, DataType dtype, size_t divisor) {
   if (divisor == 0) throwError(ErrorKind::kInvalidArgument, "scaleDivide: divisor is 0");
   switch (dtype) {
     case DataType::kFloat16:
-      return divideHalf<Float16Codec>(static_cast<uint16_t*>(buf), count,
+      return divideViaFloat<Float16Codec>(static_cast<uint16_t*>(buf), count,
                                       static_cast<float>(divisor));
     case DataType::kBFloat16:
-      return divideHalf<BFloat16Codec>(static_cast<uint16_t*>(buf), count,
+      return divideViaFloat<BFloat16Codec>(static_cast<uint16_t*>(buf), count,
                                        static_cast<float>(divisor));
     case DataType::kFloat32:
       return divideLoop(static_cast<float*>(buf), count, static_cast<float>(divisor));
     case DataType::kFloat64:
       return divideLoop(static_cast<double*>(buf), count, static_cast<double>(divisor));
     case DataType::kFloat8E4M3FN:
-      return divideHalf<Float8E4M3FN>(static_cast<uint8_t*>(buf), count, static_cast<float>(divisor));
+      return divideViaFloat<Float8E4M3FN>(static_cast<uint8_t*>(buf), count, static_cast<float>(divisor));
     case DataType::kFloat8E5M2:
-      return divideHalf<Float8E5M2>(static_cast<uint8_t*>(buf), count, static_cast<float>(divisor));
+      return divideViaFloat<Float8E5M2>(static_cast<uint8_t*>(buf), count, static_cast<float>(divisor));
     default: break;
   }
   throwError(ErrorKind::kInvalidArgument,
