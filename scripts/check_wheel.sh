@@ -35,6 +35,11 @@ for so in "$out"/unpacked/rcoll/*.so; do
   fi
 done
 [ "$bad" -eq 0 ]
+# Every build carries the verbs transport (rcoll declares the verbs ABI itself):
+# the core names the libibverbs entry points it resolves at run time.
+core_so=$(ls "$out"/unpacked/rcoll/_core*.so)
+grep -q ibv_create_qp "$core_so" || { echo "   ERROR: $(basename "$core_so") has no verbs transport" >&2; exit 1; }
+echo "   $(basename "$core_so"): verbs transport compiled in (libibverbs loaded at run time)"
 
 echo "== auditwheel show"
 "$out/tools/bin/auditwheel" show "$wheel" | tee "$out/auditwheel-show.txt"

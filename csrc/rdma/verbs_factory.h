@@ -1,6 +1,5 @@
-// How the rest of the core reaches the verbs transport without its types, so
-// that a build without rdma-core headers links the same callers
-// (verbs_unavailable.cc answers "not built" there).
+// How the rest of the core reaches the verbs transport without seeing its
+// types (verbs objects, the loader).
 #pragma once
 
 #include <memory>

@@ -386,7 +386,7 @@ void VerbsTransport::postRecvSlot(Connection& c, CtrlSlot& slot) {
   wr.sg_list = &sge;
   wr.num_sge = 1;
   ibv_recv_wr* bad = nullptr;
-  int rc = ibv_post_recv(c.qp, &wr, &bad);
+  int rc = postRecv(c.qp, &wr, &bad);
   if (rc != 0) {
     failConnection(c, ErrorKind::kPeer,
                    strFormat("posting a receive for rank %d failed: %s", c.peer, std::strerror(rc)));
@@ -615,7 +615,7 @@ bool VerbsTransport::postCtrl(Connection& c, const Outgoing& item) {
   wr.opcode = IBV_WR_SEND;
   wr.send_flags = IBV_SEND_SIGNALED;
   ibv_send_wr* bad = nullptr;
-  int rc = ibv_post_send(c.qp, &wr, &bad);
+  int rc = postSend(c.qp, &wr, &bad);
   if (rc != 0) {
     failConnection(c, ErrorKind::kPeer, strFormat("posting a send to rank %d failed: %s", c.peer, std::strerror(rc)));
     return false;
@@ -654,7 +654,7 @@ bool VerbsTransport::postData(Connection& c, VerbsRequest* r) {
       wr.opcode = IBV_WR_RDMA_WRITE;
     }
     ibv_send_wr* bad = nullptr;
-    int rc = ibv_post_send(c.qp, &wr, &bad);
+    int rc = postSend(c.qp, &wr, &bad);
     if (rc != 0) {
       failConnection(c, ErrorKind::kPeer,
                      strFormat("posting an RDMA write to rank %d failed: %s", c.peer, std::strerror(rc)));
@@ -674,7 +674,7 @@ int VerbsTransport::pollCompletions() {
   int total = 0;
   ibv_wc wcs[32];
   for (;;) {
-    int n = ibv_poll_cq(cq_, 32, wcs);
+    int n = pollCq(cq_, 32, wcs);
     if (n < 0) throwError(ErrorKind::kGeneric, "ibv_poll_cq failed");
     for (int i = 0; i < n; ++i) onCompletion(wcs[i]);
     total += n;
@@ -915,7 +915,7 @@ Activity VerbsTransport::progressNow() {
 bool VerbsTransport::prepareSleep(std::vector<pollfd>* fds) {
   progressed_ = false;
   poll_peers_.clear();
-  if (ibv_req_notify_cq(cq_, 0) != 0) throwError(ErrorKind::kGeneric, "ibv_req_notify_cq failed");
+  if (reqNotifyCq(cq_, 0) != 0) throwError(ErrorKind::kGeneric, "ibv_req_notify_cq failed");
   if (pollCompletions() > 0) return false;
   fds->push_back({channel_->fd, POLLIN, 0});
   for (auto& c : connections_) {

@@ -35,6 +35,9 @@
 #include "side_channel.h"
 #include "transport.h"
 
+namespace rcoll {
+
+// The verbs objects (rdma/verbs_abi.h), named only by pointer here.
 struct ibv_context;
 struct ibv_pd;
 struct ibv_cq;
@@ -42,8 +45,6 @@ struct ibv_comp_channel;
 struct ibv_mr;
 struct ibv_qp;
 struct ibv_wc;
-
-namespace rcoll {
 
 class MrCache;
 struct IbvApi;
