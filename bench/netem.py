@@ -18,8 +18,8 @@ port of that rate, as a host with one NIC in a rack would. With `--delay D` (def
 if it does not (this project's Firecracker VMs do not), the script says so and runs
 without the added delay.
 
-Ranks are started with `ip netns exec <ns> python3 bench/_sweep_rank.py`, i.e. the
-same per-rank code as bench/sweep.py (warm-up, barrier, timed iterations, then one
+Ranks are started with `ip netns exec <ns> python3 -m rcoll._sweep_rank`, i.e. the
+same per-rank code as `python -m rcoll bench` (warm-up, barrier, timed iterations, then one
 op checked element by element). Rank 0 hosts the rendezvous store (rcoll's, or
 torch's TCPStore for gloo): MASTER_ADDR is 198.18.0.1, the address of rank 0's
 namespace. RCOLL_SOCKET_IFNAME=eth0 and GLOO_SOCKET_IFNAME=eth0 make both backends
@@ -55,10 +55,8 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 try:
-    import sweep  # noqa: E402  (sizes, layout, merge, bus factors)
+    from rcoll import sweep  # sizes, layout, merge, bus factors
 except ImportError as _exc:  # reported by main() after the root check
     sweep, _SWEEP_IMPORT_ERROR = None, _exc
 
@@ -313,7 +311,7 @@ def run_backend(cluster, backend, world, cfg, timeout, base_env, port):
             env = dict(base_env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                        MASTER_ADDR=cluster.addr(0), MASTER_PORT=str(port),
                        RCOLL_SOCKET_IFNAME="eth0", GLOO_SOCKET_IFNAME="eth0")
-            procs.append(cluster.popen(r, [sys.executable, os.path.join(HERE, "_sweep_rank.py"), "--cfg", cfg_path,
+            procs.append(cluster.popen(r, [sys.executable, "-m", "rcoll._sweep_rank", "--cfg", cfg_path,
                                            "--out", tmp, "--backend", backend, "--launcher", "env"], env))
         deadline = time.monotonic() + timeout
         failed_at = None
@@ -412,7 +410,7 @@ def main(argv=None):
     p.add_argument("--min-bytes", default="1M")
     p.add_argument("--max-bytes", default="64M")
     p.add_argument("--factor", type=float, default=4.0)
-    p.add_argument("--iters", type=int, default=0, help="timed iterations (default: adaptive, as in sweep.py)")
+    p.add_argument("--iters", type=int, default=0, help="timed iterations (default: adaptive, as in python -m rcoll bench)")
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--dtype", default="float32", help="float32 (default), float64, float16, bfloat16, int32, int64")
     p.add_argument("--link-seconds", type=float, default=1.0, help="length of the link check (0: skip it)")
@@ -431,7 +429,8 @@ def main(argv=None):
         cleanup_leftovers()
         return 0
     if sweep is None:
-        print(f"error: cannot import bench/sweep.py ({_SWEEP_IMPORT_ERROR}); numpy is needed", file=sys.stderr)
+        print(f"error: cannot import rcoll.sweep ({_SWEEP_IMPORT_ERROR}); install rcoll or set PYTHONPATH=<checkout>/python",
+              file=sys.stderr)
         return 2
     if args.dtype not in sweep.DTYPES:
         p.error(f"--dtype: choose from {', '.join(sorted(sweep.DTYPES))}")

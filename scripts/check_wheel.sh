@@ -2,10 +2,12 @@
 # Builds rcoll's wheel, checks it the way PyPI users will meet it, and runs it:
 #   1. pip wheel .                      (the extension modules, CUDA when nvcc is found)
 #   2. no DT_NEEDED on libibverbs or the CUDA runtime/driver: both are found at
-#      run time, and their absence only disables that path
+#      run time, and their absence only disables that path; the verbs
+#      transport is in every build (no rdma-core headers needed)
 #   3. auditwheel show + repair         (a manylinux tag for this glibc)
-#   4. a clean venv with only the wheel: import, `python -m rcoll info`, and a
-#      real 2-rank allreduce/allgather/broadcast (`python -m rcoll demo`)
+#   4. a clean venv with only the wheel: import, `python -m rcoll info`, a
+#      real 2-rank allreduce/allgather/broadcast (`python -m rcoll demo`) and
+#      the size sweep (`python -m rcoll bench`)
 # Usage: scripts/check_wheel.sh [output-dir]   (default: a temporary directory)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,4 +57,7 @@ cd "$out"  # not the source tree: import the installed package
 "$out/smoke/bin/python" -c "import rcoll, sys; print('   rcoll', rcoll.__version__, 'from', rcoll.__file__); assert '/smoke/' in rcoll.__file__"
 "$out/smoke/bin/python" -m rcoll info | sed -n '1,12p'
 "$out/smoke/bin/python" -m rcoll demo --world-size 2 --megabytes 1 --iters 3 --timeout 120
+# The sweep users run on their own fabric, from the wheel alone (no checkout, no torch).
+"$out/smoke/bin/python" -m rcoll bench --ops allreduce,allgather -b 4K -e 1M -f 16 --world 2 --backends rcoll \
+  --json "$out/bench.json"
 echo "== wheel OK: $repaired"

@@ -1,8 +1,10 @@
-"""python -m rcoll info | demo
+"""python -m rcoll info | demo | bench | train
 
   info   version, build, RDMA library and devices, every RCOLL_* variable
   demo   a real allreduce / allgather / broadcast between local ranks, checked
          and timed (python -m rcoll demo --world-size 4 --megabytes 16 [--hosts AABB])
+  bench  the nccl-tests style sweep: ops x sizes, algbw/busbw, results checked
+         (#wrong), rcoll against torch's gloo, JSON (python -m rcoll bench --help)
   train  a real DDP training run with backend="rcoll" and then "gloo" on
          synthetic data: loss, time per step, parameters compared (needs torch)
 """
@@ -96,10 +98,17 @@ def _demo(args) -> int:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # the sweep parses its own arguments (and --help)
+        from rcoll import sweep
+
+        return sweep.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m rcoll", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="version, build and environment")
+    info = sub.add_parser("info", help="version, build and environment")
+    info.add_argument("--environment-markdown", action="store_true",
+                      help="print only the table of RCOLL_* variables (docs/environment.md)")
     demo = sub.add_parser("demo", help="run collectives between local ranks and time them")
     demo.add_argument("--world-size", "-n", type=int, default=4)
     demo.add_argument("--megabytes", type=float, default=16.0)
@@ -108,6 +117,8 @@ def main(argv=None) -> int:
     demo.add_argument("--hosts", default="",
                       help="a host name per rank, e.g. AABB: sets each rank's RCOLL_HOSTID, so that one "
                            "machine runs the mixed ring of several hosts (shared memory inside, TCP across)")
+    sub.add_parser("bench", add_help=False,
+                   help="nccl-tests style sweep against torch's gloo (python -m rcoll bench --help)")
     train = sub.add_parser("train", help="DDP training with rcoll and gloo side by side (needs torch)")
     train.add_argument("--world-size", "-n", type=int, default=2)
     train.add_argument("--steps", type=int, default=30)

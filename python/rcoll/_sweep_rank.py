@@ -1,15 +1,15 @@
-#!/usr/bin/env python3
-"""One rank of bench/sweep.py started by an outside launcher instead of rcoll.spawn.
+"""One rank of the sweep (rcoll.sweep, `python -m rcoll bench`) started by an
+outside launcher instead of rcoll.spawn.
 
-    mpirun -np W ... python3 bench/_sweep_rank.py --cfg cfg.json --out DIR --backend mpi --launcher mpi
+    mpirun -np W ... python3 -m rcoll._sweep_rank --cfg cfg.json --out DIR --backend mpi --launcher mpi
     ip netns exec NS env RANK=r WORLD_SIZE=W MASTER_ADDR=... MASTER_PORT=... \\
-        python3 bench/_sweep_rank.py --cfg cfg.json --out DIR --backend rcoll --launcher env
+        python3 -m rcoll._sweep_rank --cfg cfg.json --out DIR --backend rcoll --launcher env
 
 It runs sweep.rank_main (the same warm-up, timed iterations and check as the
 spawned ranks of the sweep) and writes DIR/rank<r>.json: {"rank", "rows"} or
 {"rank", "error"} with the traceback. The exit status is 1 on an error.
 
-`--launcher mpi` takes the rank and world size from MPI.COMM_WORLD (bench/sweep.py
+`--launcher mpi` takes the rank and world size from MPI.COMM_WORLD (the sweep's
 --backends mpi, mpi-shm); `--launcher env` from RANK / WORLD_SIZE, as torchrun
 sets them (bench/netem.py, one rank per network namespace).
 """
@@ -20,8 +20,6 @@ import json
 import os
 import sys
 import traceback
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv=None):
@@ -40,7 +38,7 @@ def main(argv=None):
             rank, world = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
         else:
             rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        import sweep
+        from rcoll import sweep
         rows = sweep.rank_main(rank, world, args.backend, cfg)
         doc = {"rank": rank, "rows": rows}
         status = 0
