@@ -1045,6 +1045,14 @@ std::shared_ptr<Work> Communicator::recv(void* data, size_t count, DataType dtyp
   return p2p_->recv(data, count, dtype, peer, tag, timeout.count() > 0 ? timeout : timeout_);
 }
 
+std::shared_ptr<Work> Communicator::recvFromAny(void* data, size_t count, DataType dtype, int tag,
+                                                std::chrono::milliseconds timeout) {
+  if (!p2p_) {
+    throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: recv from any source: no other rank in a world of size 1", rank_));
+  }
+  return p2p_->recvFromAny(data, count, dtype, tag, timeout.count() > 0 ? timeout : timeout_);
+}
+
 void Communicator::stopThread() {
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -136,10 +136,14 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
 
   // Point-to-point: outside the collective order (see p2p_engine.h); messages
   // between two ranks match in issue order, and their tags must agree.
+  // recvFromAny takes the first unclaimed message with its tag from any rank;
+  // its Work's sourceRank() names the sender.
   std::shared_ptr<Work> send(const void* data, size_t count, DataType dtype, int peer, int tag,
                              std::chrono::milliseconds timeout = {});
   std::shared_ptr<Work> recv(void* data, size_t count, DataType dtype, int peer, int tag,
                              std::chrono::milliseconds timeout = {});
+  std::shared_ptr<Work> recvFromAny(void* data, size_t count, DataType dtype, int tag,
+                                    std::chrono::milliseconds timeout = {});
 
   // Runs `work`'s op on this thread if it is next in the queue and nothing
   // runs (the untimed Work::wait() of a queued op calls it).

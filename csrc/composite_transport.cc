@@ -133,6 +133,12 @@ Request* CompositeTransport::irecv(int peer, const WireHeader& expected, void* d
   return childOf(peer).irecv(peer, expected, data, bytes);
 }
 
+bool CompositeTransport::canPeek(int peer) const { return childOf(peer).canPeek(peer); }
+
+bool CompositeTransport::peekIncoming(int peer, WireHeader* header) {
+  return childOf(peer).peekIncoming(peer, header);
+}
+
 TransportFailure CompositeTransport::failure(Request* request) const { return childOf(request->peer).failure(request); }
 
 void CompositeTransport::release(Request* request) { childOf(request->peer).release(request); }

@@ -54,7 +54,7 @@ class CompositeTransport : public Transport {
   int accept(Deadline deadline) override;
   void closeListener() override;
   bool connected(int peer) const override;
-  const char* transportOf(int peer) const;  // the serving child's name
+  const char* transportOf(int peer) const override;  // the serving child's name
 
   bool needsRegistration() const override { return registrar_ != nullptr; }
   MemoryHandle registerMemory(void* data, size_t bytes) override;
@@ -66,6 +66,8 @@ class CompositeTransport : public Transport {
 
   Request* isend(int peer, const WireHeader& header, const void* data, size_t bytes) override;
   Request* irecv(int peer, const WireHeader& expected, void* data, size_t bytes) override;
+  bool canPeek(int peer) const override;
+  bool peekIncoming(int peer, WireHeader* header) override;
   void progress(std::chrono::milliseconds timeout) override;
   Activity progressNow() override;
   bool prepareSleep(std::vector<pollfd>* fds) override;

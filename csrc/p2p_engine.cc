@@ -11,6 +11,8 @@ namespace {
 // How long the engine sleeps in the transport when nothing is due: new messages
 // interrupt it, so this only bounds how late a deadline is noticed.
 constexpr auto kIdlePoll = std::chrono::milliseconds(200);
+// How often a waiting receive from any source looks at the peers' next messages.
+constexpr auto kAnySourcePoll = std::chrono::milliseconds(1);
 }  // namespace
 
 P2PEngine::P2PEngine(std::unique_ptr<Transport> transport, int rank, int size, uint64_t comm_id,
@@ -38,6 +40,10 @@ void P2PEngine::stop() {
 }
 
 std::string P2PEngine::describe(const Message& m) const {
+  if (m.peer == kAnySource) {
+    return strFormat("recv of %s (count=%llu, tag=%u) from any source", dataTypeName(m.desc.dtype),
+                     static_cast<unsigned long long>(m.desc.count), m.desc.root);
+  }
   return strFormat("%s of %s (count=%llu, tag=%u) %s rank %d (message #%llu between them)",
                    m.is_send ? "send" : "recv", dataTypeName(m.desc.dtype),
                    static_cast<unsigned long long>(m.desc.count), m.desc.root, m.is_send ? "to" : "from", m.peer,
@@ -54,10 +60,25 @@ std::shared_ptr<Work> P2PEngine::recv(void* data, size_t count, DataType dtype, 
   return enqueue(false, static_cast<char*>(data), count, dtype, peer, tag, timeout);
 }
 
+std::shared_ptr<Work> P2PEngine::recvFromAny(void* data, size_t count, DataType dtype, int tag,
+                                           std::chrono::milliseconds timeout) {
+  return enqueue(false, static_cast<char*>(data), count, dtype, kAnySource, tag, timeout, true);
+}
+
 std::shared_ptr<Work> P2PEngine::enqueue(bool is_send, char* data, size_t count, DataType dtype, int peer, int tag,
-                                         std::chrono::milliseconds timeout) {
+                                         std::chrono::milliseconds timeout, bool any_source) {
   const char* what = is_send ? "send" : "recv";
-  if (peer < 0 || peer >= size_ || peer == rank_) {
+  if (any_source) {
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_ && !transport_->canPeek(p)) {
+        throwError(ErrorKind::kInvalidArgument,
+                   strFormat("rank %d: recv from any source: rank %d is reached over the %s transport, which "
+                             "cannot see a message before its receive is posted (over verbs the sender waits for "
+                             "the receiver's credit); name the sender (src=)",
+                             rank_, p, transport_->transportOf(p)));
+      }
+    }
+  } else if (peer < 0 || peer >= size_ || peer == rank_) {
     throwError(ErrorKind::kInvalidArgument,
                strFormat("rank %d: %s: peer %d is not another rank of this communicator (size %d)", rank_, what,
                          peer, size_));
@@ -81,9 +102,12 @@ std::shared_ptr<Work> P2PEngine::enqueue(bool is_send, char* data, size_t count,
   std::shared_ptr<Work> work;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto& seq = is_send ? next_send_seq_ : next_recv_seq_;
-    m.desc.seq = seq[static_cast<size_t>(peer)]++;
+    if (!any_source) {  // a receive from any source takes its number when it finds its sender
+      auto& seq = is_send ? next_send_seq_ : next_recv_seq_;
+      m.desc.seq = seq[static_cast<size_t>(peer)]++;
+    }
     work = std::make_shared<Work>(m.desc.seq);
+    if (!is_send && !any_source) work->setSourceRank(peer);
     m.work = work;
     if (failed_ || stopping_) {
       work->markFailed(failed_ ? fail_kind_ : ErrorKind::kAborted,
@@ -123,6 +147,8 @@ void P2PEngine::failAll(ErrorKind kind, const std::string& message) {
     m.work->markFailed(kind, strFormat("rank %d: %s failed: %s", rank_, describe(m).c_str(), message.c_str()));
   }
   active_.clear();
+  for (Message& m : any_source_) waiting.push_back(std::move(m));
+  any_source_.clear();
   for (Message& m : waiting) {
     m.work->markFailed(kind, strFormat("rank %d: %s failed: %s", rank_, describe(m).c_str(), message.c_str()));
   }
@@ -136,7 +162,7 @@ void P2PEngine::loop() {
     std::string message;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      if (active_.empty()) {
+      if (active_.empty() && any_source_.empty()) {
         cv_.wait(lock, [&] { return !incoming_.empty() || stopping_ || failed_; });
       }
       failed = failed_;
@@ -155,15 +181,21 @@ void P2PEngine::loop() {
       continue;
     }
     for (Message& m : fresh) {
-      WireHeader header = makeHeader(m.desc, comm_id_, static_cast<uint32_t>(m.is_send ? rank_ : m.peer), 0, m.bytes);
-      m.request = m.is_send ? transport_->isend(m.peer, header, m.data, m.bytes)
-                            : transport_->irecv(m.peer, header, m.data, m.bytes);
-      active_.push_back(std::move(m));
+      if (m.peer == kAnySource) {
+        any_source_.push_back(std::move(m));
+      } else {
+        post(m);
+      }
     }
-    // Wait for progress, but not past the nearest deadline.
+    matchAnySource();
+    // Wait for progress, but not past the nearest deadline. A receive from any
+    // source looks at the peers' next messages again every kAnySourcePoll: a
+    // message that no receive claims finishes no request, so it would not end
+    // the transport's wait.
     auto now = std::chrono::steady_clock::now();
-    Deadline wake = now + kIdlePoll;
+    Deadline wake = now + (any_source_.empty() ? kIdlePoll : kAnySourcePoll);
     for (const Message& m : active_) wake = std::min(wake, m.deadline);
+    for (const Message& m : any_source_) wake = std::min(wake, m.deadline);
     bool any_finished = std::any_of(active_.begin(), active_.end(), [](const Message& m) {
       return m.request->state != Request::State::kPending;
     });
@@ -202,6 +234,58 @@ void P2PEngine::loop() {
       }
       ++it;
     }
+    for (const Message& m : any_source_) {
+      if (now < m.deadline) continue;
+      std::string text = strFormat("rank %d: %s %s (no rank sent a message with tag %u that another receive did "
+                                   "not take)", rank_, describe(m).c_str(),
+                                   timedOut(static_cast<double>(m.timeout.count()) / 1000.0).c_str(), m.desc.root);
+      on_failure_(ErrorKind::kTimeout, text);
+      fail(ErrorKind::kTimeout, text);
+      break;
+    }
+  }
+}
+
+void P2PEngine::post(Message& m) {
+  WireHeader header = makeHeader(m.desc, comm_id_, static_cast<uint32_t>(m.is_send ? rank_ : m.peer), 0, m.bytes);
+  m.request = m.is_send ? transport_->isend(m.peer, header, m.data, m.bytes)
+                        : transport_->irecv(m.peer, header, m.data, m.bytes);
+  active_.push_back(std::move(m));
+}
+
+// A peer's next message is free for a receive from any source when nobody has
+// claimed its number yet: every receive from that peer, posted or still
+// queued, took a number at issue, so a message whose number is the next one
+// to hand out belongs to no one.
+void P2PEngine::matchAnySource() {
+  for (auto it = any_source_.begin(); it != any_source_.end();) {
+    Message& m = *it;
+    int found = -1;
+    for (int i = 0; i < size_ && found < 0; ++i) {
+      const int p = (next_peer_to_try_ + i) % size_;
+      WireHeader next{};
+      if (p == rank_ || !transport_->peekIncoming(p, &next)) continue;
+      const uint64_t next_seq = next.seq;  // copies: the packed fields may be misaligned
+      const uint32_t next_tag = next.root;
+      if (next.magic != kWireMagic || next.kind != static_cast<uint8_t>(OpKind::kPointToPoint) ||
+          next.comm_id != comm_id_ || next_tag != m.desc.root) {
+        continue;
+      }
+      std::lock_guard<std::mutex> lock(mutex_);
+      uint64_t& seq = next_recv_seq_[static_cast<size_t>(p)];
+      if (next_seq != seq) continue;  // claimed by a receive from p issued meanwhile
+      m.desc.seq = seq++;
+      found = p;
+    }
+    if (found < 0) {
+      ++it;
+      continue;
+    }
+    next_peer_to_try_ = (found + 1) % size_;
+    m.peer = found;
+    m.work->setSourceRank(found);
+    post(m);
+    it = any_source_.erase(it);
   }
 }
 

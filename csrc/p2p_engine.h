@@ -8,6 +8,16 @@
 // direction, messages match in issue order (like MPI's non-overtaking rule),
 // and each carries a per-pair sequence number, its tag, dtype and count in the
 // wire header, so that a send and a recv that disagree fail on both ranks by name.
+//
+// A receive from any source (recvFromAny, torch's recv without src) waits
+// in the engine, not in the transport, until some peer's next unclaimed message
+// carries its tag (Transport::peekIncoming); it then takes that peer's next
+// sequence number and is posted like any receive, so the usual header check
+// still compares dtype and count. Receives from a named peer claim that
+// peer's next message at once; waiting receives from any source match in the
+// order they were posted, and the engine rotates over the peers so that none
+// is always served first. Every peer must be reachable by a transport that
+// can peek (shared memory, TCP): verbs cannot, and the receive says so.
 #pragma once
 
 #include <atomic>
@@ -33,6 +43,7 @@ namespace rcoll {
 
 class P2PEngine {
  public:
+
   // Called (from the engine's thread) when a message fails: the communicator
   // records the error and fails everything else with it.
   using FailureHandler = std::function<void(ErrorKind, const std::string&)>;
@@ -51,6 +62,9 @@ class P2PEngine {
                              std::chrono::milliseconds timeout);
   std::shared_ptr<Work> recv(void* data, size_t count, DataType dtype, int peer, int tag,
                              std::chrono::milliseconds timeout);
+  // From whichever rank's next unclaimed message has `tag` first; Work::sourceRank() names it.
+  std::shared_ptr<Work> recvFromAny(void* data, size_t count, DataType dtype, int tag,
+                                    std::chrono::milliseconds timeout);
 
   // Thread-safe: fails every pending and later message with `message` and tells
   // the peers (from the engine's thread). Idempotent.
@@ -59,9 +73,11 @@ class P2PEngine {
   void stop();
 
  private:
+  static constexpr int kAnySource = -1;
+
   struct Message {
     bool is_send;
-    int peer;
+    int peer;          // kAnySource until such a receive has found its sender
     OpDesc desc;       // kind kPointToPoint; root = tag; seq = per-pair, per-direction number
     char* data;
     size_t bytes;
@@ -72,9 +88,12 @@ class P2PEngine {
     Request* request = nullptr;
   };
 
+  // `any_source`: a receive whose peer (kAnySource) is found later.
   std::shared_ptr<Work> enqueue(bool is_send, char* data, size_t count, DataType dtype, int peer, int tag,
-                                std::chrono::milliseconds timeout);
+                                std::chrono::milliseconds timeout, bool any_source = false);
   void loop();
+  void post(Message& m);  // hands m to the transport; it joins active_
+  void matchAnySource();  // posts the waiting receives from any source whose sender has shown
   void failAll(ErrorKind kind, const std::string& message);
   std::string describe(const Message& m) const;
 
@@ -96,6 +115,8 @@ class P2PEngine {
   std::thread thread_;
 
   std::vector<Message> active_;  // engine thread only: posted, not finished
+  std::deque<Message> any_source_;  // engine thread only: receives from any source without a sender yet
+  int next_peer_to_try_ = 0;        // engine thread only: where matchAnySource starts (rotates)
   Timeline* timeline_ = nullptr;  // RCOLL_TIMELINE, owned by the communicator
 };
 

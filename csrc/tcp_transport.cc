@@ -187,6 +187,16 @@ Request* TcpTransport::irecv(int peer, const WireHeader& expected, void* data, s
   return post(r);
 }
 
+// The header is read as soon as it arrives (driveRecvs, step 1), posted
+// receive or not; the next receive will read the lane its number picks.
+bool TcpTransport::peekIncoming(int peer, WireHeader* header) {
+  if (peer < 0 || peer >= info_.size || peer == info_.rank) return false;
+  const Connection* c = laneTo(peer, static_cast<int>(posted_[static_cast<size_t>(peer)].recvs % lanes_));
+  if (c == nullptr || c->failed || c->in_header_got < sizeof(WireHeader)) return false;
+  *header = c->in_header;
+  return true;
+}
+
 Request* TcpTransport::post(TcpRequest* r) {
   // On a connection that already failed the request fails at once, with the
   // connection's cause, so the caller sees why without waiting.

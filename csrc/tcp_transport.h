@@ -48,6 +48,8 @@ class TcpTransport : public Transport {
 
   Request* isend(int peer, const WireHeader& header, const void* data, size_t bytes) override;
   Request* irecv(int peer, const WireHeader& expected, void* data, size_t bytes) override;
+  bool canPeek(int) const override { return true; }
+  bool peekIncoming(int peer, WireHeader* header) override;
   void progress(std::chrono::milliseconds timeout) override;
   Activity progressNow() override;
   bool prepareSleep(std::vector<pollfd>* fds) override;

@@ -66,6 +66,8 @@ class Transport {
  public:
   virtual ~Transport() = default;
   virtual const char* name() const = 0;
+  // The name of the transport that carries `peer`'s messages (a composite's child).
+  virtual const char* transportOf(int /*peer*/) const { return name(); }
 
   // Set-up. listenAddress() is published in the store; connect() reaches a
   // peer's published address and proves `info`; accept() waits for a peer that
@@ -112,6 +114,14 @@ class Transport {
   // sent; receives from one peer are matched in the order they were posted.
   virtual Request* isend(int peer, const WireHeader& header, const void* data, size_t bytes) = 0;
   virtual Request* irecv(int peer, const WireHeader& expected, void* data, size_t bytes) = 0;
+  // The header of the next message from `peer` that has arrived, without
+  // taking it (when a receive is already posted for it, that receive's): how
+  // a receive from any source chooses its sender (p2p_engine.h). False when
+  // nothing has arrived yet. canPeek() is false where a message cannot be
+  // seen before its receive is posted (verbs: the sender waits for the
+  // receiver's credit); peekIncoming() then always answers false.
+  virtual bool canPeek(int /*peer*/) const { return false; }
+  virtual bool peekIncoming(int /*peer*/, WireHeader* /*header*/) { return false; }
   // Moves bytes on every connection; blocks at most `timeout` when nothing moved.
   // A transport used alone is driven through this, its own tuned loop.
   virtual void progress(std::chrono::milliseconds timeout) = 0;

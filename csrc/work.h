@@ -1,6 +1,7 @@
 // The handle of one enqueued collective: wait for it, poll it, read its error.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -72,6 +73,11 @@ class Work {
   void setDeviceCompletion(std::shared_ptr<DeviceEvent> event) { device_completion_ = std::move(event); }
   const std::shared_ptr<DeviceEvent>& deviceCompletion() const { return device_completion_; }
 
+  // Point-to-point receives: the rank the message came from (-1 until a
+  // receive from any source has found its sender). Set before markDone().
+  void setSourceRank(int rank) { source_rank_.store(rank, std::memory_order_release); }
+  int sourceRank() const { return source_rank_.load(std::memory_order_acquire); }
+
   // Called by the progress thread, exactly once.
   void markDone();
   void markFailed(ErrorKind kind, const std::string& message);
@@ -88,6 +94,7 @@ class Work {
   uint64_t token_ = 0;
   std::weak_ptr<InlineRunner> runner_;  // set before the Work is shared, then read only
   std::shared_ptr<DeviceEvent> device_completion_;
+  std::atomic<int> source_rank_{-1};
 };
 
 }  // namespace rcoll

@@ -486,6 +486,85 @@ def point_to_point(rank, world):
     return 1, failures
 
 
+def recv_from_any(rank, world):
+    """recv(src=None): rank 0 receives every other rank's messages without naming
+    the sender, in any arrival order; per sender they stay in order; a named
+    receive beside them keeps its own message; tags select; sizes that disagree
+    are a MismatchError naming both ranks; nothing to receive times out."""
+    comm = rcoll.init(timeout=60)
+    failures = []
+    rounds = 5
+    if rank == 0:
+        seen = {r: [] for r in range(1, world)}
+        for _ in range(rounds * (world - 1)):
+            x = np.empty(3, np.int64)
+            h = comm.recv(x, None, tag=7, async_op=True)
+            h.wait()
+            src = h.source_rank
+            if src not in seen or x[0] != src:
+                failures.append(f"any-source message {x.tolist()} reported from rank {src}")
+                continue
+            seen[src].append(int(x[1]))
+        for r, order in seen.items():
+            if order != list(range(rounds)):
+                failures.append(f"rank {r}'s messages arrived as {order}")
+        # A named receive posted first takes that rank's next message; the
+        # any-source one posted after it the other rank's.
+        if world >= 3:
+            a, b = np.empty(1, np.float32), np.empty(1, np.float32)
+            named = comm.recv(b, 1, tag=1, async_op=True)
+            any_h = comm.recv(a, None, tag=1, async_op=True)
+            named.wait()
+            any_h.wait()
+            if b[0] != 1.0 or named.source_rank != 1 or a[0] != any_h.source_rank or any_h.source_rank == 1:
+                failures.append(f"named {b.tolist()} / any {a.tolist()} from {any_h.source_rank}")
+        comm.barrier()
+        # Only a message with the tag asked for is taken.
+        y = np.empty(1, np.int32)
+        h = comm.recv(y, None, tag=5, async_op=True)
+        z = np.empty(1, np.int32)
+        comm.recv(z, 1, tag=4)
+        h.wait()
+        if z[0] != 4 or y[0] != 5 or h.source_rank != 1:
+            failures.append(f"tags: {z.tolist()} {y.tolist()} from {h.source_rank}")
+        comm.barrier()
+        # A size that disagrees is a mismatch naming the sender.
+        try:
+            comm.recv(np.empty(2, np.float64), None, tag=9)
+            failures.append("a receive of 2 elements took a message of 3")
+        except rcoll.MismatchError as e:
+            if "rank 1" not in str(e):
+                failures.append(f"mismatch message: {e}")
+        return 1, failures
+    for i in range(rounds):
+        comm.send(np.array([rank, i, 0], np.int64), 0, tag=7)
+    if world >= 3 and rank in (1, 2):
+        comm.send(np.array([float(rank)], np.float32), 0, tag=1)
+    comm.barrier()
+    if rank == 1:
+        comm.send(np.array([4], np.int32), 0, tag=4)
+        comm.send(np.array([5], np.int32), 0, tag=5)
+    comm.barrier()
+    if rank == 1:
+        try:
+            comm.send(np.zeros(3), 0, tag=9)
+        except rcoll.RcollError:
+            pass  # the receiver refused it, and may have told this rank before the send ended
+    return 1, failures
+
+
+def recv_from_any_times_out(rank, world):
+    comm = rcoll.init()
+    outcome = None
+    if rank == 0:
+        t0 = time.monotonic()
+        try:
+            comm.recv(np.empty(1), None, tag=3, timeout=1.5)
+        except rcoll.TimeoutError as e:
+            outcome = (str(e), time.monotonic() - t0)
+    return outcome
+
+
 def allreduce_bits(rank, world, seed=11):
     """Results of float allreduces whose bits depend on the combining order
     (arbitrary values, signed zeros and NaNs): every rank must end with the

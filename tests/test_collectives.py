@@ -189,3 +189,22 @@ def test_alltoall_matrix(world):
 @pytest.mark.parametrize("world", [2, 4])
 def test_point_to_point(world):
     _check(spawn.run(w.point_to_point, world, timeout=180))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_recv_from_any_source(world):
+    _check(spawn.run(w.recv_from_any, world, timeout=180))
+
+
+@pytest.mark.transports(["shm"])
+def test_recv_from_any_source_across_emulated_hosts():
+    """Shared memory inside each host, TCP between them: one composite transport."""
+    env = {"RCOLL_TRANSPORT": "auto", "RCOLL_HOSTID": ["a", "a", "b", "b"]}
+    _check(spawn.run(w.recv_from_any, 4, timeout=180, env=env))
+
+
+@pytest.mark.transports(["shm"])
+def test_recv_from_any_source_times_out_naming_the_tag():
+    message, seconds = spawn.run(w.recv_from_any_times_out, 2, timeout=60)[0]
+    assert "recv of float64 (count=1, tag=3) from any source timed out" in message, message
+    assert seconds < 10

@@ -20,7 +20,7 @@ MUST_PASS = [
     "test_sparse_all_reduce_sum", "test_barrier_timeout_full_group",
     "test_DistributedDataParallelCPU", "test_DistributedDataParallelCPU_grad_is_view",
     "test_all_gather_object_default_pg", "test_irecv", "test_send_recv_with_tag",
-    "test_batch_isend_irecv_gloo", "test_batch_isend_irecv_gloo_tags",
+    "test_batch_isend_irecv_gloo", "test_batch_isend_irecv_gloo_tags", "test_send_recv_any_source",
 ]
 
 

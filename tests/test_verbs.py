@@ -200,6 +200,13 @@ def test_point_to_point_over_verbs():
     _check(spawn.run(cw.point_to_point, 2, timeout=300, env=IB))
 
 
+def test_recv_from_any_source_over_verbs_is_refused_clearly():
+    for rank, (message, total) in enumerate(spawn.run(vw.recv_from_any_over_verbs, 2, timeout=300, env=IB)):
+        assert message is not None and message.startswith(f"rank {rank}: recv from any source"), message
+        assert "over the ib transport" in message and "src=" in message, message
+        assert total == [2.0] * 4
+
+
 def test_registration_cache_survives_freed_and_reused_buffers():
     assert spawn.run(vw.buffer_reuse_and_free, 2, timeout=600, env=IB) == [True, True]
 

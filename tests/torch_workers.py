@@ -355,8 +355,8 @@ def ddp_peer_dies(rank, world):
 
 
 def p2p_tour(rank, world):
-    """send/recv, isend/irecv, batch_isend_irecv (a ring exchange) and a large
-    exchange in both directions at once."""
+    """send/recv, isend/irecv, batch_isend_irecv (a ring exchange), a large
+    exchange in both directions at once, and receives from any source."""
     _init()
     failures = []
     nxt, prv = (rank + 1) % world, (rank - 1) % world
@@ -390,6 +390,24 @@ def p2p_tour(rank, world):
         r.wait()
     if dest[:, 1].tolist() != [prv * 10.0, prv * 10.0 + 1, 7.0, 8.0] or dest[:, 0].abs().sum() != 0:
         failures.append(f"batch_isend_irecv: {dest.tolist()}")
+    # recv without src: dist.recv returns the sender, irecv's work names it.
+    if rank == 0:
+        senders = []
+        for i in range(world - 1):
+            got = torch.empty(2, dtype=torch.complex64)
+            if i % 2 == 0:
+                src = dist.recv(got, tag=11)
+            else:
+                work = dist.irecv(got, tag=11)
+                work.wait()
+                src = work._source_rank()
+            senders.append(src)
+            if got.tolist() != [complex(src, 1), complex(-src, 2)]:
+                failures.append(f"recv from any source: {got.tolist()} from {src}")
+        if sorted(senders) != list(range(1, world)):
+            failures.append(f"recv from any source: senders {senders}")
+    else:
+        dist.send(torch.tensor([complex(rank, 1), complex(-rank, 2)], dtype=torch.complex64), 0, tag=11)
     dist.barrier()
     dist.destroy_process_group()
     return 1, failures

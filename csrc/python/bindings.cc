@@ -491,7 +491,9 @@ PYBIND11_MODULE(_core, m) {
            "Completed without an error (one call for the small-op paths).")
       .def("failed", &Work::failed)
       .def("error_message", &Work::errorMessage)
-      .def_property_readonly("seq", &Work::seq);
+      .def_property_readonly("seq", &Work::seq)
+      .def_property_readonly("source_rank", &Work::sourceRank,
+                             "recv: the sender (known once a receive from any source has matched), else -1.");
 
   py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator")
       .def(py::init(releasingGil([](std::shared_ptr<Store> store, int rank, int size, const std::string& name,
@@ -649,6 +651,9 @@ PYBIND11_MODULE(_core, m) {
       .def("recv", [](Communicator& c, uintptr_t data, size_t count, int dtype, int peer, int tag, double timeout) {
              return c.recv(mptr(data), count, toDataType(dtype), peer, tag, toMillis(timeout));
            })
+      .def("recv_from_any", [](Communicator& c, uintptr_t data, size_t count, int dtype, int tag, double timeout) {
+             return c.recvFromAny(mptr(data), count, toDataType(dtype), tag, toMillis(timeout));
+           }, "A recv whose sender is the first rank with an unclaimed message of this tag (Work.source_rank).")
       .def("abort", releasingGil(&Communicator::abort), py::arg("reason") = "")
       .def("shutdown", releasingGil([](Communicator& c, double grace) { c.shutdown(toMillis(grace)); }),
            py::arg("grace") = 0.0)

@@ -54,6 +54,12 @@ class Handle:
     def seq(self) -> int:
         return self._work.seq
 
+    @property
+    def source_rank(self) -> int:
+        """recv: the rank the message came from (for recv(src=None), known once it
+        completed); -1 for other ops."""
+        return self._work.source_rank
+
 
 def _displacements(counts):
     """Where each block starts: the running sum of the counts before it."""
@@ -318,11 +324,20 @@ class Communicator:
                                float(timeout or 0))
         return self._run(work, None, (src,), async_op)
 
-    def recv(self, array, src: int, *, tag: int = 0, async_op=False, timeout=None):
-        """Receives into `array` the message rank `src` sends with the same tag."""
+    def recv(self, array, src: Optional[int] = None, *, tag: int = 0, async_op=False, timeout=None):
+        """Receives into `array` the message rank `src` sends with the same tag.
+
+        `src=None` receives from any source: the first message with this tag that
+        no receive naming its sender takes (messages from one rank still match in
+        order); the async Handle's `source_rank` then names the sender. Over
+        verbs a sender must be named.
+        """
         dst = as_array(array, self.rank, "recv", "the output", writable=True)
-        work = self._comm.recv(address(dst), dst.size, dtype_code(dst, self.rank, "recv"), int(src), int(tag),
-                               float(timeout or 0))
+        code = dtype_code(dst, self.rank, "recv")
+        if src is None:
+            work = self._comm.recv_from_any(address(dst), dst.size, code, int(tag), float(timeout or 0))
+        else:
+            work = self._comm.recv(address(dst), dst.size, code, int(src), int(tag), float(timeout or 0))
         return self._run(work, array, (dst,), async_op)
 
     def barrier(self, *, async_op=False, timeout=None):

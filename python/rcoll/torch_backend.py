@@ -264,6 +264,12 @@ class RcollWork(dist._Work):
         self.wait()
         return self._result
 
+    def _source_rank(self) -> int:
+        """recv: the sender (torch's dist.recv(src=None) returns it); -1 for other ops."""
+        return self._core_works[0].source_rank if len(self._core_works) == 1 else -1
+
+    source_rank = _source_rank
+
     def get_future(self) -> torch.futures.Future:
         with self._lock:
             if self._future is not None:
@@ -925,19 +931,28 @@ class RcollProcessGroup(dist.ProcessGroup):
 
     @_complex_as_real
     def recv(self, tensors, src_rank, tag=0):
+        return self._recv(tensors, src_rank, tag)
+
+    @_complex_as_real
+    def recv_anysource(self, tensors, tag=0):
+        # The sender is the first rank whose next unclaimed message has this tag
+        # (the core's p2p engine); the Work's _source_rank() names it.
+        return self._recv(tensors, None, tag)
+
+    def _recv(self, tensors, src_rank, tag):
         t = tensors[0]
         code = _check_tensor(t, self._rank, "recv", moves_only=True)
         if t.is_cuda:
             host = torch.empty(t.shape, dtype=t.dtype)
-            work = self._comm.recv(self._addr(host), host.numel(), code, src_rank, tag, 0.0)
-            return RcollWork([work], list(tensors), lambda: t.copy_(host), host)
-        dst = _Staged(t)
-        work = self._comm.recv(self._addr(dst.buffer), dst.buffer.numel(), code, src_rank, tag, 0.0)
-        return RcollWork([work], list(tensors), _copy_backs([dst]), dst)
-
-    def recv_anysource(self, tensors, tag=0):
-        raise _core.InvalidArgumentError(
-            f"rank {self._rank}: recv: receiving from any source is not supported by rcoll; pass src=")
+            buffer, finish, keepalive = host, (lambda: t.copy_(host)), host
+        else:
+            dst = _Staged(t)
+            buffer, finish, keepalive = dst.buffer, _copy_backs([dst]), dst
+        if src_rank is None:
+            work = self._comm.recv_from_any(self._addr(buffer), buffer.numel(), code, tag, 0.0)
+        else:
+            work = self._comm.recv(self._addr(buffer), buffer.numel(), code, src_rank, tag, 0.0)
+        return RcollWork([work], list(tensors), finish, keepalive)
 
     # -- helpers for list outputs ----------------------------------------------------
     def _check_outputs(self, outs, like, opname):
