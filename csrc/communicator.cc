@@ -26,7 +26,6 @@ namespace rcoll {
 
 namespace {
 
-constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::minutes(30);
 constexpr uint64_t kPointToPointIdSalt = 0x7032707032703270ull;  // "p2p" mesh id = comm id ^ salt
 
 // An alltoall's counts and displacements, as allToAll() packs them into
@@ -76,28 +75,6 @@ struct JobInfo {
 std::vector<uint8_t> toBytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 std::string fromBytes(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 
-std::chrono::milliseconds timeoutFromEnvironment() {
-  const char* value = std::getenv("RCOLL_TIMEOUT");
-  if (value == nullptr || *value == '\0') return kDefaultTimeout;
-  char* end = nullptr;
-  double seconds = std::strtod(value, &end);
-  if (end == value || *end != '\0' || !(seconds > 0)) {
-    throwError(ErrorKind::kConfig, strFormat("RCOLL_TIMEOUT=%s must be a positive number of seconds", value));
-  }
-  return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
-}
-
-std::chrono::milliseconds shutdownGraceFromEnvironment() {
-  const char* value = std::getenv("RCOLL_SHUTDOWN_TIMEOUT");
-  if (value == nullptr || *value == '\0') return std::chrono::seconds(10);
-  char* end = nullptr;
-  double seconds = std::strtod(value, &end);
-  if (end == value || *end != '\0' || !(seconds >= 0)) {
-    throwError(ErrorKind::kConfig, strFormat("RCOLL_SHUTDOWN_TIMEOUT=%s must be a number of seconds >= 0", value));
-  }
-  return std::chrono::milliseconds(static_cast<long long>(seconds * 1000) + 1);
-}
-
 }  // namespace
 
 Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, const CommunicatorOptions& options)
@@ -106,7 +83,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, con
     throwError(ErrorKind::kInvalidArgument, strFormat("rank %d is not in a world of size %d", rank, size));
   }
   if (!store) throwError(ErrorKind::kInvalidArgument, "a rendezvous store is required");
-  timeout_ = options.timeout.count() > 0 ? options.timeout : timeoutFromEnvironment();
+  timeout_ = options.timeout.count() > 0 ? options.timeout : config_.timeout;
   setLogRank(rank);
   info_.rank = rank;
   info_.size = size;
@@ -116,7 +93,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, con
     executor_ = std::make_unique<PipelineExecutor>(*transport_, rank_, size_, info_.comm_id,
                                                    config_.chunk_bytes + max_elem, config_.pipeline_slots);
   }
-  timeline_ = Timeline::fromEnvironment(rank_);
+  timeline_ = Timeline::open(config_.timeline, rank_);
   if (timeline_) {
     if (executor_) executor_->setTimeline(timeline_.get());
     if (shm_coll_) shm_coll_->setTimeline(timeline_.get());
@@ -1073,7 +1050,7 @@ void Communicator::stopThread() {
 }
 
 void Communicator::shutdown(std::chrono::milliseconds grace) {
-  if (grace.count() <= 0) grace = shutdownGraceFromEnvironment();
+  if (grace.count() <= 0) grace = config_.shutdown_timeout + std::chrono::milliseconds(1);
   bool drained;
   {
     std::unique_lock<std::mutex> lock(mutex_);

@@ -1,7 +1,10 @@
 #include "config.h"
 
 #include <cctype>
+#include <cerrno>
+#include <cmath>
 #include <cstdlib>
+#include <initializer_list>
 
 #include "error.h"
 
@@ -9,78 +12,117 @@ namespace rcoll {
 
 const std::vector<ConfigVar>& configVars() {
   static const std::vector<ConfigVar> vars = {
-      {"RCOLL_DEBUG", "WARN", "log level: WARN, INFO or TRACE (NONE silences warnings)"},
-      {"RCOLL_TRANSPORT", "auto", "data transport, chosen per pair of ranks: auto (shared memory between ranks "
-                                  "of one host, and between hosts verbs when every rank that talks to another "
-                                  "host has an active RDMA port, else TCP), shm (every rank on one host, or an "
-                                  "error), ib or tcp (that transport on every pair)"},
-      {"RCOLL_SHM_DISABLE", "0", "1: never use shared memory (auto then picks verbs or TCP)"},
-      {"RCOLL_HOSTID", "", "this rank's host identity (default: boot id and network namespace); ranks with "
-                           "the same value use shared memory with each other, so it must name one machine"},
-      {"RCOLL_SHM_COLL", "1", "1: when every rank is on one host, allreduce, allgather, reduce_scatter, broadcast "
-                              "and barrier go through shared windows (each rank publishes its data once and the "
-                              "others read and reduce it in place) instead of the ring; 0: the ring over shared "
-                              "memory; rank 0's value is used by every rank"},
-      {"RCOLL_SHM_COLL_SLOT_BYTES", "1M", "each rank's shared-window slot (it has two): larger ops go through in "
-                                          "steps of this size (4K to 1G; rank 0's value is used by every rank)"},
-      {"RCOLL_SHM_COLL_DIRECT_BYTES", "256K", "shared-window allreduce: while a step's bytes times the number "
-                                              "of ranks stay within this, every rank reduces the whole step "
-                                              "itself (one hand-off); above it each rank reduces its slice and "
-                                              "the others copy it (each byte read once); rank 0's value is used"},
-      {"RCOLL_CUDA_IPC", "1", "CUDA buffers of ranks that all share one host go device to device through "
-                              "CUDA IPC windows (reduced on the GPU); 0 stages them through pinned host "
-                              "memory; rank 0's value is used by every rank"},
-      {"RCOLL_CUDA_IPC_SLOT_BYTES", "16M", "device memory per CUDA IPC window slot (two per rank); larger ops "
-                                           "run in steps of this size (4K to 1G; rank 0's value is used)"},
-      {"RCOLL_CUDA_IPC_DIRECT_BYTES", "1M", "CUDA IPC allreduce: while a step's bytes times the number of "
-                                            "ranks stay within this, every rank reduces the whole step (one "
-                                            "hand-off); above it each reduces a slice; rank 0's value is used"},
-      {"RCOLL_GDR", "auto", "GPUDirect RDMA: CUDA buffers sent over verbs go between GPU memory and the NIC "
-                            "without a copy through host memory (the GPU's memory registered as a dma-buf, "
-                            "else through nvidia-peermem). auto uses it where the GPU, driver and NIC allow "
-                            "and stages through pinned host memory otherwise (a WARN says why); 1 makes "
-                            "its absence an error; 0 always stages. Each rank decides for itself"},
-      {"RCOLL_SHM_RING_BYTES", "4M", "shared-memory ring per direction and pair of ranks (4K to 1G)"},
-      {"RCOLL_SOCKET_IFNAME", "", "network interface whose IPv4 address data sockets bind to "
-                                  "(default: the address that reaches the rendezvous store)"},
-      {"RCOLL_SOCKET_BUFFER_BYTES", "0", "SO_SNDBUF/SO_RCVBUF for data sockets; 0 keeps the "
-                                         "kernel's autotuning, which usually grows larger"},
-      {"RCOLL_SOCKETS_PER_PEER", "1", "TCP connections between each pair of ranks (1 to 16); a collective's "
-                                      "segments to a peer take turns on them, so a fast NIC is not bound by "
-                                      "what one stream (one core's copies) carries. Point-to-point traffic "
-                                      "keeps one; rank 0's value is used by every rank"},
-      {"RCOLL_CHUNK_BYTES", "1M", "largest pipeline segment of the ring algorithms"},
-      {"RCOLL_MIN_CHUNK_BYTES", "64K", "smallest segment the ring cuts a block into for overlap"},
-      {"RCOLL_PIPELINE_SLOTS", "8", "staging segments that may be in flight per operation"},
-      {"RCOLL_CONNECT_TIMEOUT", "300", "seconds to wait for peers during rendezvous"},
-      {"RCOLL_TIMEOUT", "1800", "default per-operation timeout in seconds (numpy API)"},
-      {"RCOLL_IB_HCA", "", "RDMA devices/ports to use, NCCL-style: mlx5_0:1,mlx5_1 picks, ^mlx5_1 "
-                           "excludes, =name matches exactly (default: the first active port)"},
-      {"RCOLL_IB_GID_INDEX", "", "RoCE GID index (default: scan the table, prefer RoCE v2 with an "
-                                 "IPv4-mapped address, skip link-local and empty entries)"},
-      {"RCOLL_IB_TIMEOUT", "16", "RC ack timeout exponent: 4.096 us * 2^value per retry (the verbs "
-                                 "RC timeout attribute)"},
-      {"RCOLL_IB_RETRY_CNT", "7", "RC transport retries before a peer is declared unreachable"},
-      {"RCOLL_IB_MR_CACHE_BYTES", "4G", "registered memory the registration cache may keep pinned "
-                                        "while unused; 0 registers per operation"},
-      {"RCOLL_IBVERBS_LIB", "", "libibverbs to dlopen (default: libibverbs.so.1, then libibverbs.so)"},
-      {"RCOLL_TIMELINE", "", "write a Chrome trace of every op (queue, wait for peers, transfer, reduce) to "
-                             "<value>.rank<N>.json (a process's later communicators, e.g. torch "
-                             "sub-groups: <value>.rank<N>.comm<K>.json); open in chrome://tracing or "
-                             "ui.perfetto.dev"},
-      {"RCOLL_ALLREDUCE_RD_BYTES", "32K", "allreduce buffers up to this size use recursive doubling "
-                                         "(log2(P) exchanges of the whole buffer) instead of the ring; "
-                                         "0 always uses the ring; rank 0's value is used by every rank"},
-      {"RCOLL_SPIN_US", "50", "microseconds a waiting rank busy-polls its connections (yielding the core "
-                              "between polls) before it sleeps; 0 sleeps at once (lowest CPU use, higher latency)"},
-      {"RCOLL_SHUTDOWN_TIMEOUT", "10", "seconds shutdown() lets pending operations finish before aborting them"},
-      {"RCOLL_TESTING_EMULATE_DEVICE_ID", "emulated:0", "tests only: the emulated GPU's identity; ranks with "
-                                                        "different ones have no peer access (CUDA IPC falls back)"},
-      {"RCOLL_TESTING_EMULATE_DEVICE", "0", "tests only: 1 runs GPU-buffer collectives on a host-memory emulation "
-                                            "of the device runtime (checks rcoll's staging, not CUDA)"},
+      {"RCOLL_DEBUG", "WARN",
+       "log level: `WARN`, `INFO`, `TRACE` (`NONE` silences warnings)"},
+      {"RCOLL_TRANSPORT", "auto",
+       "data transport, chosen per pair of ranks: `auto` (shared memory between ranks of one host; "
+       "between hosts verbs when every rank with a peer on another host has an active RDMA port, "
+       "else TCP, with one INFO line saying why), `shm` (every rank on one host, else a "
+       "`ConfigError` naming a rank elsewhere), `ib` (verbs on every pair, or a clear error) or "
+       "`tcp` (TCP on every pair)"},
+      {"RCOLL_SHM_DISABLE", "0",
+       "`1`: never shared memory on this rank's pairs (`auto` then picks verbs or TCP)"},
+      {"RCOLL_HOSTID", "",
+       "this rank's host identity, like `NCCL_HOSTID` (default: the kernel's boot id and the network "
+       "namespace); ranks with equal values use shared memory with each other, so a value must name "
+       "one machine (ranks of one machine may be split into several \"hosts\")"},
+      {"RCOLL_SHM_RING_BYTES", "4M",
+       "shared-memory ring per direction and pair of ranks (4K to 1G)"},
+      {"RCOLL_SHM_COLL", "1",
+       "when every rank is on one host, allreduce, allgather, reduce_scatter, broadcast and barrier "
+       "go through shared windows (each rank publishes its data once; the others read and reduce it "
+       "in place); `0`: the ring over shared memory"},
+      {"RCOLL_SHM_COLL_SLOT_BYTES", "1M",
+       "each rank's window slot (it has two); larger ops run in steps of this size (4K to 1G)"},
+      {"RCOLL_SHM_COLL_DIRECT_BYTES", "256K",
+       "window allreduce: while step bytes x ranks stay within this, every rank reduces the whole "
+       "step (one hand-off); above, each rank reduces a slice and the others copy it"},
+      {"RCOLL_CUDA_IPC", "1",
+       "when every rank is on one host, CUDA tensors of allreduce, allgather, reduce_scatter and "
+       "broadcast go device to device through CUDA IPC windows (each rank's two device slots, mapped "
+       "by the others; reductions on the GPU); ranks that cannot map each other's memory fall back "
+       "together, with one warning; `0`: pinned host staging"},
+      {"RCOLL_CUDA_IPC_SLOT_BYTES", "16M",
+       "each rank's device window slot (it has two); larger ops run in steps of this size (4K to 1G)"},
+      {"RCOLL_CUDA_IPC_DIRECT_BYTES", "1M",
+       "CUDA IPC allreduce: while step bytes x ranks stay within this, every rank reduces the whole "
+       "step (one hand-off); above, each reduces a slice that the others copy"},
+      {"RCOLL_GDR", "auto",
+       "GPUDirect RDMA: CUDA tensors sent over verbs go between GPU memory and the NIC with no copy "
+       "through host memory (the staging slots are GPU memory, registered as a dma-buf, else through "
+       "`nvidia-peermem`). `auto` uses it where GPU, driver and NIC allow and stages through pinned "
+       "host memory otherwise (one WARN says why); `1` makes its absence a `ConfigError` at the "
+       "first GPU op; `0` always stages. Each rank decides for itself"},
+      {"RCOLL_SOCKET_IFNAME", "",
+       "interface whose IPv4 address the data sockets bind to (default: the address that reaches the "
+       "rendezvous store)"},
+      {"RCOLL_SOCKET_BUFFER_BYTES", "0",
+       "`SO_SNDBUF`/`SO_RCVBUF`; 0 keeps the kernel's autotuning, which usually grows larger than a "
+       "fixed value can"},
+      {"RCOLL_SOCKETS_PER_PEER", "1",
+       "TCP connections between each pair of ranks (1 to 16). A collective's segments to a peer take "
+       "turns on them (the k-th message on socket k mod N, on both ends), so that a fast NIC is not "
+       "held to what one stream, copied by one core, carries; point-to-point traffic keeps one "
+       "socket. On loopback or a host whose cores are already busy it gains nothing (see "
+       "bench/README.md)"},
+      {"RCOLL_CHUNK_BYTES", "1M",
+       "largest pipeline segment of the ring algorithms"},
+      {"RCOLL_MIN_CHUNK_BYTES", "64K",
+       "smallest segment a ring block is cut into for overlap"},
+      {"RCOLL_PIPELINE_SLOTS", "8",
+       "staging segments in flight per operation"},
+      {"RCOLL_ALLREDUCE_RD_BYTES", "32K",
+       "allreduce buffers up to this size use recursive doubling (log2 P exchanges of the whole "
+       "buffer: latency-bound sizes); larger ones the ring; `0`: always the ring"},
+      {"RCOLL_SPIN_US", "50",
+       "microseconds a waiting rank busy-polls its connections (yielding the core between polls) "
+       "before it sleeps; `0`: sleep at once (least CPU, more latency)"},
+      {"RCOLL_CONNECT_TIMEOUT", "300",
+       "seconds to wait for the store and the peers at start-up"},
+      {"RCOLL_TIMEOUT", "1800",
+       "default per-operation timeout in seconds (`rcoll.init(timeout=...)` overrides)"},
+      {"RCOLL_IB_HCA", "",
+       "RDMA devices/ports, NCCL-style: `mlx5_0:1,mlx5_1` (name prefixes, optional port), `=mlx5_0` "
+       "(exact names), `^mlx5_1` (exclude); default: the first ACTIVE port"},
+      {"RCOLL_IB_GID_INDEX", "",
+       "RoCE GID index; default: scan the GID table, prefer RoCE v2 with an IPv4-mapped address, "
+       "skip link-local and empty entries"},
+      {"RCOLL_IB_TIMEOUT", "16",
+       "RC ack timeout exponent (4.096 us x 2^value per retry)"},
+      {"RCOLL_IB_RETRY_CNT", "7",
+       "RC retries before a silent peer is declared unreachable"},
+      {"RCOLL_IB_MR_CACHE_BYTES", "4G",
+       "unused memory registrations kept for reuse (0: register per operation)"},
+      {"RCOLL_IBVERBS_LIB", "",
+       "the libibverbs to load (default `libibverbs.so.1`, then `libibverbs.so`)"},
+      {"RCOLL_TIMELINE", "",
+       "write a Chrome trace of every op to `<value>.rank<N>.json`; a process's later communicators "
+       "(torch sub-groups) write `<value>.rank<N>.comm<K>.json` (see below)"},
+      {"RCOLL_SHUTDOWN_TIMEOUT", "10",
+       "seconds `shutdown()` (and `destroy_process_group`) lets pending operations finish before "
+       "aborting them"},
+      {"RCOLL_TESTING_EMULATE_DEVICE_ID", "emulated:0",
+       "tests only: the emulated GPU's identity; ranks whose identities differ have no peer access, "
+       "so CUDA IPC falls back to staging"},
+      {"RCOLL_TESTING_EMULATE_DEVICE", "0",
+       "tests only: `1` runs GPU-buffer collectives on the core's host-memory emulation of the "
+       "device runtime (`__cuda_array_interface__` objects then point at host memory); it checks "
+       "rcoll's staging and stream logic, not CUDA"},
   };
   return vars;
 }
+
+std::string environmentValue(const char* name) {
+  bool documented = false;
+  for (const ConfigVar& var : configVars()) documented = documented || std::string(var.name) == name;
+  if (!documented) {
+    throwError(ErrorKind::kGeneric, strFormat("internal error: %s is read but not documented in configVars() (config.cc)", name));
+  }
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : "";
+}
+
+// --- one parser per kind of value ---------------------------------------------
 
 size_t parseByteSize(const std::string& name, const std::string& value) {
   size_t pos = 0;
@@ -99,7 +141,7 @@ size_t parseByteSize(const std::string& name, const std::string& value) {
     scale = suffix == 'K' ? 1ull << 10 : suffix == 'M' ? 1ull << 20 : suffix == 'G' ? 1ull << 30 : 0;
     pos++;
     if (pos < value.size() && (value[pos] == 'B' || value[pos] == 'b')) pos++;
-    ok = scale != 0 && pos == value.size();
+    ok = scale != 0 && pos == value.size() && number <= (~0ull) / scale;
   }
   if (!ok) {
     throwError(ErrorKind::kConfig,
@@ -109,112 +151,109 @@ size_t parseByteSize(const std::string& name, const std::string& value) {
 }
 
 namespace {
-// A window slot size: 4K to 1G, rounded up to `align` bytes.
-size_t parseSlotBytes(const char* name, const char* value, size_t align) {
+
+// 4096 -> "4K", 1 << 30 -> "1G": bounds in the form users write them.
+std::string bytesText(size_t bytes) {
+  if (bytes >= (size_t{1} << 30) && bytes % (size_t{1} << 30) == 0) return std::to_string(bytes >> 30) + "G";
+  if (bytes >= (size_t{1} << 20) && bytes % (size_t{1} << 20) == 0) return std::to_string(bytes >> 20) + "M";
+  if (bytes >= (size_t{1} << 10) && bytes % (size_t{1} << 10) == 0) return std::to_string(bytes >> 10) + "K";
+  return std::to_string(bytes) + " bytes";
+}
+
+// A byte size within [lo, hi], rounded up to a multiple of `align`.
+size_t parseBytesIn(const char* name, const std::string& value, size_t lo, size_t hi, size_t align = 1) {
   const size_t bytes = parseByteSize(name, value);
-  if (bytes < 4096 || bytes > (size_t{1} << 30)) {
-    throwError(ErrorKind::kConfig, strFormat("%s=%s must be between 4K and 1G", name, value));
+  if (bytes < lo || bytes > hi) {
+    throwError(ErrorKind::kConfig, strFormat("%s=%s must be between %s and %s", name, value.c_str(),
+                                             bytesText(lo).c_str(), bytesText(hi).c_str()));
   }
   return (bytes + align - 1) / align * align;
 }
-}  // namespace
 
-static const char* envOrNull(const char* name) {
-  const char* value = std::getenv(name);
-  return (value != nullptr && *value != '\0') ? value : nullptr;
-}
-
-static long parseInt(const char* name, const char* value, long lo, long hi) {
+long parseInt(const char* name, const std::string& value, long lo, long hi) {
   char* end = nullptr;
-  long parsed = std::strtol(value, &end, 10);
-  if (end == value || *end != '\0' || parsed < lo || parsed > hi) {
-    throwError(ErrorKind::kConfig,
-               strFormat("%s=%s must be an integer in [%ld, %ld]", name, value, lo, hi));
+  errno = 0;
+  long parsed = std::strtol(value.c_str(), &end, 10);
+  if (end == value.c_str() || *end != '\0' || errno != 0 || parsed < lo || parsed > hi) {
+    throwError(ErrorKind::kConfig, strFormat("%s=%s must be an integer in [%ld, %ld]", name, value.c_str(), lo, hi));
   }
   return parsed;
 }
 
+bool parseFlag(const char* name, const std::string& value) { return parseInt(name, value, 0, 1) == 1; }
+
+// Seconds, fractions allowed ("0.5"), at least `min_seconds`; `zero_ok` lets 0 through.
+std::chrono::milliseconds parseSeconds(const char* name, const std::string& value, bool zero_ok) {
+  char* end = nullptr;
+  const double seconds = std::strtod(value.c_str(), &end);
+  const bool ok = end != value.c_str() && *end == '\0' && std::isfinite(seconds) &&
+                  (zero_ok ? seconds >= 0 : seconds > 0) && seconds <= 1e9;
+  if (!ok) {
+    throwError(ErrorKind::kConfig, strFormat("%s=%s must be a number of seconds %s (fractions allowed, e.g. 0.5)",
+                                             name, value.c_str(), zero_ok ? ">= 0" : "> 0"));
+  }
+  return std::chrono::milliseconds(static_cast<long long>(std::ceil(seconds * 1000)));
+}
+
+std::string parseChoice(const char* name, const std::string& value, std::initializer_list<const char*> choices) {
+  std::string listed;
+  for (const char* choice : choices) {
+    if (value == choice) return value;
+    listed += (listed.empty() ? "" : ", ") + std::string(choice);
+  }
+  throwError(ErrorKind::kConfig, strFormat("%s=%s is not one of %s", name, value.c_str(), listed.c_str()));
+}
+
+// Calls `parse` with the variable's value when it is set and not empty.
+template <typename Parse>
+void ifSet(const char* name, Parse parse) {
+  const std::string value = environmentValue(name);
+  if (!value.empty()) parse(name, value);
+}
+
+}  // namespace
+
 Config Config::fromEnvironment() {
-  Config config;
-  if (const char* v = envOrNull("RCOLL_CHUNK_BYTES")) config.chunk_bytes = parseByteSize("RCOLL_CHUNK_BYTES", v);
-  if (const char* v = envOrNull("RCOLL_MIN_CHUNK_BYTES")) {
-    config.min_chunk_bytes = parseByteSize("RCOLL_MIN_CHUNK_BYTES", v);
+  Config c;
+  using S = const std::string&;
+  ifSet("RCOLL_CHUNK_BYTES", [&](const char* n, S v) { c.chunk_bytes = parseBytesIn(n, v, 64, size_t{1} << 30); });
+  ifSet("RCOLL_MIN_CHUNK_BYTES", [&](const char* n, S v) { c.min_chunk_bytes = parseBytesIn(n, v, 64, c.chunk_bytes); });
+  if (c.min_chunk_bytes > c.chunk_bytes) {
+    throwError(ErrorKind::kConfig, "RCOLL_MIN_CHUNK_BYTES must not exceed RCOLL_CHUNK_BYTES");
   }
-  if (config.chunk_bytes < 64 || config.chunk_bytes > (1ull << 30)) {
-    throwError(ErrorKind::kConfig, "RCOLL_CHUNK_BYTES must be between 64 bytes and 1G");
-  }
-  if (config.min_chunk_bytes < 64 || config.min_chunk_bytes > config.chunk_bytes) {
-    throwError(ErrorKind::kConfig, "RCOLL_MIN_CHUNK_BYTES must be between 64 bytes and RCOLL_CHUNK_BYTES");
-  }
-  if (const char* v = envOrNull("RCOLL_PIPELINE_SLOTS")) {
-    config.pipeline_slots = static_cast<int>(parseInt("RCOLL_PIPELINE_SLOTS", v, 1, 256));
-  }
-  if (const char* v = envOrNull("RCOLL_ALLREDUCE_RD_BYTES")) {
-    config.allreduce_rd_bytes = parseByteSize("RCOLL_ALLREDUCE_RD_BYTES", v);
-  }
-  if (const char* v = envOrNull("RCOLL_SPIN_US")) {
-    config.spin = std::chrono::microseconds(parseInt("RCOLL_SPIN_US", v, 0, 1000000));
-  }
-  if (const char* v = envOrNull("RCOLL_SOCKET_BUFFER_BYTES")) {
-    config.socket_buffer_bytes = parseByteSize("RCOLL_SOCKET_BUFFER_BYTES", v);
-  }
-  if (const char* v = envOrNull("RCOLL_SOCKETS_PER_PEER")) {
-    config.sockets_per_peer = static_cast<int>(parseInt("RCOLL_SOCKETS_PER_PEER", v, 1, 16));
-  }
-  if (const char* v = envOrNull("RCOLL_SOCKET_IFNAME")) config.socket_ifname = v;
-  if (const char* v = envOrNull("RCOLL_TRANSPORT")) {
-    config.transport = v;
-    if (config.transport != "auto" && config.transport != "tcp" && config.transport != "ib" &&
-        config.transport != "shm") {
-      throwError(ErrorKind::kConfig,
-                 strFormat("RCOLL_TRANSPORT=%s is not a transport (use auto, shm, ib or tcp)", v));
-    }
-  }
-  if (const char* v = envOrNull("RCOLL_SHM_DISABLE")) {
-    config.shm_disable = parseInt("RCOLL_SHM_DISABLE", v, 0, 1) == 1;
-  }
-  if (const char* v = envOrNull("RCOLL_SHM_COLL")) config.shm_coll = parseInt("RCOLL_SHM_COLL", v, 0, 1) == 1;
-  if (const char* v = envOrNull("RCOLL_SHM_COLL_SLOT_BYTES")) {
-    config.shm_coll_slot_bytes = parseSlotBytes("RCOLL_SHM_COLL_SLOT_BYTES", v, 64);
-  }
-  if (const char* v = envOrNull("RCOLL_SHM_COLL_DIRECT_BYTES")) {
-    config.shm_coll_direct_bytes = parseByteSize("RCOLL_SHM_COLL_DIRECT_BYTES", v);
-  }
-  if (const char* v = envOrNull("RCOLL_CUDA_IPC")) config.cuda_ipc = parseInt("RCOLL_CUDA_IPC", v, 0, 1) == 1;
-  if (const char* v = envOrNull("RCOLL_CUDA_IPC_SLOT_BYTES")) {
-    config.cuda_ipc_slot_bytes = parseSlotBytes("RCOLL_CUDA_IPC_SLOT_BYTES", v, 256);
-  }
-  if (const char* v = envOrNull("RCOLL_CUDA_IPC_DIRECT_BYTES")) {
-    config.cuda_ipc_direct_bytes = parseByteSize("RCOLL_CUDA_IPC_DIRECT_BYTES", v);
-  }
-  if (const char* v = envOrNull("RCOLL_GDR")) {
-    const std::string g = v;
-    if (g == "auto") {
-      config.gdr = Config::Gdr::kAuto;
-    } else if (g == "0" || g == "1") {
-      config.gdr = g == "1" ? Config::Gdr::kOn : Config::Gdr::kOff;
-    } else {
-      throwError(ErrorKind::kConfig, strFormat("RCOLL_GDR=%s is not a choice (use auto, 0 or 1)", v));
-    }
-  }
-  if (const char* v = envOrNull("RCOLL_HOSTID")) config.host_id = v;
-  if (const char* v = envOrNull("RCOLL_IB_HCA")) config.ib_hca = v;
-  if (const char* v = envOrNull("RCOLL_IB_GID_INDEX")) {
-    config.ib_gid_index = static_cast<int>(parseInt("RCOLL_IB_GID_INDEX", v, 0, 65535));
-  }
-  if (const char* v = envOrNull("RCOLL_IB_TIMEOUT")) {
-    config.ib_timeout = static_cast<int>(parseInt("RCOLL_IB_TIMEOUT", v, 1, 31));
-  }
-  if (const char* v = envOrNull("RCOLL_IB_RETRY_CNT")) {
-    config.ib_retry_cnt = static_cast<int>(parseInt("RCOLL_IB_RETRY_CNT", v, 0, 7));
-  }
-  if (const char* v = envOrNull("RCOLL_IB_MR_CACHE_BYTES")) {
-    config.ib_mr_cache_bytes = parseByteSize("RCOLL_IB_MR_CACHE_BYTES", v);
-  }
-  if (const char* v = envOrNull("RCOLL_CONNECT_TIMEOUT")) {
-    config.connect_timeout = std::chrono::seconds(parseInt("RCOLL_CONNECT_TIMEOUT", v, 1, 86400));
-  }
-  return config;
+  ifSet("RCOLL_PIPELINE_SLOTS", [&](const char* n, S v) { c.pipeline_slots = static_cast<int>(parseInt(n, v, 1, 256)); });
+  ifSet("RCOLL_ALLREDUCE_RD_BYTES", [&](const char* n, S v) { c.allreduce_rd_bytes = parseByteSize(n, v); });
+  ifSet("RCOLL_SPIN_US", [&](const char* n, S v) { c.spin = std::chrono::microseconds(parseInt(n, v, 0, 1000000)); });
+  ifSet("RCOLL_SOCKET_BUFFER_BYTES", [&](const char* n, S v) { c.socket_buffer_bytes = parseByteSize(n, v); });
+  ifSet("RCOLL_SOCKETS_PER_PEER", [&](const char* n, S v) { c.sockets_per_peer = static_cast<int>(parseInt(n, v, 1, 16)); });
+  ifSet("RCOLL_SOCKET_IFNAME", [&](const char*, S v) { c.socket_ifname = v; });
+  ifSet("RCOLL_TRANSPORT", [&](const char* n, S v) { c.transport = parseChoice(n, v, {"auto", "shm", "ib", "tcp"}); });
+  ifSet("RCOLL_SHM_DISABLE", [&](const char* n, S v) { c.shm_disable = parseFlag(n, v); });
+  ifSet("RCOLL_SHM_RING_BYTES",
+        [&](const char* n, S v) { c.shm_ring_bytes = parseBytesIn(n, v, 4096, size_t{1} << 30, 4096); });
+  ifSet("RCOLL_SHM_COLL", [&](const char* n, S v) { c.shm_coll = parseFlag(n, v); });
+  ifSet("RCOLL_SHM_COLL_SLOT_BYTES",
+        [&](const char* n, S v) { c.shm_coll_slot_bytes = parseBytesIn(n, v, 4096, size_t{1} << 30, 64); });
+  ifSet("RCOLL_SHM_COLL_DIRECT_BYTES", [&](const char* n, S v) { c.shm_coll_direct_bytes = parseByteSize(n, v); });
+  ifSet("RCOLL_CUDA_IPC", [&](const char* n, S v) { c.cuda_ipc = parseFlag(n, v); });
+  ifSet("RCOLL_CUDA_IPC_SLOT_BYTES",
+        [&](const char* n, S v) { c.cuda_ipc_slot_bytes = parseBytesIn(n, v, 4096, size_t{1} << 30, 256); });
+  ifSet("RCOLL_CUDA_IPC_DIRECT_BYTES", [&](const char* n, S v) { c.cuda_ipc_direct_bytes = parseByteSize(n, v); });
+  ifSet("RCOLL_GDR", [&](const char* n, S v) {
+    const std::string g = parseChoice(n, v, {"auto", "0", "1"});
+    c.gdr = g == "auto" ? Gdr::kAuto : g == "1" ? Gdr::kOn : Gdr::kOff;
+  });
+  ifSet("RCOLL_HOSTID", [&](const char*, S v) { c.host_id = v; });
+  ifSet("RCOLL_IB_HCA", [&](const char*, S v) { c.ib_hca = v; });
+  ifSet("RCOLL_IB_GID_INDEX", [&](const char* n, S v) { c.ib_gid_index = static_cast<int>(parseInt(n, v, 0, 65535)); });
+  ifSet("RCOLL_IB_TIMEOUT", [&](const char* n, S v) { c.ib_timeout = static_cast<int>(parseInt(n, v, 1, 31)); });
+  ifSet("RCOLL_IB_RETRY_CNT", [&](const char* n, S v) { c.ib_retry_cnt = static_cast<int>(parseInt(n, v, 0, 7)); });
+  ifSet("RCOLL_IB_MR_CACHE_BYTES", [&](const char* n, S v) { c.ib_mr_cache_bytes = parseByteSize(n, v); });
+  ifSet("RCOLL_TIMELINE", [&](const char*, S v) { c.timeline = v; });
+  ifSet("RCOLL_CONNECT_TIMEOUT", [&](const char* n, S v) { c.connect_timeout = parseSeconds(n, v, false); });
+  ifSet("RCOLL_TIMEOUT", [&](const char* n, S v) { c.timeout = parseSeconds(n, v, false); });
+  ifSet("RCOLL_SHUTDOWN_TIMEOUT", [&](const char* n, S v) { c.shutdown_timeout = parseSeconds(n, v, true); });
+  return c;
 }
 
 std::string Config::describe() const {

@@ -1,7 +1,12 @@
-// Tunables, read from RCOLL_* environment variables once per communicator.
+// Tunables: every RCOLL_* environment variable is documented and parsed here.
 //
-// Every variable is listed in kConfigVars (name, default, meaning) so that the
-// README table and `python -m rcoll info` come from one place.
+// configVars() lists each one (name, default, meaning): `python -m rcoll info`
+// prints it, and docs/environment.md is generated from it
+// (`python -m rcoll info --environment-markdown`; tests/test_config.py checks the
+// file is current). Config::fromEnvironment() reads the settings of a
+// communicator, once, with one parser per kind of value; the few process-wide
+// settings (log level, libibverbs path) are read through environmentValue(),
+// which refuses a name that is not documented.
 #pragma once
 
 #include <chrono>
@@ -14,9 +19,13 @@ namespace rcoll {
 struct ConfigVar {
   const char* name;
   const char* default_value;
-  const char* meaning;
+  const char* meaning;  // Markdown (`code` spans)
 };
 const std::vector<ConfigVar>& configVars();
+
+// The raw value of a documented RCOLL_* variable ("" when unset or empty).
+// Throws RcollError for a name configVars() does not list (a bug in rcoll).
+std::string environmentValue(const char* name);
 
 struct Config {
   size_t chunk_bytes = 1 << 20;          // RCOLL_CHUNK_BYTES: largest pipeline segment
@@ -29,6 +38,7 @@ struct Config {
   std::string socket_ifname;             // RCOLL_SOCKET_IFNAME: interface for data sockets
   std::string transport = "auto";        // RCOLL_TRANSPORT: auto|shm|ib|tcp
   bool shm_disable = false;              // RCOLL_SHM_DISABLE=1: never shared memory
+  size_t shm_ring_bytes = 4 << 20;       // RCOLL_SHM_RING_BYTES: per direction and pair, 4K-aligned
   bool shm_coll = true;                  // RCOLL_SHM_COLL: collectives through shared windows (all ranks on one host)
   size_t shm_coll_slot_bytes = 1 << 20;  // RCOLL_SHM_COLL_SLOT_BYTES: each window slot (two per rank)
   size_t shm_coll_direct_bytes = 256 << 10;  // RCOLL_SHM_COLL_DIRECT_BYTES: see configVars()
@@ -43,7 +53,11 @@ struct Config {
   int ib_timeout = 16;                   // RCOLL_IB_TIMEOUT: RC ack timeout exponent
   int ib_retry_cnt = 7;                  // RCOLL_IB_RETRY_CNT
   size_t ib_mr_cache_bytes = size_t{4} << 30;  // RCOLL_IB_MR_CACHE_BYTES: unused registrations kept
-  std::chrono::milliseconds connect_timeout{std::chrono::seconds(300)};  // RCOLL_CONNECT_TIMEOUT (s)
+  std::string timeline;                  // RCOLL_TIMELINE: trace file prefix ("" = no trace)
+  // Durations in seconds, fractions allowed, the same in Python and C++.
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(300)};  // RCOLL_CONNECT_TIMEOUT
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};           // RCOLL_TIMEOUT: per op
+  std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(10)};  // RCOLL_SHUTDOWN_TIMEOUT
 
   // Reads the environment; throws RcollError(kConfig) naming the variable on a bad value.
   static Config fromEnvironment();

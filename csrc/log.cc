@@ -8,14 +8,17 @@
 #include <cstring>
 #include <strings.h>
 
+#include "config.h"
 #include "error.h"
 
 namespace rcoll {
 
 static std::atomic<int> g_log_rank{-1};
 
-static LogLevel parseLevel(const char* value) {
-  if (value == nullptr || *value == '\0') return LogLevel::kWarn;
+// A bad value is a warning, not an error: logging must never stop a job.
+static LogLevel parseLevel(const std::string& text) {
+  const char* value = text.c_str();
+  if (*value == '\0') return LogLevel::kWarn;
   if (strcasecmp(value, "TRACE") == 0) return LogLevel::kTrace;
   if (strcasecmp(value, "INFO") == 0) return LogLevel::kInfo;
   if (strcasecmp(value, "WARN") == 0) return LogLevel::kWarn;
@@ -26,7 +29,7 @@ static LogLevel parseLevel(const char* value) {
 }
 
 LogLevel logLevel() {
-  static const LogLevel level = parseLevel(std::getenv("RCOLL_DEBUG"));
+  static const LogLevel level = parseLevel(environmentValue("RCOLL_DEBUG"));
   return level;
 }
 

@@ -8,16 +8,15 @@
 
 namespace rcoll {
 
-std::unique_ptr<Timeline> Timeline::fromEnvironment(int rank) {
-  const char* base = std::getenv("RCOLL_TIMELINE");
-  if (base == nullptr || *base == '\0') return nullptr;
+std::unique_ptr<Timeline> Timeline::open(const std::string& base, int rank) {
+  if (base.empty()) return nullptr;
   // One file per communicator: torch sub-groups live in the same process as
   // the default group, and two writers of one file would interleave. Ranks
   // create their groups in the same order, so the numbers match across ranks.
   static std::atomic<int> opened{0};
   const int k = ++opened;
-  return std::make_unique<Timeline>(k == 1 ? strFormat("%s.rank%d.json", base, rank)
-                                           : strFormat("%s.rank%d.comm%d.json", base, rank, k),
+  return std::make_unique<Timeline>(k == 1 ? strFormat("%s.rank%d.json", base.c_str(), rank)
+                                           : strFormat("%s.rank%d.comm%d.json", base.c_str(), rank, k),
                                     rank);
 }
 

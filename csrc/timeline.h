@@ -26,8 +26,9 @@ class Timeline {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // Null when RCOLL_TIMELINE is unset; throws RcollError(kConfig) if the file cannot be created.
-  static std::unique_ptr<Timeline> fromEnvironment(int rank);
+  // The trace of one communicator under the prefix `base` (RCOLL_TIMELINE), or
+  // null when `base` is empty; throws RcollError(kConfig) if the file cannot be created.
+  static std::unique_ptr<Timeline> open(const std::string& base, int rank);
 
   Timeline(const std::string& path, int rank);
   ~Timeline();  // closes the array

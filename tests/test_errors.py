@@ -187,7 +187,7 @@ def test_bad_environment_is_a_config_error(monkeypatch):
     ("RCOLL_CUDA_IPC", "yes", "RCOLL_CUDA_IPC=yes"),
     ("RCOLL_CUDA_IPC_SLOT_BYTES", "1K", "between 4K and 1G"),
     ("RCOLL_CUDA_IPC_DIRECT_BYTES", "much", "RCOLL_CUDA_IPC_DIRECT_BYTES=much"),
-    ("RCOLL_GDR", "yes", "RCOLL_GDR=yes is not a choice"),
+    ("RCOLL_GDR", "yes", "RCOLL_GDR=yes is not one of auto, 0, 1"),
 ])
 def test_bad_cuda_ipc_settings_are_config_errors(monkeypatch, name, value, says):
     monkeypatch.setenv(name, value)

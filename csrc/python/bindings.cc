@@ -315,6 +315,17 @@ PYBIND11_MODULE(_core, m) {
     return out;
   }, "Every RCOLL_* variable: (name, default, meaning).");
 
+  m.def("settings", [] {
+    const Config config = Config::fromEnvironment();
+    auto seconds = [](std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; };
+    py::dict d;
+    d["connect_timeout"] = seconds(config.connect_timeout);
+    d["timeout"] = seconds(config.timeout);
+    d["shutdown_timeout"] = seconds(config.shutdown_timeout);
+    return d;
+  }, "The RCOLL_* durations as the core parses them (seconds): connect_timeout, timeout, shutdown_timeout. "
+     "Raises ConfigError on a bad value.");
+
   m.def("host_identity", [] {
     Config config = Config::fromEnvironment();
     return py::make_tuple(hostIdentity(config), !config.host_id.empty());

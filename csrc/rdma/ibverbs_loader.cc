@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "config.h"
 #include "rdma/ibv_api.h"
 
 namespace rcoll {
@@ -21,9 +22,8 @@ struct Loaded {
 Loaded load() {
   Loaded out;
   std::vector<std::string> candidates;
-  if (const char* override_path = std::getenv("RCOLL_IBVERBS_LIB")) {
-    if (*override_path != '\0') candidates.push_back(override_path);
-  }
+  const std::string override_path = environmentValue("RCOLL_IBVERBS_LIB");
+  if (!override_path.empty()) candidates.push_back(override_path);
   candidates.push_back("libibverbs.so.1");
   candidates.push_back("libibverbs.so");
   void* handle = nullptr;

@@ -31,7 +31,6 @@ namespace {
 constexpr uint32_t kOfferMagic = 0x4f534352;  // "RCSO"
 constexpr uint32_t kReplyMagic = 0x52534352;  // "RCSR"
 constexpr uint32_t kSetupVersion = 2;  // 2: shared windows
-constexpr size_t kDefaultRingBytes = size_t{4} << 20;
 constexpr size_t kMaxReplyText = 1024;
 // A connection on the Unix socket must present the secret this fast: a
 // stranger that connects and stays silent must not hold the set-up up.
@@ -278,36 +277,6 @@ std::string hostKey() {
   if (boot.empty() || ::stat("/proc/self/ns/net", &ns) != 0) return "";
   return strFormat("%s/%llu:%llu", boot.c_str(), static_cast<unsigned long long>(ns.st_dev),
                    static_cast<unsigned long long>(ns.st_ino));
-}
-
-size_t ringBytesFromEnvironment() {
-  const char* value = std::getenv("RCOLL_SHM_RING_BYTES");
-  if (value == nullptr || *value == '\0') return kDefaultRingBytes;
-  // The syntax of every RCOLL_*_BYTES variable (config.cc's parseByteSize): 65536, 64K, 4M, 1G.
-  std::string s(value);
-  size_t pos = 0;
-  unsigned long long number = 0;
-  bool ok = std::isdigit(static_cast<unsigned char>(s[0])) != 0;
-  if (ok) {
-    errno = 0;
-    char* end = nullptr;
-    number = std::strtoull(s.c_str(), &end, 10);
-    ok = errno == 0;
-    pos = static_cast<size_t>(end - s.c_str());
-  }
-  unsigned long long scale = 1;
-  if (ok && pos < s.size()) {
-    const char suffix = static_cast<char>(std::toupper(static_cast<unsigned char>(s[pos])));
-    scale = suffix == 'K' ? 1ull << 10 : suffix == 'M' ? 1ull << 20 : suffix == 'G' ? 1ull << 30 : 0;
-    ++pos;
-    if (pos < s.size() && (s[pos] == 'B' || s[pos] == 'b')) ++pos;
-    ok = scale != 0 && pos == s.size();
-  }
-  if (!ok || number > kMaxRingBytes / scale || number * scale < kMinRingBytes) {
-    throwError(ErrorKind::kConfig, strFormat("RCOLL_SHM_RING_BYTES=%s is not a byte size between 4K and 1G "
-                                             "(examples: 65536, 256K, 4M)", value));
-  }
-  return static_cast<size_t>((number * scale + 4095) / 4096 * 4096);
 }
 
 OwnWindow createWindow(const ConnectInfo& info, size_t slot_bytes) {

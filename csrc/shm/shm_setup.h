@@ -89,9 +89,5 @@ PairLink joinPair(const ConnectInfo& info, int peer, int sock, int my_doorbell, 
 // shm per peer. "" if it cannot be read (then do not use shm).
 std::string hostKey();
 
-// RCOLL_SHM_RING_BYTES (default 4M per direction, rounded up to 4 KiB, between
-// 4K and 1G); throws RcollError(kConfig) naming the variable on a bad value.
-size_t ringBytesFromEnvironment();
-
 }  // namespace shm
 }  // namespace rcoll

@@ -89,7 +89,7 @@ struct ShmTransport::Connection {
 ShmTransport::ShmTransport(const ConnectInfo& info, const Config& config, const std::string& bind_host)
     : info_(info),
       config_(config),
-      ring_bytes_(shm::ringBytesFromEnvironment()),
+      ring_bytes_(config.shm_ring_bytes),
       listener_(std::make_unique<PeerListener>(info, bind_host, config.socket_buffer_bytes)),
       connections_(static_cast<size_t>(info.size)) {
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

@@ -24,6 +24,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "dtype.h"
 #include "reduce_kernels.h"
 
@@ -298,8 +299,8 @@ int flushRdmaWrites(int device) {
 // RCOLL_TESTING_EMULATE_DEVICE_ID names it otherwise; two different names are
 // two GPUs without peer access (tests of the CUDA IPC fallback).
 std::string emulatedDeviceId() {
-  const char* id = std::getenv("RCOLL_TESTING_EMULATE_DEVICE_ID");
-  return id != nullptr && *id != '\0' ? id : "emulated:0";
+  const std::string id = environmentValue("RCOLL_TESTING_EMULATE_DEVICE_ID");
+  return id.empty() ? "emulated:0" : id;
 }
 int deviceId(int device, char* id, size_t bytes) {
   if (device != 0) return failWith("only device 0 exists");

@@ -16,7 +16,21 @@ import platform
 import sys
 
 
-def _info(_args) -> int:
+def environment_markdown() -> str:
+    """The table of every RCOLL_* variable, from the core's own list (config.cc):
+    docs/environment.md holds this text, and tests/test_config.py checks it is current."""
+    from rcoll import _core
+
+    lines = ["| variable | default | meaning |", "| --- | --- | --- |"]
+    for name, default, meaning in _core.config_vars():
+        lines.append(f"| `{name}` | {f'`{default}`' if default else ''} | {meaning} |")
+    return "\n".join(lines) + "\n"
+
+
+def _info(args) -> int:
+    if args.environment_markdown:
+        sys.stdout.write(environment_markdown())
+        return 0
     import numpy as np
 
     import rcoll

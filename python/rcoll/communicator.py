@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import operator
-import os
 from typing import Optional
 
 import numpy as np
@@ -82,7 +81,7 @@ class Communicator:
         `name` separates communicators that share a store; `timeout` (seconds) bounds
         every op (default RCOLL_TIMEOUT, 30 min)."""
         rank, world_size, master_addr, master_port = resolve(rank, world_size, master_addr, master_port)
-        connect_timeout = float(os.environ.get("RCOLL_CONNECT_TIMEOUT", "300"))
+        connect_timeout = _core.settings()["connect_timeout"]  # RCOLL_CONNECT_TIMEOUT, parsed by the core
         self._server = None
         if store is None:
             store = launcher_store(master_addr, master_port, connect_timeout)
