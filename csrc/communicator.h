@@ -68,7 +68,6 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  uint64_t commId() const { return info_.comm_id; }
   // "shm", "tcp", "ib", or for a rank with edges of both kinds e.g. "shm+tcp"; "none" in a world of 1.
   const char* transportName() const;
   // The transport of each rank's edge, indexed by rank: "self" for this rank,

@@ -21,7 +21,7 @@ constexpr size_t kMaxDirectRecvsInFlight = 64;
 
 PipelineExecutor::PipelineExecutor(Transport& transport, int rank, int size, uint64_t comm_id,
                                    size_t slot_bytes, int num_slots)
-    : transport_(transport), rank_(rank), size_(size), comm_id_(comm_id), slot_bytes_(slot_bytes) {
+    : transport_(transport), rank_(rank), size_(size), comm_id_(comm_id) {
   // One aligned block, allocated once: reductions read it with vector loads.
   size_t stride = (slot_bytes + 63) / 64 * 64;
   slot_memory_ = static_cast<char*>(std::aligned_alloc(64, stride * static_cast<size_t>(num_slots)));

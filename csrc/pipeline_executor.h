@@ -35,8 +35,6 @@ class PipelineExecutor {
   void run(const Schedule& schedule, Deadline deadline, std::chrono::milliseconds timeout,
            const std::atomic<bool>& abort_flag);
 
-  size_t slotBytes() const { return slot_bytes_; }
-
   // RCOLL_TIMELINE: reductions become slices; firstCompletion() dates the end of "wait for peers".
   void setTimeline(Timeline* timeline) { timeline_ = timeline; }
   std::chrono::steady_clock::time_point firstCompletion() const { return first_completion_; }
@@ -55,7 +53,6 @@ class PipelineExecutor {
   int rank_;
   int size_;
   uint64_t comm_id_;
-  size_t slot_bytes_;
   char* slot_memory_ = nullptr;
   MemoryHandle slot_registration_ = nullptr;
   Timeline* timeline_ = nullptr;

@@ -64,7 +64,6 @@ class TcpTransport : public Transport {
   // RcollError(kInvalidArgument), without taking the socket, if `peer` is this
   // rank, out of range or already connected.
   void adoptConnectedSocket(int peer, int fd);
-  int socketsPerPeer() const { return lanes_; }
 
  private:
   struct TcpRequest;

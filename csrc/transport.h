@@ -1,6 +1,6 @@
 // The transport interface: how bytes move between two ranks.
 //
-// Modelled on NCCL's net plugin: a small, non-blocking, versioned surface
+// Modelled on NCCL's net plugin: a small, non-blocking surface
 // (listen / connect / accept, isend / irecv / test, progress, register memory,
 // close) that TCP, verbs and shared memory implement, and that a composite
 // transport (composite_transport.h) implements by routing each peer to one of them.
@@ -23,11 +23,6 @@
 #include "wire.h"
 
 namespace rcoll {
-
-// 2: progress() split into progressNow / prepareSleep / finishSleep, so that
-//    one thread can wait on several transports at once; Request::peer; setPeers().
-// 3: registerDeviceMemory() (GPUDirect RDMA).
-constexpr int kTransportInterfaceVersion = 3;
 
 // Identity every connection must prove before it is accepted.
 struct ConnectInfo {

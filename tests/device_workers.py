@@ -78,10 +78,6 @@ def _stack(seed, world, dtype, n, op):
     return np.stack([make_input(seed, r, dtype, n, op) for r in range(world)])
 
 
-def _check_emulated(comm):
-    assert _core.device_api_name() is None or "emulated" in _core.device_api_name()
-
-
 def allreduce_sweep(rank, world, seed=11):
     comm = rcoll.init()
     failures, case = [], 0

@@ -71,6 +71,10 @@ def test_durations_are_seconds_with_fractions(monkeypatch):
     ("RCOLL_CONNECT_TIMEOUT", "-1", "RCOLL_CONNECT_TIMEOUT=-1 must be a number of seconds > 0"),
     ("RCOLL_TIMEOUT", "soon", "RCOLL_TIMEOUT=soon must be a number of seconds > 0"),
     ("RCOLL_SHUTDOWN_TIMEOUT", "nan", "RCOLL_SHUTDOWN_TIMEOUT=nan must be a number of seconds >= 0"),
+    ("RCOLL_CUDA_IPC", "yes", r"RCOLL_CUDA_IPC=yes must be an integer in \[0, 1\]"),
+    ("RCOLL_CUDA_IPC_SLOT_BYTES", "1K", "RCOLL_CUDA_IPC_SLOT_BYTES=1K must be between 4K and 1G"),
+    ("RCOLL_CUDA_IPC_DIRECT_BYTES", "much", "RCOLL_CUDA_IPC_DIRECT_BYTES=much is not a byte size"),
+    ("RCOLL_GDR", "yes", "RCOLL_GDR=yes is not one of auto, 0, 1"),
 ])
 def test_a_bad_value_is_a_config_error_naming_the_variable(monkeypatch, name, value, says):
     monkeypatch.setenv(name, value)

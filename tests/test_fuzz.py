@@ -26,8 +26,8 @@ SECONDS = int(os.environ.get("RCOLL_FUZZ_SECONDS", "60"))
 
 # target -> the core sources it links (no Python, no pybind11)
 TARGETS = {
-    "fuzz_receive_path": ["tcp_transport.cc", "peer_listener.cc", "socket_util.cc", "wire.cc", "dtype.cc", "error.cc", "log.cc"],
-    "fuzz_handshake": ["tcp_transport.cc", "peer_listener.cc", "socket_util.cc", "wire.cc", "dtype.cc", "error.cc", "log.cc"],
+    "fuzz_receive_path": ["tcp_transport.cc", "peer_listener.cc", "socket_util.cc", "wire.cc", "dtype.cc", "error.cc", "log.cc", "config.cc"],
+    "fuzz_handshake": ["tcp_transport.cc", "peer_listener.cc", "socket_util.cc", "wire.cc", "dtype.cc", "error.cc", "log.cc", "config.cc"],
     "fuzz_wire_header": ["wire.cc", "dtype.cc", "error.cc"],
 }
 # extra libFuzzer options per target

@@ -16,7 +16,7 @@ CSRC = os.path.join(ROOT, "csrc")
 CXX = os.environ.get("CXX", "g++")
 
 SOURCES = ["shm/shm_transport.cc", "shm/shm_setup.cc", "side_channel.cc", "peer_listener.cc", "socket_util.cc", "wire.cc",
-           "dtype.cc", "error.cc", "log.cc"]
+           "dtype.cc", "error.cc", "log.cc", "config.cc"]
 SANITIZERS = {
     "asan+ubsan": ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"],
     "tsan": ["-fsanitize=thread"],

@@ -71,13 +71,6 @@ def parse_size(text: str) -> int:
     return int(float(t) * mult)
 
 
-def human(n: int) -> str:
-    for unit, div in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= div and n % div == 0:
-            return f"{n // div}{unit}"
-    return str(n)
-
-
 def default_iters(nbytes: int) -> int:
     """About 0.3-1 s per size on loopback: many iterations when small, few when large."""
     return max(5, min(200, int(2e8 / max(nbytes, 1))))

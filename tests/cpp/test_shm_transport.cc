@@ -12,7 +12,7 @@
 // Built and run by tests/test_shm_cpp.py under ASan+UBSan and under TSan; by hand
 // (one line): g++ -std=c++17 -O2 -pthread -Icsrc tests/cpp/test_shm_transport.cc
 // csrc/shm/shm_transport.cc csrc/shm/shm_setup.cc csrc/peer_listener.cc csrc/socket_util.cc
-// csrc/wire.cc csrc/dtype.cc csrc/error.cc csrc/log.cc -o /tmp/shm_test && /tmp/shm_test
+// csrc/wire.cc csrc/dtype.cc csrc/error.cc csrc/log.cc csrc/config.cc -o /tmp/shm_test && /tmp/shm_test
 #include <dirent.h>
 #include <poll.h>
 #include <signal.h>
@@ -134,7 +134,7 @@ using World = std::vector<std::unique_ptr<ShmTransport>>;
 // accepts the higher ones, on its own thread.
 World makeWorld(int n) {
   World world;
-  for (int r = 0; r < n; ++r) world.push_back(std::make_unique<ShmTransport>(makeInfo(r, n), Config{}, "127.0.0.1"));
+  for (int r = 0; r < n; ++r) world.push_back(std::make_unique<ShmTransport>(makeInfo(r, n), Config::fromEnvironment(), "127.0.0.1"));
   const auto deadline = Clock::now() + std::chrono::seconds(30);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
@@ -167,7 +167,7 @@ World makeWorld(int n) {
 // child) must fail naming rank 1, within a second of the death.
 void testPeerDies(bool kill) {
   setRingBytes("64K");
-  auto t0 = std::make_unique<ShmTransport>(makeInfo(0, 2), Config{}, "127.0.0.1");
+  auto t0 = std::make_unique<ShmTransport>(makeInfo(0, 2), Config::fromEnvironment(), "127.0.0.1");
   const std::string address = t0->listenAddress();
   const size_t big = size_t{1} << 20;
   int pipe_fds[2];
@@ -177,7 +177,7 @@ void testPeerDies(bool kill) {
   if (pid == 0) {
     ::close(pipe_fds[0]);
     try {
-      ShmTransport t1(makeInfo(1, 2), Config{}, "127.0.0.1");
+      ShmTransport t1(makeInfo(1, 2), Config::fromEnvironment(), "127.0.0.1");
       t1.connect(0, address, Clock::now() + std::chrono::seconds(20));
       std::vector<uint8_t> data(big, 7);
       t1.isend(0, header(1, 1, big), data.data(), big);
@@ -247,13 +247,13 @@ void testPeerDies(bool kill) {
 // the exit, can still receive them (as from a TCP socket after the FIN); the
 // receive after them fails naming the rank.
 void testDeliveredAfterExit() {
-  auto t0 = std::make_unique<ShmTransport>(makeInfo(0, 2), Config{}, "127.0.0.1");
+  auto t0 = std::make_unique<ShmTransport>(makeInfo(0, 2), Config::fromEnvironment(), "127.0.0.1");
   const std::string address = t0->listenAddress();
   std::fflush(nullptr);
   const pid_t pid = fork();
   if (pid == 0) {
     try {
-      ShmTransport t1(makeInfo(1, 2), Config{}, "127.0.0.1");
+      ShmTransport t1(makeInfo(1, 2), Config::fromEnvironment(), "127.0.0.1");
       t1.connect(0, address, Clock::now() + std::chrono::seconds(20));
       std::vector<uint8_t> a(1000), b(0);
       for (size_t i = 0; i < a.size(); ++i) a[i] = pattern(1, 1, i);
@@ -578,7 +578,7 @@ void testBadRingSize() {
   setRingBytes("12 parsecs");
   bool threw = false;
   try {
-    ShmTransport t(makeInfo(0, 2), Config{}, "127.0.0.1");
+    ShmTransport t(makeInfo(0, 2), Config::fromEnvironment(), "127.0.0.1");
   } catch (const RcollError& e) {
     threw = e.kind() == ErrorKind::kConfig && contains(e.what(), "RCOLL_SHM_RING_BYTES");
   }
