@@ -659,12 +659,11 @@ PYBIND11_MODULE(_core, m) {
       .def("send", [](Communicator& c, uintptr_t data, size_t count, int dtype, int peer, int tag, double timeout) {
              return c.send(ptr(data), count, toDataType(dtype), peer, tag, toMillis(timeout));
            })
-      .def("recv", [](Communicator& c, uintptr_t data, size_t count, int dtype, int peer, int tag, double timeout) {
-             return c.recv(mptr(data), count, toDataType(dtype), peer, tag, toMillis(timeout));
-           })
-      .def("recv_from_any", [](Communicator& c, uintptr_t data, size_t count, int dtype, int tag, double timeout) {
-             return c.recvFromAny(mptr(data), count, toDataType(dtype), tag, toMillis(timeout));
-           }, "A recv whose sender is the first rank with an unclaimed message of this tag (Work.source_rank).")
+      .def("recv", [](Communicator& c, uintptr_t data, size_t count, int dtype, std::optional<int> peer, int tag,
+                      double timeout) {
+             return peer ? c.recv(mptr(data), count, toDataType(dtype), *peer, tag, toMillis(timeout))
+                         : c.recvFromAny(mptr(data), count, toDataType(dtype), tag, toMillis(timeout));
+           }, "peer None: from the first rank with an unclaimed message of this tag (Work.source_rank names it).")
       .def("abort", releasingGil(&Communicator::abort), py::arg("reason") = "")
       .def("shutdown", releasingGil([](Communicator& c, double grace) { c.shutdown(toMillis(grace)); }),
            py::arg("grace") = 0.0)

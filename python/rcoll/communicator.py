@@ -332,11 +332,8 @@ class Communicator:
         verbs a sender must be named.
         """
         dst = as_array(array, self.rank, "recv", "the output", writable=True)
-        code = dtype_code(dst, self.rank, "recv")
-        if src is None:
-            work = self._comm.recv_from_any(address(dst), dst.size, code, int(tag), float(timeout or 0))
-        else:
-            work = self._comm.recv(address(dst), dst.size, code, int(src), int(tag), float(timeout or 0))
+        work = self._comm.recv(address(dst), dst.size, dtype_code(dst, self.rank, "recv"),
+                               None if src is None else int(src), int(tag), float(timeout or 0))
         return self._run(work, array, (dst,), async_op)
 
     def barrier(self, *, async_op=False, timeout=None):

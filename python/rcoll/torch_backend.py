@@ -948,10 +948,7 @@ class RcollProcessGroup(dist.ProcessGroup):
         else:
             dst = _Staged(t)
             buffer, finish, keepalive = dst.buffer, _copy_backs([dst]), dst
-        if src_rank is None:
-            work = self._comm.recv_from_any(self._addr(buffer), buffer.numel(), code, tag, 0.0)
-        else:
-            work = self._comm.recv(self._addr(buffer), buffer.numel(), code, src_rank, tag, 0.0)
+        work = self._comm.recv(self._addr(buffer), buffer.numel(), code, src_rank, tag, 0.0)  # None: any source
         return RcollWork([work], list(tensors), finish, keepalive)
 
     # -- helpers for list outputs ----------------------------------------------------
