@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 
 #include "error.h"
@@ -97,7 +98,7 @@ const std::vector<ConfigVar>& configVars() {
        "the libibverbs to load (default `libibverbs.so.1`, then `libibverbs.so`)"},
       {"RCOLL_TIMELINE", "",
        "write a Chrome trace of every op to `<value>.rank<N>.json`; a process's later communicators "
-       "(torch sub-groups) write `<value>.rank<N>.comm<K>.json` (see below)"},
+       "(torch sub-groups) write `<value>.rank<N>.comm<K>.json` (the README's Timeline section)"},
       {"RCOLL_SHUTDOWN_TIMEOUT", "10",
        "seconds `shutdown()` (and `destroy_process_group`) lets pending operations finish before "
        "aborting them"},
@@ -114,7 +115,7 @@ const std::vector<ConfigVar>& configVars() {
 
 std::string environmentValue(const char* name) {
   bool documented = false;
-  for (const ConfigVar& var : configVars()) documented = documented || std::string(var.name) == name;
+  for (const ConfigVar& var : configVars()) documented = documented || std::strcmp(var.name, name) == 0;
   if (!documented) {
     throwError(ErrorKind::kGeneric, strFormat("internal error: %s is read but not documented in configVars() (config.cc)", name));
   }
