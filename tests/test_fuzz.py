@@ -7,7 +7,7 @@ RCOLL_FUZZ_CXX picks the compiler (default: clang++, else the newest clang++-NN 
 Fuzzing starts from the seed corpus in tests/fuzz/corpus/<target> (copied: the
 checked-in corpus is not modified); a crash fails the test with libFuzzer's report,
 which includes the input in hex and Base64, and leaves the input in the test's tmp dir.
-To fuzz one target longer by hand, see README.md, "Fuzzing".
+To fuzz one target longer by hand, see docs/development.md (Fuzzing).
 """
 import concurrent.futures
 import os
