@@ -98,17 +98,14 @@ const std::vector<ConfigVar>& configVars() {
        "the libibverbs to load (default `libibverbs.so.1`, then `libibverbs.so`)"},
       {"RCOLL_TIMELINE", "",
        "write a Chrome trace of every op to `<value>.rank<N>.json`; a process's later communicators "
-       "(torch sub-groups) write `<value>.rank<N>.comm<K>.json` (the README's Timeline section)"},
+       "(torch sub-groups) write `<value>.rank<N>.comm<K>.json` (docs/environment.md, \"The timeline\")"},
       {"RCOLL_SHUTDOWN_TIMEOUT", "10",
        "seconds `shutdown()` (and `destroy_process_group`) lets pending operations finish before "
        "aborting them"},
-      {"RCOLL_TESTING_EMULATE_DEVICE_ID", "emulated:0",
-       "tests only: the emulated GPU's identity; ranks whose identities differ have no peer access, "
-       "so CUDA IPC falls back to staging"},
-      {"RCOLL_TESTING_EMULATE_DEVICE", "0",
-       "tests only: `1` runs GPU-buffer collectives on the core's host-memory emulation of the "
-       "device runtime (`__cuda_array_interface__` objects then point at host memory); it checks "
-       "rcoll's staging and stream logic, not CUDA"},
+      {"RCOLL_DEVICE_RUNTIME", "rcoll._cuda",
+       "the Python module whose `device_api_capsule()` supplies the device runtime (csrc/device_api.h) "
+       "when the first GPU buffer shows up; the tests name a host-memory emulation here "
+       "(tests/emulated_device/) to check staging and stream logic on machines without a GPU"},
   };
   return vars;
 }
@@ -251,6 +248,7 @@ Config Config::fromEnvironment() {
   ifSet("RCOLL_IB_RETRY_CNT", [&](const char* n, S v) { c.ib_retry_cnt = static_cast<int>(parseInt(n, v, 0, 7)); });
   ifSet("RCOLL_IB_MR_CACHE_BYTES", [&](const char* n, S v) { c.ib_mr_cache_bytes = parseByteSize(n, v); });
   ifSet("RCOLL_TIMELINE", [&](const char*, S v) { c.timeline = v; });
+  ifSet("RCOLL_DEVICE_RUNTIME", [&](const char*, S v) { c.device_runtime = v; });
   ifSet("RCOLL_CONNECT_TIMEOUT", [&](const char* n, S v) { c.connect_timeout = parseSeconds(n, v, false); });
   ifSet("RCOLL_TIMEOUT", [&](const char* n, S v) { c.timeout = parseSeconds(n, v, false); });
   ifSet("RCOLL_SHUTDOWN_TIMEOUT", [&](const char* n, S v) { c.shutdown_timeout = parseSeconds(n, v, true); });

@@ -3,9 +3,10 @@
  * The core (rcoll._core) never links or loads CUDA. A module that does
  * (rcoll._cuda) fills this table and hands it over as a PyCapsule named
  * RCOLL_DEVICE_API_CAPSULE; `_core.set_device_api(capsule)` installs it, in the
- * spirit of NCCL's versioned net-plugin structs. A second implementation with
- * host memory (csrc/testing/emulated_device_api.cc) lets the tests drive the
- * device data path on machines without a GPU.
+ * spirit of NCCL's versioned net-plugin structs. RCOLL_DEVICE_RUNTIME names
+ * another module with the same device_api_capsule(): the tests' host-memory
+ * implementation (tests/emulated_device/, not part of rcoll) drives the device
+ * data path on machines without a GPU.
  *
  * Pointers to device memory, streams and events are opaque (void*). Every
  * function returns 0 on success or non-zero on failure, and last_error() then

@@ -1,9 +1,31 @@
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(__file__))
 
 # Small segments make every size up to a few thousand elements cross many
 # pipeline segments, so the segment bookkeeping is exercised cheaply.
 SMALL_CHUNKS = {"RCOLL_CHUNK_BYTES": "256", "RCOLL_MIN_CHUNK_BYTES": "64", "RCOLL_SHM_COLL_SLOT_BYTES": "4K",
                 "RCOLL_CUDA_IPC_SLOT_BYTES": "4K"}
+
+# Ranks that set this run GPU-buffer collectives on the host-memory emulation of
+# the device runtime (tests/emulated_device/), which the fixture below builds.
+EMULATED_DEVICE = {"RCOLL_DEVICE_RUNTIME": "rcoll_emulated_device"}
+
+
+@pytest.fixture(scope="session")
+def emulated_device_runtime():
+    """Builds rcoll_emulated_device (once per source state, cached under
+    build/testing/) and puts it on the PYTHONPATH every rank this session
+    starts inherits; returns the environment that selects it."""
+    from emulated_device.build import build
+
+    directory = build()
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if directory not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([directory] + [p for p in paths if p])
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    return EMULATED_DEVICE

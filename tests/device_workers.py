@@ -1,7 +1,7 @@
 """Per-rank bodies of the device-path tests (tests/test_device_collectives.py).
 
-They run with RCOLL_TESTING_EMULATE_DEVICE=1: the core's device runtime is its
-host-memory emulation (csrc/testing/emulated_device_api.h), whose streams are
+They run with RCOLL_DEVICE_RUNTIME=rcoll_emulated_device: the core's device
+runtime is a host-memory emulation (tests/emulated_device/), whose streams are
 worker threads that finish work late and out of order. The buffers below
 expose __cuda_array_interface__ but point at numpy memory, so the whole device
 path runs (Python checks, stream events, pinned staging, D2H/H2D copies,
@@ -169,8 +169,10 @@ def reduce_scatter_sweep(rank, world, seed=14):
 def waits_for_the_callers_stream(rank, world):
     """The caller's stream writes the input late (a delayed copy queued before
     the collective): the op must reduce the new values, not what was there."""
+    import rcoll_emulated_device as emulated
+
     comm = rcoll.init()
-    stream = _core._testing_emulated_stream_create()
+    stream = emulated.stream_create()
     failures, case = [], 0
     try:
         for n in (1, 1000, 5000):
@@ -178,15 +180,15 @@ def waits_for_the_callers_stream(rank, world):
                 case += 1
                 stale = np.zeros(n, np.float32)
                 fresh = np.full(n, rank + 1, np.float32)
-                _core._testing_emulated_delayed_copy(stream, stale.__array_interface__["data"][0],
-                                                     fresh.__array_interface__["data"][0], fresh.nbytes, delay)
+                emulated.delayed_copy(stream, stale.__array_interface__["data"][0],
+                                      fresh.__array_interface__["data"][0], fresh.nbytes, delay)
                 comm.allreduce(dev(stale, stream=stream))
                 expected = np.full(n, world * (world + 1) // 2, np.float32)
                 if not same(stale, expected):
                     failures.append(f"n={n} delay={delay}: the op did not wait for the caller's stream: "
                                     f"{differences(stale, expected)}")
     finally:
-        _core._testing_emulated_stream_destroy(stream)
+        emulated.stream_destroy(stream)
     return case, failures
 
 
@@ -350,7 +352,7 @@ def rank_without_peer_access(rank, world, seed=17):
     """Rank 1's GPU has no peer access to the others' (emulated): CUDA IPC must
     be off on every rank, and the ops still right through staging."""
     if rank == 1:
-        os.environ["RCOLL_TESTING_EMULATE_DEVICE_ID"] = "emulated:1"
+        os.environ["EMULATED_DEVICE_ID"] = "emulated:1"
     comm = rcoll.init()
     failures, case = [], 0
     dtype = np.dtype(np.float32)

@@ -26,8 +26,7 @@ def test_docs_environment_is_generated_from_the_core():
 
 def test_the_core_alone_reads_the_environment():
     """getenv only in config.cc (through environmentValue(), which refuses an
-    undocumented name), and no RCOLL_* read from os.environ in the package
-    except the tests-only emulation switch."""
+    undocumented name), and no RCOLL_* read from os.environ in the package."""
     offenders = []
     for directory, _, files in os.walk(os.path.join(ROOT, "csrc")):
         for name in files:
@@ -52,11 +51,16 @@ def test_every_variable_is_documented_once():
 
 
 def test_durations_are_seconds_with_fractions(monkeypatch):
-    assert _core.settings() == {"connect_timeout": 300.0, "timeout": 1800.0, "shutdown_timeout": 10.0}
+    for name in ("RCOLL_CONNECT_TIMEOUT", "RCOLL_TIMEOUT", "RCOLL_SHUTDOWN_TIMEOUT", "RCOLL_DEVICE_RUNTIME"):
+        monkeypatch.delenv(name, raising=False)
+    assert _core.settings() == {"connect_timeout": 300.0, "timeout": 1800.0, "shutdown_timeout": 10.0,
+                                "device_runtime": "rcoll._cuda"}
     monkeypatch.setenv("RCOLL_CONNECT_TIMEOUT", "0.5")
     monkeypatch.setenv("RCOLL_TIMEOUT", "90")
     monkeypatch.setenv("RCOLL_SHUTDOWN_TIMEOUT", "0")
-    assert _core.settings() == {"connect_timeout": 0.5, "timeout": 90.0, "shutdown_timeout": 0.0}
+    monkeypatch.setenv("RCOLL_DEVICE_RUNTIME", "rcoll_emulated_device")
+    assert _core.settings() == {"connect_timeout": 0.5, "timeout": 90.0, "shutdown_timeout": 0.0,
+                                "device_runtime": "rcoll_emulated_device"}
 
 
 @pytest.mark.parametrize("name,value,says", [

@@ -209,7 +209,7 @@ def test_core_does_not_link_cuda():
     assert "libcuda" not in dynamic, dynamic
 
 
-def test_device_api_table_without_a_gpu_fails_device_ops_cleanly():
+def test_device_api_table_without_a_gpu_fails_device_ops_cleanly(emulated_device_runtime):
     """rcoll._cuda's table installs in the core; without a GPU a collective on a
     (fake) GPU buffer fails before any transfer, naming the rank, op and reason."""
     module = cuda_module()
@@ -220,7 +220,8 @@ def test_device_api_table_without_a_gpu_fails_device_ops_cleanly():
         "core.set_device_api(cu.device_api_capsule())\n"
         "assert core.device_api_name() == 'cuda', core.device_api_name()\n"
         "try:\n"
-        "    core._testing_use_emulated_device_api()\n"
+        "    import rcoll_emulated_device as emulated\n"
+        "    core.set_device_api(emulated.device_api_capsule())\n"
         "    raise SystemExit('a second device runtime was accepted')\n"
         "except rcoll.ConfigError as e:\n"
         "    assert 'already installed' in str(e), e\n"

@@ -1,7 +1,7 @@
 """The device (GPU) data path, end to end, on machines without a GPU.
 
-RCOLL_TESTING_EMULATE_DEVICE=1 installs the core's host-memory emulation of
-the device API (csrc/testing/emulated_device_api.h) instead of CUDA: streams
+RCOLL_DEVICE_RUNTIME=rcoll_emulated_device installs a host-memory emulation of
+the device API (tests/emulated_device/, built for the tests) instead of CUDA: streams
 are worker threads that complete work late and out of order, "device" memory
 is host memory. Buffers expose __cuda_array_interface__ over numpy arrays
 (device_workers.HostBackedDeviceArray), so everything but CUDA itself runs:
@@ -18,9 +18,10 @@ import pytest
 from rcoll import spawn
 
 import device_workers as w
+from conftest import EMULATED_DEVICE as EMULATE
 from conftest import SMALL_CHUNKS
 
-EMULATE = {"RCOLL_TESTING_EMULATE_DEVICE": "1"}
+pytestmark = pytest.mark.usefixtures("emulated_device_runtime")
 OPS_CALLED = ("allreduce", "allgather", "broadcast")
 
 

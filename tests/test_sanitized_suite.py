@@ -2,7 +2,7 @@
 UndefinedBehaviorSanitizer: every rank process runs the instrumented module, so
 memory errors and UB anywhere in the C++ (transport, executor, kernels, p2p)
 under real multi-process traffic, failures included, fail this test. The
-device-buffer suite runs too, on the core's emulated device runtime."""
+device-buffer suite runs too, on the emulated device runtime (tests/emulated_device/)."""
 import glob
 import os
 import shutil

@@ -19,7 +19,7 @@ import device_workers as dw
 import error_workers as ew
 import mixed_workers as mw
 import verbs_workers as vw
-from conftest import SMALL_CHUNKS
+from conftest import EMULATED_DEVICE, SMALL_CHUNKS
 
 IN_GUEST = os.environ.get("RCOLL_SOFTROCE_GUEST") == "1"  # set by scripts/softroce/guest.py
 
@@ -238,9 +238,10 @@ def test_peer_killed_mid_collective(world):
 # refused first), the NIC writes device slots and the reductions read them
 # there; workers check that the ops said "gdr". RCOLL_GDR=0: pinned staging
 # over the same queue pairs.
-EMULATE = {"RCOLL_TESTING_EMULATE_DEVICE": "1"}
+EMULATE = EMULATED_DEVICE
 
 
+@pytest.mark.usefixtures("emulated_device_runtime")
 @pytest.mark.parametrize("gdr", ["1", "0"])
 @pytest.mark.parametrize("world", [2, 3])
 def test_device_buffers_over_verbs(world, gdr):
@@ -249,12 +250,14 @@ def test_device_buffers_over_verbs(world, gdr):
     _check(spawn.run(dw.alltoall_sweep, world, timeout=600, env=env))
 
 
+@pytest.mark.usefixtures("emulated_device_runtime")
 @pytest.mark.parametrize("world", [2, 3])
 def test_device_allreduce_matrix_with_gdr(world):
     # RCOLL_GDR unset: auto takes GPUDirect RDMA where it works.
     _check(spawn.run(dw.allreduce_sweep, world, timeout=900, env=_ib(**EMULATE, **SMALL_CHUNKS)))
 
 
+@pytest.mark.usefixtures("emulated_device_runtime")
 def test_device_buffers_on_a_mixed_ring_are_staged():
     """A rank whose edges mix shared memory and verbs cannot give the NIC its
     GPU slots (the shm edges copy with the CPU): auto stages (workers check

@@ -18,7 +18,6 @@
 #include "device_runtime.h"
 #include "dtype.h"
 #include "error.h"
-#include "testing/emulated_device_api.h"
 #include "rdma/ib_device.h"
 #include "socket_util.h"
 #include "tcp_store.h"
@@ -322,9 +321,10 @@ PYBIND11_MODULE(_core, m) {
     d["connect_timeout"] = seconds(config.connect_timeout);
     d["timeout"] = seconds(config.timeout);
     d["shutdown_timeout"] = seconds(config.shutdown_timeout);
+    d["device_runtime"] = config.device_runtime;
     return d;
-  }, "The RCOLL_* durations as the core parses them (seconds): connect_timeout, timeout, shutdown_timeout. "
-     "Raises ConfigError on a bad value.");
+  }, "The settings the Python layer reads, as the core parses them: connect_timeout, timeout, shutdown_timeout "
+     "(seconds) and device_runtime (a module name). Raises ConfigError on a bad value.");
 
   m.def("host_identity", [] {
     Config config = Config::fromEnvironment();
@@ -410,23 +410,6 @@ PYBIND11_MODULE(_core, m) {
     deviceCheck(*api, api->pointer_device(ptr(address), &device), "device_of_pointer");
     return device;
   }, py::arg("address"), "The device that owns device memory at `address`.");
-  // FOR TESTS ONLY (csrc/testing/emulated_device_api.h): device ops on host
-  // memory, to check the orchestration on machines without a GPU.
-  m.def("_testing_use_emulated_device_api", [] { installDeviceApi(testing::emulatedDeviceApi()); });
-  m.def("_testing_emulated_stream_create", [] {
-    void* stream = nullptr;
-    const DeviceApi* api = testing::emulatedDeviceApi();
-    deviceCheck(*api, api->stream_create(0, &stream), "emulated stream");
-    return reinterpret_cast<uintptr_t>(stream);
-  });
-  m.def("_testing_emulated_stream_destroy", releasingGil([](uintptr_t stream) {
-    testing::emulatedDeviceApi()->stream_destroy(mptr(stream));
-  }));
-  m.def("_testing_emulated_delayed_copy", [](uintptr_t stream, uintptr_t dst, uintptr_t src, size_t bytes,
-                                             double delay) {
-    deviceCheck(*testing::emulatedDeviceApi(),
-                testing::emulatedDelayedCopy(mptr(stream), mptr(dst), ptr(src), bytes, delay), "delayed copy");
-  }, "On emulated `stream`, after `delay` seconds, copy `bytes` from src to dst.");
 
   m.attr("COMPILER") = py::str(
 #if defined(__clang__)

@@ -3,8 +3,9 @@
 Two jobs, no algorithm:
   - install the device runtime in the core on first use: rcoll._cuda's
     function table (csrc/device_api.h), handed over as a capsule so that
-    rcoll._core never links or loads CUDA itself; or, for tests only, the
-    core's host-memory emulation of it (RCOLL_TESTING_EMULATE_DEVICE=1);
+    rcoll._core never links or loads CUDA itself; RCOLL_DEVICE_RUNTIME names
+    another module with the same device_api_capsule() (the tests' host-memory
+    emulation, tests/emulated_device/);
   - turn an object exposing ``__cuda_array_interface__`` (version 3) into
     (address, element count, dtype code, device, stream), with every check a
     user can fail named by rank and op.
@@ -13,20 +14,14 @@ Nothing here imports torch or rcoll._cuda until a device buffer shows up.
 """
 from __future__ import annotations
 
-import os
+import importlib
 import threading
 
 import numpy as np
 
 from . import _core
 
-EMULATE_VARIABLE = "RCOLL_TESTING_EMULATE_DEVICE"
 _lock = threading.Lock()
-
-
-def emulated() -> bool:
-    """Whether the tests asked for the host-memory emulation of the device runtime."""
-    return os.environ.get(EMULATE_VARIABLE, "") not in ("", "0")
 
 
 def ensure_runtime(rank: int, opname: str) -> str:
@@ -35,18 +30,16 @@ def ensure_runtime(rank: int, opname: str) -> str:
         name = _core.device_api_name()
         if name is not None:
             return name
-        if emulated():
-            # Checks the orchestration (staging, events, streams), not CUDA:
-            # "device" memory is host memory there (csrc/testing/emulated_device_api.h).
-            _core._testing_use_emulated_device_api()
-        else:
-            try:
-                from . import _cuda
-            except ImportError as error:
-                raise _core.InvalidArgumentError(
-                    f"rank {rank}: {opname}: the buffer is in GPU memory but rcoll was built without its CUDA "
-                    f"module (rcoll._cuda; nvcc was not found at build time): {error}") from None
-            _core.set_device_api(_cuda.device_api_capsule())
+        module = _core.settings()["device_runtime"]
+        try:
+            runtime = importlib.import_module(module)
+        except ImportError as error:
+            built_without = ("rcoll was built without its CUDA module (nvcc was not found at build time)"
+                             if module == "rcoll._cuda" else "RCOLL_DEVICE_RUNTIME names a module that cannot be imported")
+            raise _core.InvalidArgumentError(
+                f"rank {rank}: {opname}: the buffer is in GPU memory but the device runtime {module} is not "
+                f"available: {built_without}: {error}") from None
+        _core.set_device_api(runtime.device_api_capsule())
         return _core.device_api_name()
 
 

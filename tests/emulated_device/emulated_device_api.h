@@ -10,8 +10,10 @@
 // complete late and out of order across streams, and a wrong dependency
 // shows up as a wrong result or a hang rather than passing by luck.
 //
-// Installed only through `_core._testing_use_emulated_device_api()` (the
-// Python layer calls it when RCOLL_TESTING_EMULATE_DEVICE=1).
+// Not part of rcoll: the tests build it into the module rcoll_emulated_device
+// (module.cc, built by build.py), and a rank installs it as its device runtime
+// with RCOLL_DEVICE_RUNTIME=rcoll_emulated_device, the way rcoll._cuda is
+// installed by default.
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,4 @@
-#include "testing/emulated_device_api.h"
+#include "emulated_device_api.h"
 
 #include <algorithm>
 #include <atomic>
@@ -24,7 +24,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "config.h"
 #include "dtype.h"
 #include "reduce_kernels.h"
 
@@ -296,11 +295,12 @@ int flushRdmaWrites(int device) {
 }
 
 // Every emulated process has one GPU, "emulated:0" unless
-// RCOLL_TESTING_EMULATE_DEVICE_ID names it otherwise; two different names are
+// EMULATED_DEVICE_ID names it otherwise; two different names are
 // two GPUs without peer access (tests of the CUDA IPC fallback).
 std::string emulatedDeviceId() {
-  const std::string id = environmentValue("RCOLL_TESTING_EMULATE_DEVICE_ID");
-  return id.empty() ? "emulated:0" : id;
+  // A test's own variable, not one of rcoll's settings (config.cc).
+  const char* id = std::getenv("EMULATED_DEVICE_ID");
+  return id != nullptr && *id != '\0' ? id : "emulated:0";
 }
 int deviceId(int device, char* id, size_t bytes) {
   if (device != 0) return failWith("only device 0 exists");
