@@ -15,8 +15,8 @@
 
 int main() {
   using rcoll::DataType;
-  for (DataType dt : {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16,
-                      DataType::kInt32}) {
+  for (DataType dt :
+       {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16, DataType::kInt32}) {
     for (size_t bytes : {size_t{256} << 10, size_t{4} << 20, size_t{64} << 20}) {
       const size_t es = rcoll::elementSize(dt);
       const size_t n = bytes / es;

@@ -105,8 +105,7 @@ void buildRingAllreduce(Schedule& s, const RingContext& ctx, const char* send, c
   }
 }
 
-void buildRecursiveDoublingAllreduce(Schedule& s, const RingContext& ctx, const char* send, char* recv,
-                                     size_t count) {
+void buildRecursiveDoublingAllreduce(Schedule& s, const RingContext& ctx, const char* send, char* recv, size_t count) {
   const int P = ctx.size, r = ctx.rank;
   const size_t es = s.elem_size;
   const bool avg = s.op.reduce_op == ReduceOp::kAvg;
@@ -146,8 +145,8 @@ void buildRecursiveDoublingAllreduce(Schedule& s, const RingContext& ctx, const 
     const char* acc = prev_first < 0 ? send : recv;
     const int first_send = static_cast<int>(s.sends.size());
     for (size_t k = 0; k < nseg; ++k) {
-      s.sends.push_back({partner, acc + k * seg * es, k * seg, segLen(k),
-                         prev_first < 0 ? -1 : prev_first + static_cast<int>(k)});
+      s.sends.push_back(
+          {partner, acc + k * seg * es, k * seg, segLen(k), prev_first < 0 ? -1 : prev_first + static_cast<int>(k)});
     }
     const int first = static_cast<int>(s.recvs.size());
     for (size_t k = 0; k < nseg; ++k) {
@@ -162,8 +161,8 @@ void buildRecursiveDoublingAllreduce(Schedule& s, const RingContext& ctx, const 
   }
   if (folded) {  // hand the result back to the even rank below
     for (size_t k = 0; k < nseg; ++k) {
-      s.sends.push_back({r - 1, recv + k * seg * es, k * seg, segLen(k),
-                         prev_first < 0 ? -1 : prev_first + static_cast<int>(k)});
+      s.sends.push_back(
+          {r - 1, recv + k * seg * es, k * seg, segLen(k), prev_first < 0 ? -1 : prev_first + static_cast<int>(k)});
     }
   }
 }
@@ -229,10 +228,10 @@ void buildDisseminationBarrier(Schedule& s, const RingContext& ctx) {
   }
 }
 
-void buildChainReduce(Schedule& s, const RingContext& ctx, const char* send, char* recv, char* partial,
-                      size_t count, int root) {
+void buildChainReduce(Schedule& s, const RingContext& ctx, const char* send, char* recv, char* partial, size_t count,
+                      int root) {
   const int P = ctx.size, r = ctx.rank;
-  const int distance = mod(r - root, P);  // the root is 0, the far end (root-1) is P-1
+  const int distance = mod(r - root, P);                 // the root is 0, the far end (root-1) is P-1
   const int next = mod(r + 1, P), prev = mod(r - 1, P);  // data flows next -> this rank -> prev
   const size_t es = s.elem_size;
   const bool avg = s.op.reduce_op == ReduceOp::kAvg;
@@ -302,8 +301,8 @@ void buildDirectScatter(Schedule& s, const RingContext& ctx, const char* send, c
 }
 
 void buildPairwiseAllToAll(Schedule& s, const RingContext& ctx, const char* send, char* recv,
-                           const uint64_t* send_counts, const uint64_t* send_displs,
-                           const uint64_t* recv_counts, const uint64_t* recv_displs) {
+                           const uint64_t* send_counts, const uint64_t* send_displs, const uint64_t* recv_counts,
+                           const uint64_t* recv_displs) {
   const int P = ctx.size, r = ctx.rank;
   const size_t es = s.elem_size;
   s.send_pair_count.assign(send_counts, send_counts + P);

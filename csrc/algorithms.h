@@ -15,8 +15,8 @@ namespace rcoll {
 // How a block is cut into pipeline segments. Both ends of every transfer compute
 // the same cut from the same numbers, so nothing about it travels.
 struct Segmenter {
-  size_t max_elems;   // RCOLL_CHUNK_BYTES / element size
-  size_t min_elems;   // RCOLL_MIN_CHUNK_BYTES / element size
+  size_t max_elems;  // RCOLL_CHUNK_BYTES / element size
+  size_t min_elems;  // RCOLL_MIN_CHUNK_BYTES / element size
   // Aim for at least this many segments per block so that transfer and
   // reduction of consecutive segments overlap (Gloo uses >= 2 per rank).
   static constexpr size_t kTargetSegmentsPerBlock = 4;
@@ -42,14 +42,13 @@ void buildRingAllreduce(Schedule& s, const RingContext& ctx, const char* send, c
 // and receives the result at the end (MPICH's scheme). Messages are segmented
 // like the ring's. Partial results are always combined lower ranks first, so
 // every rank ends with the same bits. `send` may equal `recv`.
-void buildRecursiveDoublingAllreduce(Schedule& s, const RingContext& ctx, const char* send, char* recv,
-                                     size_t count);
+void buildRecursiveDoublingAllreduce(Schedule& s, const RingContext& ctx, const char* send, char* recv, size_t count);
 
 // Ring reduce-scatter: `send` holds size*count elements, rank r ends with block r
 // in `recv` (count elements). Partial sums of other blocks go to `scratch`
 // (size*count elements; only the blocks of other ranks are touched).
-void buildRingReduceScatter(Schedule& s, const RingContext& ctx, const char* send, char* recv,
-                            char* scratch, size_t count);
+void buildRingReduceScatter(Schedule& s, const RingContext& ctx, const char* send, char* recv, char* scratch,
+                            size_t count);
 
 // Ring allgather: `recv` holds size*count elements and already contains this
 // rank's block at rank*count (the communicator copies it there).
@@ -77,8 +76,8 @@ void buildDisseminationBarrier(Schedule& s, const RingContext& ctx);
 // sums land in `partial` (count elements; used on ranks other than the root and
 // root-1), the final result in the root's `recv` (which may equal `send`). For
 // kAvg the root divides once.
-void buildChainReduce(Schedule& s, const RingContext& ctx, const char* send, char* recv, char* partial,
-                      size_t count, int root);
+void buildChainReduce(Schedule& s, const RingContext& ctx, const char* send, char* recv, char* partial, size_t count,
+                      int root);
 
 // Direct gather: every rank sends its `count` elements, segmented, straight to
 // the root, which receives block r at recv + r*count (interleaving the peers'
@@ -96,7 +95,7 @@ void buildDirectScatter(Schedule& s, const RingContext& ctx, const char* send, c
 // caught (wire.h). Counts and displacements are in elements, one per rank; the
 // block to self is the communicator's business. Fills the schedule's pair counts.
 void buildPairwiseAllToAll(Schedule& s, const RingContext& ctx, const char* send, char* recv,
-                           const uint64_t* send_counts, const uint64_t* send_displs,
-                           const uint64_t* recv_counts, const uint64_t* recv_displs);
+                           const uint64_t* send_counts, const uint64_t* send_displs, const uint64_t* recv_counts,
+                           const uint64_t* recv_displs);
 
 }  // namespace rcoll

@@ -103,8 +103,8 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, con
   }
   if (p2p_) p2p_->start();
   thread_ = std::thread([this] { progressLoop(); });
-  RCOLL_INFO("communicator '%s' ready: rank %d of %d, transport %s, timeout %.0f s, %s", name_.c_str(), rank_,
-             size_, transportName(), static_cast<double>(timeout_.count()) / 1000.0, config_.describe().c_str());
+  RCOLL_INFO("communicator '%s' ready: rank %d of %d, transport %s, timeout %.0f s, %s", name_.c_str(), rank_, size_,
+             transportName(), static_cast<double>(timeout_.count()) / 1000.0, config_.describe().c_str());
 }
 
 Communicator::~Communicator() {
@@ -128,10 +128,14 @@ std::string Communicator::describeEdges() const {
 
 const char* Communicator::devicePath() const {
   switch (device_path_.load(std::memory_order_relaxed)) {
-    case DevicePath::kIpcWindows: return "cuda-ipc";
-    case DevicePath::kStaging: return "staging";
-    case DevicePath::kGdr: return "gdr";
-    default: return "none";
+    case DevicePath::kIpcWindows:
+      return "cuda-ipc";
+    case DevicePath::kStaging:
+      return "staging";
+    case DevicePath::kGdr:
+      return "gdr";
+    default:
+      return "none";
   }
 }
 
@@ -178,8 +182,8 @@ void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
     }
     std::memcpy(&job, bytes.data(), sizeof(job));
     if (job.size != static_cast<uint32_t>(size_)) {
-      throwError(ErrorKind::kConfig, strFormat("rank %d was started with world size %d but rank 0 with %u",
-                                               rank_, size_, job.size));
+      throwError(ErrorKind::kConfig,
+                 strFormat("rank %d was started with world size %d but rank 0 with %u", rank_, size_, job.size));
     }
     if (job.chunk_bytes != config_.chunk_bytes || job.min_chunk_bytes != config_.min_chunk_bytes) {
       RCOLL_WARN("RCOLL_CHUNK_BYTES/RCOLL_MIN_CHUNK_BYTES differ from rank 0's (%llu/%llu); using rank 0's",
@@ -207,10 +211,11 @@ void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
     }
     const uint64_t my_ipc = config_.cuda_ipc ? config_.cuda_ipc_slot_bytes : 0;
     if (job.cuda_ipc_slot_bytes != my_ipc || job.cuda_ipc_direct_bytes != config_.cuda_ipc_direct_bytes) {
-      RCOLL_WARN("RCOLL_CUDA_IPC/RCOLL_CUDA_IPC_SLOT_BYTES/RCOLL_CUDA_IPC_DIRECT_BYTES differ from rank 0's "
-                 "(%d/%llu/%llu); using rank 0's", job.cuda_ipc_slot_bytes > 0 ? 1 : 0,
-                 static_cast<unsigned long long>(job.cuda_ipc_slot_bytes),
-                 static_cast<unsigned long long>(job.cuda_ipc_direct_bytes));
+      RCOLL_WARN(
+          "RCOLL_CUDA_IPC/RCOLL_CUDA_IPC_SLOT_BYTES/RCOLL_CUDA_IPC_DIRECT_BYTES differ from rank 0's "
+          "(%d/%llu/%llu); using rank 0's",
+          job.cuda_ipc_slot_bytes > 0 ? 1 : 0, static_cast<unsigned long long>(job.cuda_ipc_slot_bytes),
+          static_cast<unsigned long long>(job.cuda_ipc_direct_bytes));
       config_.cuda_ipc = job.cuda_ipc_slot_bytes > 0;
       if (config_.cuda_ipc) config_.cuda_ipc_slot_bytes = job.cuda_ipc_slot_bytes;
       config_.cuda_ipc_direct_bytes = job.cuda_ipc_direct_bytes;
@@ -310,14 +315,15 @@ void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
   if (auto* shm = dynamic_cast<ShmTransport*>(transport_.get())) {
     if (ShmCollectives::available(*shm, size_)) {
       shm_coll_ = std::make_unique<ShmCollectives>(*shm, rank_, size_, config_.spin, config_.shm_coll_direct_bytes);
-      RCOLL_INFO("rank %d: allreduce, allgather, reduce_scatter, broadcast and barrier go through shared windows "
-                 "(slots of %zu bytes)", rank_, shm->windowSlotBytes());
+      RCOLL_INFO(
+          "rank %d: allreduce, allgather, reduce_scatter, broadcast and barrier go through shared windows "
+          "(slots of %zu bytes)",
+          rank_, shm->windowSlotBytes());
     }
   }
-  p2p_ = std::make_unique<P2PEngine>(std::move(p2p_transport), rank_, size_, p2p_info.comm_id,
-                                     [this](ErrorKind kind, const std::string& message) {
-                                       recordFailure(kind, message);
-                                     });
+  p2p_ =
+      std::make_unique<P2PEngine>(std::move(p2p_transport), rank_, size_, p2p_info.comm_id,
+                                  [this](ErrorKind kind, const std::string& message) { recordFailure(kind, message); });
 }
 
 // Every rank publishes its host identity and whether it will use shared
@@ -354,20 +360,25 @@ std::vector<HostEntry> Communicator::exchangeHosts(Store& store, const std::stri
     throwError(ErrorKind::kConfig, message);
   };
   if (mine.identity.empty()) {
-    refuse(strFormat("rank %d: RCOLL_TRANSPORT=shm but this rank cannot tell which host it is on (no boot id); set "
-                     "RCOLL_HOSTID or use auto", rank_));
+    refuse(
+        strFormat("rank %d: RCOLL_TRANSPORT=shm but this rank cannot tell which host it is on (no boot id); set "
+                  "RCOLL_HOSTID or use auto",
+                  rank_));
   }
   for (int r = 0; r < size_; ++r) {
     const HostEntry& theirs = hosts[static_cast<size_t>(r)];
     if (theirs.identity != mine.identity) {
-      refuse(strFormat("rank %d: RCOLL_TRANSPORT=shm but rank %d runs on another host (or network namespace): "
-                       "shared memory needs every rank on one host; use auto, which takes shared memory between "
-                       "the ranks of each host and the network between hosts",
-                       rank_, r));
+      refuse(
+          strFormat("rank %d: RCOLL_TRANSPORT=shm but rank %d runs on another host (or network namespace): "
+                    "shared memory needs every rank on one host; use auto, which takes shared memory between "
+                    "the ranks of each host and the network between hosts",
+                    rank_, r));
     }
     if (!sharesMemory(mine, theirs)) {
-      refuse(strFormat("rank %d: RCOLL_TRANSPORT=shm but rank %d will not use shared memory (RCOLL_TRANSPORT "
-                       "or RCOLL_SHM_DISABLE=1 there)", rank_, r));
+      refuse(
+          strFormat("rank %d: RCOLL_TRANSPORT=shm but rank %d will not use shared memory (RCOLL_TRANSPORT "
+                    "or RCOLL_SHM_DISABLE=1 there)",
+                    rank_, r));
     }
   }
   return hosts;
@@ -387,24 +398,23 @@ bool Communicator::agreeOnVerbs(Store& store, const std::string& prefix, Deadlin
   }
   if (config_.transport == "ib" && !port->ok) {
     store.set(prefix + "ib/" + std::to_string(rank_), toBytes(mine));
-    throwError(ErrorKind::kConfig, strFormat("rank %d: RCOLL_TRANSPORT=ib but this rank cannot use RDMA: %s", rank_,
-                                             mine.c_str()));
+    throwError(ErrorKind::kConfig,
+               strFormat("rank %d: RCOLL_TRANSPORT=ib but this rank cannot use RDMA: %s", rank_, mine.c_str()));
   }
   store.set(prefix + "ib/" + std::to_string(rank_), toBytes(mine));
   for (int r = 0; r < size_; ++r) {
     if (!needsNetwork(r, hosts)) continue;
-    std::string theirs =
-        r == rank_ ? mine
-                   : fromBytes(store.get(prefix + "ib/" + std::to_string(r),
-                                         std::chrono::milliseconds(millisecondsUntil(deadline))));
+    std::string theirs = r == rank_ ? mine
+                                    : fromBytes(store.get(prefix + "ib/" + std::to_string(r),
+                                                          std::chrono::milliseconds(millisecondsUntil(deadline))));
     if (theirs == "ok") continue;
     if (config_.transport == "ib") {
-      throwError(ErrorKind::kConfig, strFormat("rank %d: RCOLL_TRANSPORT=ib but rank %d cannot use RDMA: %s", rank_, r,
-                                               theirs.c_str()));
+      throwError(ErrorKind::kConfig,
+                 strFormat("rank %d: RCOLL_TRANSPORT=ib but rank %d cannot use RDMA: %s", rank_, r, theirs.c_str()));
     }
     if (config_.transport == "auto") {
-      RCOLL_INFO("rank %d: using TCP between hosts: %s%s", rank_,
-                 r == rank_ ? "" : strFormat("rank %d: ", r).c_str(), theirs.c_str());
+      RCOLL_INFO("rank %d: using TCP between hosts: %s%s", rank_, r == rank_ ? "" : strFormat("rank %d: ", r).c_str(),
+                 theirs.c_str());
     }
     return false;
   }
@@ -427,13 +437,15 @@ std::shared_ptr<Work> Communicator::enqueue(OpKind kind, DataType dtype, ReduceO
                                kind == OpKind::kGather || kind == OpKind::kScatter;
   if (root < 0 || root >= size_) {  // named without describeOp(), which cannot show a negative root
     throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: %s: root %d is not a rank of this communicator "
-                                                      "(size %d)", rank_, opKindName(kind), root, size_));
+                                                      "(size %d)",
+                                                      rank_, opKindName(kind), root, size_));
   }
   std::string bad;
   if ((kind == OpKind::kAllreduce || kind == OpKind::kReduceScatter || kind == OpKind::kReduce)) {
     bad = reduceUnsupportedReason(dtype, op);
   }
-  if (bad.empty() && count > std::numeric_limits<size_t>::max() / es / (per_rank_blocks ? static_cast<size_t>(size_) : 1)) {
+  if (bad.empty() &&
+      count > std::numeric_limits<size_t>::max() / es / (per_rank_blocks ? static_cast<size_t>(size_) : 1)) {
     bad = strFormat("count %zu is too large: the buffers would not fit in memory", count);
   }
   if (bad.empty() && count > 0) {
@@ -466,15 +478,17 @@ std::shared_ptr<Work> Communicator::enqueue(OpKind kind, DataType dtype, ReduceO
     const std::string what = strFormat("rank %d: %s on device %d", rank_, describeOp(desc).c_str(), device->device);
     const DeviceApi* api = installedDeviceApi();
     if (api == nullptr) {
-      throwError(ErrorKind::kInvalidArgument, what + ": no device runtime is installed (rcoll.cuda's module was not "
-                                                     "loaded; is this a CUDA build of rcoll?)");
+      throwError(ErrorKind::kInvalidArgument, what +
+                                                  ": no device runtime is installed (rcoll.cuda's module was not "
+                                                  "loaded; is this a CUDA build of rcoll?)");
     }
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (device_ >= 0 && device_ != device->device) {
         throwError(ErrorKind::kInvalidArgument,
                    strFormat("%s: this communicator already serves device %d; a communicator uses one device "
-                             "(create one per device)", what.c_str(), device_));
+                             "(create one per device)",
+                             what.c_str(), device_));
       }
       device_ = device->device;
     }
@@ -491,8 +505,14 @@ std::shared_ptr<Work> Communicator::enqueue(OpKind kind, DataType dtype, ReduceO
   desc.seq = next_seq_++;
   auto work = std::make_shared<Work>(desc.seq);
   if (completion) work->setDeviceCompletion(completion);
-  Op op{desc, static_cast<const char*>(send), static_cast<char*>(recv), timeout.count() > 0 ? timeout : timeout_,
-        work, std::move(counts), std::chrono::steady_clock::now(), device != nullptr ? device->device : -1,
+  Op op{desc,
+        static_cast<const char*>(send),
+        static_cast<char*>(recv),
+        timeout.count() > 0 ? timeout : timeout_,
+        work,
+        std::move(counts),
+        std::chrono::steady_clock::now(),
+        device != nullptr ? device->device : -1,
         std::move(ready)};
   // A caller that is about to wait runs the op itself when nothing is queued
   // or running: no hand-off to the progress thread and back, which costs two
@@ -563,7 +583,8 @@ std::shared_ptr<Work> Communicator::deviceCollective(OpKind kind, const void* se
       break;
     default:
       throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: %s is not supported on device buffers (copy "
-                                                        "them to the host)", rank_, opKindName(kind)));
+                                                        "them to the host)",
+                                                        rank_, opKindName(kind)));
   }
   if (kind != OpKind::kAllreduce && kind != OpKind::kReduceScatter && kind != OpKind::kReduce) op = ReduceOp::kSum;
   if (kind == OpKind::kAllreduce || kind == OpKind::kAllgather || kind == OpKind::kReduceScatter) root = 0;
@@ -626,8 +647,9 @@ std::shared_ptr<Work> Communicator::allToAll(const void* send, void* recv, const
         invalid(strFormat("%s[%zu] + %s[%zu] = %lld + %lld elements overflows the address space", dname, p, cname, p,
                           static_cast<long long>(displs[p]), static_cast<long long>(counts[p])));
       }
-      if (totals[side] > max_elems - c) invalid(strFormat("the %s add up to more than %llu elements", cname,
-                                                          static_cast<unsigned long long>(max_elems)));
+      if (totals[side] > max_elems - c)
+        invalid(
+            strFormat("the %s add up to more than %llu elements", cname, static_cast<unsigned long long>(max_elems)));
       totals[side] += c;
       if (c > 0) {
         lo[side] = std::min(lo[side], d);
@@ -641,9 +663,10 @@ std::shared_ptr<Work> Communicator::allToAll(const void* send, void* recv, const
   if (totals[1] > 0 && recv == nullptr) invalid("null receive buffer with elements to receive");
   const size_t me = static_cast<size_t>(rank_);
   if (send_counts[me] != recv_counts[me]) {
-    invalid(strFormat("send_counts[%d] = %lld but recv_counts[%d] = %lld: the block a rank sends itself must have "
-                      "the same size on both sides",
-                      rank_, static_cast<long long>(send_counts[me]), rank_, static_cast<long long>(recv_counts[me])));
+    invalid(
+        strFormat("send_counts[%d] = %lld but recv_counts[%d] = %lld: the block a rank sends itself must have "
+                  "the same size on both sides",
+                  rank_, static_cast<long long>(send_counts[me]), rank_, static_cast<long long>(recv_counts[me])));
   }
   if (totals[0] > 0 && totals[1] > 0) {
     uintptr_t s0 = reinterpret_cast<uintptr_t>(send) + lo[0] * es, s1 = reinterpret_cast<uintptr_t>(send) + hi[0] * es;
@@ -665,9 +688,9 @@ void Communicator::runOp(const Op& op) {
   if (shm_coll_ && ShmCollectives::handles(d.kind)) {
     return shm_coll_->run(d, op.send, op.recv, deadline, op.timeout, abort_flag_);
   }
-  const RingContext ctx{rank_, size_,
-                        Segmenter{std::max<size_t>(1, config_.chunk_bytes / es),
-                                  std::max<size_t>(1, config_.min_chunk_bytes / es)}};
+  const RingContext ctx{
+      rank_, size_,
+      Segmenter{std::max<size_t>(1, config_.chunk_bytes / es), std::max<size_t>(1, config_.min_chunk_bytes / es)}};
   schedule_.reset(d, es);
   // Local part first: out-of-place inputs are copied where the algorithm
   // expects them (memmove: callers may pass overlapping views).
@@ -769,9 +792,8 @@ void Communicator::runDeviceOp(const Op& op) {
   const size_t es = elementSize(d.dtype);
   const size_t bytes = d.count * es;
   const auto deadline = std::chrono::steady_clock::now() + op.timeout;
-  const std::string context =
-      strFormat("rank %d: %s (op #%llu) on device %d", rank_, describeOp(d).c_str(),
-                static_cast<unsigned long long>(d.seq), op.device);
+  const std::string context = strFormat("rank %d: %s (op #%llu) on device %d", rank_, describeOp(d).c_str(),
+                                        static_cast<unsigned long long>(d.seq), op.device);
   // Every rank on one host: device to device through the CUDA IPC windows,
   // when all ranks could set them up (the same answer on every rank).
   if (shm_coll_) {
@@ -786,18 +808,18 @@ void Communicator::runDeviceOp(const Op& op) {
   }
   if (!device_executor_) {
     try {
-      device_executor_ = std::make_unique<DeviceStagingExecutor>(
-          transport_.get(), *installedDeviceApi(), op.device, rank_, size_, info_.comm_id,
-          config_.chunk_bytes + 8, config_.pipeline_slots, config_.gdr);
+      device_executor_ = std::make_unique<DeviceStagingExecutor>(transport_.get(), *installedDeviceApi(), op.device,
+                                                                 rank_, size_, info_.comm_id, config_.chunk_bytes + 8,
+                                                                 config_.pipeline_slots, config_.gdr);
     } catch (const RcollError& e) {
       throwError(e.kind(), context + ": " + e.what());
     }
   }
   DeviceStagingExecutor& ex = *device_executor_;
   device_path_.store(ex.gdr() ? DevicePath::kGdr : DevicePath::kStaging, std::memory_order_relaxed);
-  const RingContext ctx{rank_, size_,
-                        Segmenter{std::max<size_t>(1, config_.chunk_bytes / es),
-                                  std::max<size_t>(1, config_.min_chunk_bytes / es)}};
+  const RingContext ctx{
+      rank_, size_,
+      Segmenter{std::max<size_t>(1, config_.chunk_bytes / es), std::max<size_t>(1, config_.min_chunk_bytes / es)}};
   schedule_.reset(d, es);
   const int root = static_cast<int>(d.root);
   const bool avg = d.reduce_op == ReduceOp::kAvg;
@@ -982,16 +1004,16 @@ void Communicator::executeOp(const Op& op) {
 // "transfer" inside it (the executor adds the "reduce" slices).
 void Communicator::recordTimeline(const Op& op, std::chrono::steady_clock::time_point start, const char* outcome) {
   const auto end = std::chrono::steady_clock::now();
-  const std::string args = strFormat("\"op\": \"%s\", \"seq\": %llu, \"bytes\": %zu, \"outcome\": \"%s\"",
-                                     jsonEscape(describeOp(op.desc)).c_str(),
-                                     static_cast<unsigned long long>(op.desc.seq),
-                                     op.desc.count * elementSize(op.desc.dtype), outcome);
+  const std::string args = strFormat(
+      "\"op\": \"%s\", \"seq\": %llu, \"bytes\": %zu, \"outcome\": \"%s\"", jsonEscape(describeOp(op.desc)).c_str(),
+      static_cast<unsigned long long>(op.desc.seq), op.desc.count * elementSize(op.desc.dtype), outcome);
   timeline_->slice(0, strFormat("%s #%llu", opKindName(op.desc.kind), static_cast<unsigned long long>(op.desc.seq)),
                    "op", op.enqueued, end, args);
   timeline_->slice(0, "queue", "queue", op.enqueued, start);
-  auto first = op.device >= 0 ? (device_executor_ ? device_executor_->firstCompletion()
-                                                         : std::chrono::steady_clock::time_point{})
-                    : executor_ ? executor_->firstCompletion() : std::chrono::steady_clock::time_point{};
+  auto first = op.device >= 0
+                   ? (device_executor_ ? device_executor_->firstCompletion() : std::chrono::steady_clock::time_point{})
+               : executor_ ? executor_->firstCompletion()
+                           : std::chrono::steady_clock::time_point{};
   if (shm_coll_ && ShmCollectives::handles(op.desc.kind)) {
     // Device ops too, when they went through the device windows (then it is this op's).
     const auto windows_first = shm_coll_->firstCompletion();
@@ -1012,20 +1034,23 @@ void Communicator::abort(const std::string& reason) {
 
 std::shared_ptr<Work> Communicator::send(const void* data, size_t count, DataType dtype, int peer, int tag,
                                          std::chrono::milliseconds timeout) {
-  if (!p2p_) throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: send: no other rank in a world of size 1", rank_));
+  if (!p2p_)
+    throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: send: no other rank in a world of size 1", rank_));
   return p2p_->send(data, count, dtype, peer, tag, timeout.count() > 0 ? timeout : timeout_);
 }
 
 std::shared_ptr<Work> Communicator::recv(void* data, size_t count, DataType dtype, int peer, int tag,
                                          std::chrono::milliseconds timeout) {
-  if (!p2p_) throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: recv: no other rank in a world of size 1", rank_));
+  if (!p2p_)
+    throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: recv: no other rank in a world of size 1", rank_));
   return p2p_->recv(data, count, dtype, peer, tag, timeout.count() > 0 ? timeout : timeout_);
 }
 
 std::shared_ptr<Work> Communicator::recvFromAny(void* data, size_t count, DataType dtype, int tag,
                                                 std::chrono::milliseconds timeout) {
   if (!p2p_) {
-    throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: recv from any source: no other rank in a world of size 1", rank_));
+    throwError(ErrorKind::kInvalidArgument,
+               strFormat("rank %d: recv from any source: no other rank in a world of size 1", rank_));
   }
   return p2p_->recvFromAny(data, count, dtype, tag, timeout.count() > 0 ? timeout : timeout_);
 }

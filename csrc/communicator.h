@@ -41,9 +41,9 @@
 namespace rcoll {
 
 struct CommunicatorOptions {
-  std::string name = "default";  // store namespace; communicators on one store need distinct names
+  std::string name = "default";          // store namespace; communicators on one store need distinct names
   std::chrono::milliseconds timeout{0};  // per-op default; 0 = RCOLL_TIMEOUT or 30 min
-  std::string bind_hint;         // address to bind data sockets to when RCOLL_SOCKET_IFNAME is unset
+  std::string bind_hint;                 // address to bind data sockets to when RCOLL_SOCKET_IFNAME is unset
 };
 
 // How an op starts: queued for the progress thread, or run on the calling
@@ -178,8 +178,8 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   bool agreeOnVerbs(Store& store, const std::string& prefix, Deadline deadline, const std::vector<HostEntry>& hosts,
                     IbPortChoice* port);
   void rendezvous(Store& store, const std::string& bind_hint);
-  std::shared_ptr<Work> enqueue(OpKind kind, DataType dtype, ReduceOp op, int root, size_t count,
-                                const void* send, void* recv, std::chrono::milliseconds timeout, Launch launch,
+  std::shared_ptr<Work> enqueue(OpKind kind, DataType dtype, ReduceOp op, int root, size_t count, const void* send,
+                                void* recv, std::chrono::milliseconds timeout, Launch launch,
                                 std::vector<uint64_t> counts = {}, const DeviceOpArgs* device = nullptr);
   void progressLoop();
   void executeOp(const Op& op);
@@ -213,14 +213,14 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   std::unique_ptr<ShmCollectives> shm_coll_;
   enum class DevicePath { kNone, kIpcWindows, kStaging, kGdr };
   std::atomic<DevicePath> device_path_{DevicePath::kNone};
-  std::unique_ptr<P2PEngine> p2p_;   // own sockets and thread; none in a world of size 1
+  std::unique_ptr<P2PEngine> p2p_;  // own sockets and thread; none in a world of size 1
   // Device ops: created by the first one, on the progress thread; destroyed
   // before the transport it registered its staging memory with.
   std::unique_ptr<DeviceStagingExecutor> device_executor_;
-  int device_ = -1;                  // the device this communicator serves (set by the first device op)
+  int device_ = -1;                      // the device this communicator serves (set by the first device op)
   std::atomic<bool> peers_told_{false};  // set by whoever owns the executor
-  Schedule schedule_;                // reused by every op on the progress thread
-  std::vector<char> scratch_;        // reduce-scatter and reduce partial sums, grown on demand
+  Schedule schedule_;                    // reused by every op on the progress thread
+  std::vector<char> scratch_;            // reduce-scatter and reduce partial sums, grown on demand
 
   mutable std::mutex mutex_;
   std::condition_variable queue_cv_;
@@ -228,10 +228,10 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   bool running_op_ = false;
   std::deque<Op> queue_;
   uint64_t next_seq_ = 1;
-  bool stopping_ = false;           // shutdown(): no new ops, finish the queue
+  bool stopping_ = false;  // shutdown(): no new ops, finish the queue
   bool closed_ = false;
   ErrorKind poison_kind_ = ErrorKind::kGeneric;
-  std::string poison_message_;      // sticky first error
+  std::string poison_message_;  // sticky first error
   std::atomic<bool> abort_flag_{false};
   std::thread thread_;
 };

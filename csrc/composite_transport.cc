@@ -15,7 +15,6 @@ namespace rcoll {
 
 namespace {
 
-
 void drainEventfd(int fd) {
   uint64_t drained = 0;
   ssize_t ignored = ::read(fd, &drained, sizeof(drained));
@@ -28,8 +27,8 @@ CompositeTransport::CompositeTransport(const ConnectInfo& info, std::vector<std:
                                        std::vector<int> route, std::chrono::microseconds spin)
     : info_(info), spin_(spin), children_(std::move(children)), route_(std::move(route)) {
   if (route_.size() != static_cast<size_t>(info_.size)) {
-    throwError(ErrorKind::kGeneric, strFormat("rank %d: a composite transport needs a route for each of %d ranks",
-                                              info_.rank, info_.size));
+    throwError(ErrorKind::kGeneric,
+               strFormat("rank %d: a composite transport needs a route for each of %d ranks", info_.rank, info_.size));
   }
   for (size_t i = 0; i < children_.size(); ++i) {
     std::vector<bool> served(route_.size());
@@ -38,8 +37,8 @@ CompositeTransport::CompositeTransport(const ConnectInfo& info, std::vector<std:
     if (children_[i]->needsRegistration()) {
       if (registrar_ != nullptr) {
         throwError(ErrorKind::kGeneric, strFormat("rank %d: two transports of one composite need memory "
-                                                  "registration (%s and %s)", info_.rank, registrar_->name(),
-                                                  children_[i]->name()));
+                                                  "registration (%s and %s)",
+                                                  info_.rank, registrar_->name(), children_[i]->name()));
       }
       registrar_ = children_[i].get();
     }
@@ -57,9 +56,8 @@ CompositeTransport::~CompositeTransport() {
 
 Transport& CompositeTransport::childOf(int peer) const {
   if (peer < 0 || peer >= info_.size || route_[static_cast<size_t>(peer)] < 0) {
-    throwError(ErrorKind::kInvalidArgument,
-               strFormat("rank %d: rank %d is not a peer of this communicator (size %d)", info_.rank, peer,
-                         info_.size));
+    throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: rank %d is not a peer of this communicator (size %d)",
+                                                      info_.rank, peer, info_.size));
   }
   return *children_[static_cast<size_t>(route_[static_cast<size_t>(peer)])];
 }
@@ -135,9 +133,7 @@ Request* CompositeTransport::irecv(int peer, const WireHeader& expected, void* d
 
 bool CompositeTransport::canPeek(int peer) const { return childOf(peer).canPeek(peer); }
 
-bool CompositeTransport::peekIncoming(int peer, WireHeader* header) {
-  return childOf(peer).peekIncoming(peer, header);
-}
+bool CompositeTransport::peekIncoming(int peer, WireHeader* header) { return childOf(peer).peekIncoming(peer, header); }
 
 TransportFailure CompositeTransport::failure(Request* request) const { return childOf(request->peer).failure(request); }
 

@@ -42,8 +42,8 @@ class CompositeTransport : public Transport {
   // (-1 for this rank). Gives each child its share of peers (setPeers). At most
   // one child may need memory registration.
   // `spin`: how long progress() polls the children before it sleeps (RCOLL_SPIN_US).
-  CompositeTransport(const ConnectInfo& info, std::vector<std::unique_ptr<Transport>> children,
-                     std::vector<int> route, std::chrono::microseconds spin);
+  CompositeTransport(const ConnectInfo& info, std::vector<std::unique_ptr<Transport>> children, std::vector<int> route,
+                     std::chrono::microseconds spin);
   ~CompositeTransport() override;
 
   const char* name() const override { return name_.c_str(); }  // "shm+tcp"
@@ -85,13 +85,13 @@ class CompositeTransport : public Transport {
   ConnectInfo info_;
   std::chrono::microseconds spin_;
   std::vector<std::unique_ptr<Transport>> children_;
-  std::vector<int> route_;           // per peer: index into children_, -1 for this rank
-  Transport* registrar_ = nullptr;   // the child that needs registered memory, if any
+  std::vector<int> route_;          // per peer: index into children_, -1 for this rank
+  Transport* registrar_ = nullptr;  // the child that needs registered memory, if any
   std::string name_;
-  int wake_fd_ = -1;                 // interrupt()
+  int wake_fd_ = -1;  // interrupt()
   std::atomic<bool> interrupted_{false};
-  std::vector<pollfd> poll_fds_;     // sleep() scratch: wake_fd_, then each child's range
-  std::vector<size_t> child_fds_;    // where each child's range starts in poll_fds_ (and ends: next start)
+  std::vector<pollfd> poll_fds_;   // sleep() scratch: wake_fd_, then each child's range
+  std::vector<size_t> child_fds_;  // where each child's range starts in poll_fds_ (and ends: next start)
 };
 
 // What a rank publishes in the store: "kind=address" per listener it runs,

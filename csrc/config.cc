@@ -13,22 +13,19 @@ namespace rcoll {
 
 const std::vector<ConfigVar>& configVars() {
   static const std::vector<ConfigVar> vars = {
-      {"RCOLL_DEBUG", "WARN",
-       "log level: `WARN`, `INFO`, `TRACE` (`NONE` silences warnings)"},
+      {"RCOLL_DEBUG", "WARN", "log level: `WARN`, `INFO`, `TRACE` (`NONE` silences warnings)"},
       {"RCOLL_TRANSPORT", "auto",
        "data transport, chosen per pair of ranks: `auto` (shared memory between ranks of one host; "
        "between hosts verbs when every rank with a peer on another host has an active RDMA port, "
        "else TCP, with one INFO line saying why), `shm` (every rank on one host, else a "
        "`ConfigError` naming a rank elsewhere), `ib` (verbs on every pair, or a clear error) or "
        "`tcp` (TCP on every pair)"},
-      {"RCOLL_SHM_DISABLE", "0",
-       "`1`: never shared memory on this rank's pairs (`auto` then picks verbs or TCP)"},
+      {"RCOLL_SHM_DISABLE", "0", "`1`: never shared memory on this rank's pairs (`auto` then picks verbs or TCP)"},
       {"RCOLL_HOSTID", "",
        "this rank's host identity, like `NCCL_HOSTID` (default: the kernel's boot id and the network "
        "namespace); ranks with equal values use shared memory with each other, so a value must name "
        "one machine (ranks of one machine may be split into several \"hosts\")"},
-      {"RCOLL_SHM_RING_BYTES", "4M",
-       "shared-memory ring per direction and pair of ranks (4K to 1G)"},
+      {"RCOLL_SHM_RING_BYTES", "4M", "shared-memory ring per direction and pair of ranks (4K to 1G)"},
       {"RCOLL_SHM_COLL", "1",
        "when every rank is on one host, allreduce, allgather, reduce_scatter, broadcast and barrier "
        "go through shared windows (each rank publishes its data once; the others read and reduce it "
@@ -66,36 +63,27 @@ const std::vector<ConfigVar>& configVars() {
        "held to what one stream, copied by one core, carries; point-to-point traffic keeps one "
        "socket. On loopback or a host whose cores are already busy it gains nothing (see "
        "bench/README.md)"},
-      {"RCOLL_CHUNK_BYTES", "1M",
-       "largest pipeline segment of the ring algorithms"},
-      {"RCOLL_MIN_CHUNK_BYTES", "64K",
-       "smallest segment a ring block is cut into for overlap"},
-      {"RCOLL_PIPELINE_SLOTS", "8",
-       "staging segments in flight per operation"},
+      {"RCOLL_CHUNK_BYTES", "1M", "largest pipeline segment of the ring algorithms"},
+      {"RCOLL_MIN_CHUNK_BYTES", "64K", "smallest segment a ring block is cut into for overlap"},
+      {"RCOLL_PIPELINE_SLOTS", "8", "staging segments in flight per operation"},
       {"RCOLL_ALLREDUCE_RD_BYTES", "32K",
        "allreduce buffers up to this size use recursive doubling (log2 P exchanges of the whole "
        "buffer: latency-bound sizes); larger ones the ring; `0`: always the ring"},
       {"RCOLL_SPIN_US", "50",
        "microseconds a waiting rank busy-polls its connections (yielding the core between polls) "
        "before it sleeps; `0`: sleep at once (least CPU, more latency)"},
-      {"RCOLL_CONNECT_TIMEOUT", "300",
-       "seconds to wait for the store and the peers at start-up"},
-      {"RCOLL_TIMEOUT", "1800",
-       "default per-operation timeout in seconds (`rcoll.init(timeout=...)` overrides)"},
+      {"RCOLL_CONNECT_TIMEOUT", "300", "seconds to wait for the store and the peers at start-up"},
+      {"RCOLL_TIMEOUT", "1800", "default per-operation timeout in seconds (`rcoll.init(timeout=...)` overrides)"},
       {"RCOLL_IB_HCA", "",
        "RDMA devices/ports, NCCL-style: `mlx5_0:1,mlx5_1` (name prefixes, optional port), `=mlx5_0` "
        "(exact names), `^mlx5_1` (exclude); default: the first ACTIVE port"},
       {"RCOLL_IB_GID_INDEX", "",
        "RoCE GID index; default: scan the GID table, prefer RoCE v2 with an IPv4-mapped address, "
        "skip link-local and empty entries"},
-      {"RCOLL_IB_TIMEOUT", "16",
-       "RC ack timeout exponent (4.096 us x 2^value per retry)"},
-      {"RCOLL_IB_RETRY_CNT", "7",
-       "RC retries before a silent peer is declared unreachable"},
-      {"RCOLL_IB_MR_CACHE_BYTES", "4G",
-       "unused memory registrations kept for reuse (0: register per operation)"},
-      {"RCOLL_IBVERBS_LIB", "",
-       "the libibverbs to load (default `libibverbs.so.1`, then `libibverbs.so`)"},
+      {"RCOLL_IB_TIMEOUT", "16", "RC ack timeout exponent (4.096 us x 2^value per retry)"},
+      {"RCOLL_IB_RETRY_CNT", "7", "RC retries before a silent peer is declared unreachable"},
+      {"RCOLL_IB_MR_CACHE_BYTES", "4G", "unused memory registrations kept for reuse (0: register per operation)"},
+      {"RCOLL_IBVERBS_LIB", "", "the libibverbs to load (default `libibverbs.so.1`, then `libibverbs.so`)"},
       {"RCOLL_TIMELINE", "",
        "write a Chrome trace of every op to `<value>.rank<N>.json`; a process's later communicators "
        "(torch sub-groups) write `<value>.rank<N>.comm<K>.json` (docs/environment.md, \"The timeline\")"},
@@ -114,7 +102,8 @@ std::string environmentValue(const char* name) {
   bool documented = false;
   for (const ConfigVar& var : configVars()) documented = documented || std::strcmp(var.name, name) == 0;
   if (!documented) {
-    throwError(ErrorKind::kGeneric, strFormat("internal error: %s is read but not documented in configVars() (config.cc)", name));
+    throwError(ErrorKind::kGeneric,
+               strFormat("internal error: %s is read but not documented in configVars() (config.cc)", name));
   }
   const char* value = std::getenv(name);
   return value != nullptr ? value : "";
@@ -187,8 +176,8 @@ std::chrono::milliseconds parseSeconds(const char* name, const std::string& valu
   const bool ok = end != value.c_str() && *end == '\0' && std::isfinite(seconds) &&
                   (zero_ok ? seconds >= 0 : seconds > 0) && seconds <= 1e9;
   if (!ok) {
-    throwError(ErrorKind::kConfig, strFormat("%s=%s must be a number of seconds %s (fractions allowed, e.g. 0.5)",
-                                             name, value.c_str(), zero_ok ? ">= 0" : "> 0"));
+    throwError(ErrorKind::kConfig, strFormat("%s=%s must be a number of seconds %s (fractions allowed, e.g. 0.5)", name,
+                                             value.c_str(), zero_ok ? ">= 0" : "> 0"));
   }
   return std::chrono::milliseconds(static_cast<long long>(std::ceil(seconds * 1000)));
 }
@@ -215,15 +204,18 @@ Config Config::fromEnvironment() {
   Config c;
   using S = const std::string&;
   ifSet("RCOLL_CHUNK_BYTES", [&](const char* n, S v) { c.chunk_bytes = parseBytesIn(n, v, 64, size_t{1} << 30); });
-  ifSet("RCOLL_MIN_CHUNK_BYTES", [&](const char* n, S v) { c.min_chunk_bytes = parseBytesIn(n, v, 64, c.chunk_bytes); });
+  ifSet("RCOLL_MIN_CHUNK_BYTES",
+        [&](const char* n, S v) { c.min_chunk_bytes = parseBytesIn(n, v, 64, c.chunk_bytes); });
   if (c.min_chunk_bytes > c.chunk_bytes) {
     throwError(ErrorKind::kConfig, "RCOLL_MIN_CHUNK_BYTES must not exceed RCOLL_CHUNK_BYTES");
   }
-  ifSet("RCOLL_PIPELINE_SLOTS", [&](const char* n, S v) { c.pipeline_slots = static_cast<int>(parseInt(n, v, 1, 256)); });
+  ifSet("RCOLL_PIPELINE_SLOTS",
+        [&](const char* n, S v) { c.pipeline_slots = static_cast<int>(parseInt(n, v, 1, 256)); });
   ifSet("RCOLL_ALLREDUCE_RD_BYTES", [&](const char* n, S v) { c.allreduce_rd_bytes = parseByteSize(n, v); });
   ifSet("RCOLL_SPIN_US", [&](const char* n, S v) { c.spin = std::chrono::microseconds(parseInt(n, v, 0, 1000000)); });
   ifSet("RCOLL_SOCKET_BUFFER_BYTES", [&](const char* n, S v) { c.socket_buffer_bytes = parseByteSize(n, v); });
-  ifSet("RCOLL_SOCKETS_PER_PEER", [&](const char* n, S v) { c.sockets_per_peer = static_cast<int>(parseInt(n, v, 1, 16)); });
+  ifSet("RCOLL_SOCKETS_PER_PEER",
+        [&](const char* n, S v) { c.sockets_per_peer = static_cast<int>(parseInt(n, v, 1, 16)); });
   ifSet("RCOLL_SOCKET_IFNAME", [&](const char*, S v) { c.socket_ifname = v; });
   ifSet("RCOLL_TRANSPORT", [&](const char* n, S v) { c.transport = parseChoice(n, v, {"auto", "shm", "ib", "tcp"}); });
   ifSet("RCOLL_SHM_DISABLE", [&](const char* n, S v) { c.shm_disable = parseFlag(n, v); });
@@ -256,10 +248,11 @@ Config Config::fromEnvironment() {
 }
 
 std::string Config::describe() const {
-  return strFormat("transport=%s chunk_bytes=%zu min_chunk_bytes=%zu pipeline_slots=%d "
-                   "socket_buffer_bytes=%zu sockets_per_peer=%d socket_ifname=%s",
-                   transport.c_str(), chunk_bytes, min_chunk_bytes, pipeline_slots,
-                   socket_buffer_bytes, sockets_per_peer, socket_ifname.empty() ? "(auto)" : socket_ifname.c_str());
+  return strFormat(
+      "transport=%s chunk_bytes=%zu min_chunk_bytes=%zu pipeline_slots=%d "
+      "socket_buffer_bytes=%zu sockets_per_peer=%d socket_ifname=%s",
+      transport.c_str(), chunk_bytes, min_chunk_bytes, pipeline_slots, socket_buffer_bytes, sockets_per_peer,
+      socket_ifname.empty() ? "(auto)" : socket_ifname.c_str());
 }
 
 }  // namespace rcoll

@@ -42,18 +42,18 @@ struct Config {
   bool shm_coll = true;                  // RCOLL_SHM_COLL: collectives through shared windows (all ranks on one host)
   size_t shm_coll_slot_bytes = 1 << 20;  // RCOLL_SHM_COLL_SLOT_BYTES: each window slot (two per rank)
   size_t shm_coll_direct_bytes = 256 << 10;  // RCOLL_SHM_COLL_DIRECT_BYTES: see configVars()
-  bool cuda_ipc = true;                  // RCOLL_CUDA_IPC: device buffers through CUDA IPC windows (one host)
-  size_t cuda_ipc_slot_bytes = 16 << 20; // RCOLL_CUDA_IPC_SLOT_BYTES: each device window slot (two per rank)
-  size_t cuda_ipc_direct_bytes = 1 << 20;  // RCOLL_CUDA_IPC_DIRECT_BYTES: see configVars()
+  bool cuda_ipc = true;                      // RCOLL_CUDA_IPC: device buffers through CUDA IPC windows (one host)
+  size_t cuda_ipc_slot_bytes = 16 << 20;     // RCOLL_CUDA_IPC_SLOT_BYTES: each device window slot (two per rank)
+  size_t cuda_ipc_direct_bytes = 1 << 20;    // RCOLL_CUDA_IPC_DIRECT_BYTES: see configVars()
   enum class Gdr { kOff, kAuto, kOn };
-  Gdr gdr = Gdr::kAuto;                  // RCOLL_GDR: GPUDirect RDMA for device buffers over verbs
-  std::string host_id;                   // RCOLL_HOSTID: this rank's host identity (edge_plan.h)
-  std::string ib_hca;                    // RCOLL_IB_HCA: device/port filter (rdma/ib_device.h)
-  int ib_gid_index = -1;                 // RCOLL_IB_GID_INDEX: -1 = choose automatically
-  int ib_timeout = 16;                   // RCOLL_IB_TIMEOUT: RC ack timeout exponent
-  int ib_retry_cnt = 7;                  // RCOLL_IB_RETRY_CNT
+  Gdr gdr = Gdr::kAuto;                        // RCOLL_GDR: GPUDirect RDMA for device buffers over verbs
+  std::string host_id;                         // RCOLL_HOSTID: this rank's host identity (edge_plan.h)
+  std::string ib_hca;                          // RCOLL_IB_HCA: device/port filter (rdma/ib_device.h)
+  int ib_gid_index = -1;                       // RCOLL_IB_GID_INDEX: -1 = choose automatically
+  int ib_timeout = 16;                         // RCOLL_IB_TIMEOUT: RC ack timeout exponent
+  int ib_retry_cnt = 7;                        // RCOLL_IB_RETRY_CNT
   size_t ib_mr_cache_bytes = size_t{4} << 30;  // RCOLL_IB_MR_CACHE_BYTES: unused registrations kept
-  std::string timeline;                  // RCOLL_TIMELINE: trace file prefix ("" = no trace)
+  std::string timeline;                        // RCOLL_TIMELINE: trace file prefix ("" = no trace)
   std::string device_runtime = "rcoll._cuda";  // RCOLL_DEVICE_RUNTIME: module with device_api_capsule()
   // Durations in seconds, fractions allowed, the same in Python and C++.
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(300)};  // RCOLL_CONNECT_TIMEOUT

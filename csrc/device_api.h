@@ -37,21 +37,21 @@ extern "C" {
 
 /* peer_access() answers. */
 enum {
-  RCOLL_PEER_SAME_DEVICE = 1,  /* the peer's GPU is this one */
-  RCOLL_PEER_ACCESS = 2,       /* another GPU whose memory kernels here can read (NVLink, PCIe P2P) */
-  RCOLL_PEER_NOT_VISIBLE = 3,  /* not a GPU of this process (CUDA_VISIBLE_DEVICES) */
-  RCOLL_PEER_NO_ACCESS = 4     /* visible, but no peer-to-peer path to it */
+  RCOLL_PEER_SAME_DEVICE = 1, /* the peer's GPU is this one */
+  RCOLL_PEER_ACCESS = 2,      /* another GPU whose memory kernels here can read (NVLink, PCIe P2P) */
+  RCOLL_PEER_NOT_VISIBLE = 3, /* not a GPU of this process (CUDA_VISIBLE_DEVICES) */
+  RCOLL_PEER_NO_ACCESS = 4    /* visible, but no peer-to-peer path to it */
 };
 
 enum {
-  RCOLL_EVENT_DONE = 0,      /* event_query(): the work recorded before the event finished */
-  RCOLL_EVENT_PENDING = 1,   /* not yet */
-  RCOLL_EVENT_FAILED = 2     /* the runtime failed (last_error() says why) */
+  RCOLL_EVENT_DONE = 0,    /* event_query(): the work recorded before the event finished */
+  RCOLL_EVENT_PENDING = 1, /* not yet */
+  RCOLL_EVENT_FAILED = 2   /* the runtime failed (last_error() says why) */
 };
 
 typedef struct rcoll_device_api_v1 {
-  int version;       /* RCOLL_DEVICE_API_VERSION */
-  const char* name;  /* "cuda", "emulated (host memory, for tests)" */
+  int version;      /* RCOLL_DEVICE_API_VERSION */
+  const char* name; /* "cuda", "emulated (host memory, for tests)" */
 
   /* Device of the calling thread for the calls that follow it (the progress
    * thread calls it before every device op). */

@@ -18,20 +18,20 @@ void installDeviceApi(const DeviceApi* api) {
                                              api->version, RCOLL_DEVICE_API_VERSION));
   }
   const void* members[] = {
-      reinterpret_cast<const void*>(api->set_device),        reinterpret_cast<const void*>(api->pointer_device),
-      reinterpret_cast<const void*>(api->stream_create),     reinterpret_cast<const void*>(api->stream_destroy),
+      reinterpret_cast<const void*>(api->set_device),         reinterpret_cast<const void*>(api->pointer_device),
+      reinterpret_cast<const void*>(api->stream_create),      reinterpret_cast<const void*>(api->stream_destroy),
       reinterpret_cast<const void*>(api->stream_synchronize), reinterpret_cast<const void*>(api->device_alloc),
-      reinterpret_cast<const void*>(api->device_free),       reinterpret_cast<const void*>(api->host_alloc),
-      reinterpret_cast<const void*>(api->host_free),         reinterpret_cast<const void*>(api->copy_d2h_async),
-      reinterpret_cast<const void*>(api->copy_h2d_async),    reinterpret_cast<const void*>(api->copy_d2d_async),
-      reinterpret_cast<const void*>(api->reduce_async),      reinterpret_cast<const void*>(api->scale_divide_async),
-      reinterpret_cast<const void*>(api->event_create),      reinterpret_cast<const void*>(api->event_record),
-      reinterpret_cast<const void*>(api->event_query),       reinterpret_cast<const void*>(api->event_destroy),
-      reinterpret_cast<const void*>(api->stream_wait_event), reinterpret_cast<const void*>(api->last_error),
-      reinterpret_cast<const void*>(api->ipc_handle),        reinterpret_cast<const void*>(api->ipc_open),
-      reinterpret_cast<const void*>(api->ipc_close),         reinterpret_cast<const void*>(api->device_id),
-      reinterpret_cast<const void*>(api->peer_access),       reinterpret_cast<const void*>(api->gdr_support),
-      reinterpret_cast<const void*>(api->dmabuf_export),     reinterpret_cast<const void*>(api->flush_rdma_writes)};
+      reinterpret_cast<const void*>(api->device_free),        reinterpret_cast<const void*>(api->host_alloc),
+      reinterpret_cast<const void*>(api->host_free),          reinterpret_cast<const void*>(api->copy_d2h_async),
+      reinterpret_cast<const void*>(api->copy_h2d_async),     reinterpret_cast<const void*>(api->copy_d2d_async),
+      reinterpret_cast<const void*>(api->reduce_async),       reinterpret_cast<const void*>(api->scale_divide_async),
+      reinterpret_cast<const void*>(api->event_create),       reinterpret_cast<const void*>(api->event_record),
+      reinterpret_cast<const void*>(api->event_query),        reinterpret_cast<const void*>(api->event_destroy),
+      reinterpret_cast<const void*>(api->stream_wait_event),  reinterpret_cast<const void*>(api->last_error),
+      reinterpret_cast<const void*>(api->ipc_handle),         reinterpret_cast<const void*>(api->ipc_open),
+      reinterpret_cast<const void*>(api->ipc_close),          reinterpret_cast<const void*>(api->device_id),
+      reinterpret_cast<const void*>(api->peer_access),        reinterpret_cast<const void*>(api->gdr_support),
+      reinterpret_cast<const void*>(api->dmabuf_export),      reinterpret_cast<const void*>(api->flush_rdma_writes)};
   for (const void* member : members) {
     if (member == nullptr) throwError(ErrorKind::kConfig, "set_device_api: the table has a null function");
   }
@@ -51,8 +51,7 @@ void deviceCheck(const DeviceApi& api, int rc, const std::string& context) {
   throwError(ErrorKind::kGeneric, context + ": " + (why != nullptr && *why ? why : "device runtime error"));
 }
 
-DeviceEvent::DeviceEvent(const DeviceApi& api, int device, const std::string& context)
-    : api_(api), device_(device) {
+DeviceEvent::DeviceEvent(const DeviceApi& api, int device, const std::string& context) : api_(api), device_(device) {
   const int rc = api_.event_create(device, &event_);
   if (rc != 0) deviceCheck(api_, rc, context + ": creating an event");
 }

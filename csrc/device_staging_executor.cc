@@ -18,10 +18,14 @@ constexpr size_t kAlign = 256;  // slot stride: good for DMA and for the kernels
 size_t alignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
-DeviceStagingExecutor::DeviceStagingExecutor(Transport* transport, const DeviceApi& api, int device, int rank,
-                                             int size, uint64_t comm_id, size_t slot_bytes, int num_slots,
-                                             Config::Gdr gdr)
-    : transport_(transport), api_(api), device_(device), rank_(rank), size_(size), comm_id_(comm_id),
+DeviceStagingExecutor::DeviceStagingExecutor(Transport* transport, const DeviceApi& api, int device, int rank, int size,
+                                             uint64_t comm_id, size_t slot_bytes, int num_slots, Config::Gdr gdr)
+    : transport_(transport),
+      api_(api),
+      device_(device),
+      rank_(rank),
+      size_(size),
+      comm_id_(comm_id),
       slot_bytes_(slot_bytes) {
   context_ = strFormat("rank %d: setting up the staging of device %d", rank, device);
   try {
@@ -47,8 +51,7 @@ void DeviceStagingExecutor::setUp(Config::Gdr gdr, size_t slot_bytes, int num_sl
   if (!gdr_) {
     // One pinned block for both pools, registered once: every segment of every
     // op then hits that one registration.
-    check(api_.host_alloc(stride * 2 * n, reinterpret_cast<void**>(&host_memory_)),
-          "allocating pinned staging memory");
+    check(api_.host_alloc(stride * 2 * n, reinterpret_cast<void**>(&host_memory_)), "allocating pinned staging memory");
     check(api_.device_alloc(device, stride * n, reinterpret_cast<void**>(&device_memory_)),
           "allocating device staging memory");
     if (transport_->needsRegistration()) wire_registration_ = transport_->registerMemory(host_memory_, stride * 2 * n);
@@ -135,8 +138,10 @@ bool DeviceStagingExecutor::setUpGdr(size_t slot_bytes, bool required) {
   device_memory_ = memory;
   // Why the dma-buf route was passed over, if it was: what to fix for it.
   const std::string passed_over = reasons.empty() ? "" : " (the dma-buf route: " + reasons.front() + ")";
-  RCOLL_INFO("rank %d: GPUDirect RDMA for device %d: %zu bytes of slots registered with the %s transport "
-             "through %s%s", rank_, device_, bytes, transport_->name(), method, passed_over.c_str());
+  RCOLL_INFO(
+      "rank %d: GPUDirect RDMA for device %d: %zu bytes of slots registered with the %s transport "
+      "through %s%s",
+      rank_, device_, bytes, transport_->name(), method, passed_over.c_str());
   return true;
 }
 
@@ -241,7 +246,8 @@ bool DeviceStagingExecutor::harvest(const Schedule& schedule, size_t* sends_done
   bool any = false;
   const size_t es = schedule.elem_size;
   auto firstCompletion = [this] {
-    if (first_completion_ == std::chrono::steady_clock::time_point{}) first_completion_ = std::chrono::steady_clock::now();
+    if (first_completion_ == std::chrono::steady_clock::time_point{})
+      first_completion_ = std::chrono::steady_clock::now();
   };
   // Landed segments whose copy (and reduction) finished: the data is in place.
   for (size_t i = 0; i < recvs_landing_.size();) {
@@ -418,9 +424,9 @@ void DeviceStagingExecutor::run(const Schedule& schedule, Deadline deadline, std
 
     if (abort_flag.load(std::memory_order_relaxed)) {
       abandon();
-      throwError(ErrorKind::kAborted, strFormat("rank %d: %s (op #%llu) was aborted", rank_,
-                                                describeOp(schedule.op).c_str(),
-                                                static_cast<unsigned long long>(schedule.op.seq)));
+      throwError(ErrorKind::kAborted,
+                 strFormat("rank %d: %s (op #%llu) was aborted", rank_, describeOp(schedule.op).c_str(),
+                           static_cast<unsigned long long>(schedule.op.seq)));
     }
     if (harvest(schedule, &sends_done, &recvs_done) || moved) continue;
     if (std::chrono::steady_clock::now() >= deadline) timeout(schedule, limit);
@@ -445,9 +451,10 @@ void DeviceStagingExecutor::finish(DeviceEvent* done, Deadline deadline, std::ch
       throwError(ErrorKind::kAborted, context_ + " was aborted");
     }
     if (std::chrono::steady_clock::now() >= deadline) {
-      throwError(ErrorKind::kTimeout, strFormat("%s %s waiting for the device to finish its copies (is the GPU "
-                                                "hung or busy with a long kernel?)", context_.c_str(),
-                                                timedOut(static_cast<double>(limit.count()) / 1000.0).c_str()));
+      throwError(ErrorKind::kTimeout,
+                 strFormat("%s %s waiting for the device to finish its copies (is the GPU "
+                           "hung or busy with a long kernel?)",
+                           context_.c_str(), timedOut(static_cast<double>(limit.count()) / 1000.0).c_str()));
     }
     std::this_thread::yield();
   }

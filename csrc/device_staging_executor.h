@@ -54,8 +54,8 @@ class DeviceStagingExecutor {
  public:
   // `gdr`: RCOLL_GDR. kOn throws RcollError(kConfig) naming why when GPUDirect
   // RDMA is impossible; kAuto then stages through pinned host memory.
-  DeviceStagingExecutor(Transport* transport, const DeviceApi& api, int device, int rank, int size,
-                        uint64_t comm_id, size_t slot_bytes, int num_slots, Config::Gdr gdr);
+  DeviceStagingExecutor(Transport* transport, const DeviceApi& api, int device, int rank, int size, uint64_t comm_id,
+                        size_t slot_bytes, int num_slots, Config::Gdr gdr);
   ~DeviceStagingExecutor();
   DeviceStagingExecutor(const DeviceStagingExecutor&) = delete;
   DeviceStagingExecutor& operator=(const DeviceStagingExecutor&) = delete;
@@ -84,16 +84,16 @@ class DeviceStagingExecutor {
 
  private:
   struct Slot {
-    char* wire = nullptr;     // what the transport sends from or receives into (registered):
-                              // pinned host memory, or device memory with GPUDirect RDMA
-    char* device = nullptr;   // recv slots: where a reduced segment is on the device for the
-                              // kernel (== wire with GPUDirect RDMA)
+    char* wire = nullptr;    // what the transport sends from or receives into (registered):
+                             // pinned host memory, or device memory with GPUDirect RDMA
+    char* device = nullptr;  // recv slots: where a reduced segment is on the device for the
+                             // kernel (== wire with GPUDirect RDMA)
     std::unique_ptr<DeviceEvent> event;
   };
   struct InFlight {
-    int index;                // step index in the schedule
-    int slot;                 // -1: zero-byte message, no slot
-    Request* request;         // null until posted
+    int index;         // step index in the schedule
+    int slot;          // -1: zero-byte message, no slot
+    Request* request;  // null until posted
   };
 
   void setUp(Config::Gdr gdr, size_t slot_bytes, int num_slots);
@@ -118,11 +118,11 @@ class DeviceStagingExecutor {
   uint64_t comm_id_;
   size_t slot_bytes_;
   std::string context_;
-  void* d2h_stream_ = nullptr;     // D2H of sends, and the op's local steps
-  void* h2d_stream_ = nullptr;     // H2D of receives and the reduction kernels
-  std::unique_ptr<DeviceEvent> join_event_;  // orders one stream after the other
-  char* host_memory_ = nullptr;     // pinned slots (staging); null with GPUDirect RDMA
-  char* device_memory_ = nullptr;   // recv slots' device side; every slot with GPUDirect RDMA
+  void* d2h_stream_ = nullptr;                // D2H of sends, and the op's local steps
+  void* h2d_stream_ = nullptr;                // H2D of receives and the reduction kernels
+  std::unique_ptr<DeviceEvent> join_event_;   // orders one stream after the other
+  char* host_memory_ = nullptr;               // pinned slots (staging); null with GPUDirect RDMA
+  char* device_memory_ = nullptr;             // recv slots' device side; every slot with GPUDirect RDMA
   MemoryHandle wire_registration_ = nullptr;  // of what the transport touches
   bool gdr_ = false;
   char* scratch_ = nullptr;
@@ -132,10 +132,10 @@ class DeviceStagingExecutor {
   std::chrono::steady_clock::time_point first_completion_{};
 
   // Per-run state, members so that their capacity is reused.
-  std::vector<InFlight> staging_;       // D2H issued, not yet on the wire (schedule order)
+  std::vector<InFlight> staging_;  // D2H issued, not yet on the wire (schedule order)
   std::vector<InFlight> sends_posted_;
-  std::vector<InFlight> recvs_posted_;  // on the wire
-  std::vector<InFlight> recvs_landing_; // H2D (+ reduction) queued, event pending
+  std::vector<InFlight> recvs_posted_;   // on the wire
+  std::vector<InFlight> recvs_landing_;  // H2D (+ reduction) queued, event pending
   std::vector<uint8_t> recv_done_;
 };
 

@@ -4,56 +4,94 @@ namespace rcoll {
 
 size_t elementSize(DataType dtype) {
   switch (dtype) {
-    case DataType::kFloat16: return 2;
-    case DataType::kBFloat16: return 2;
-    case DataType::kFloat32: return 4;
-    case DataType::kFloat64: return 8;
-    case DataType::kInt8: return 1;
-    case DataType::kUInt8: return 1;
-    case DataType::kInt32: return 4;
-    case DataType::kInt64: return 8;
-    case DataType::kBool: return 1;
-    case DataType::kInt16: return 2;
-    case DataType::kUInt16: return 2;
-    case DataType::kUInt32: return 4;
-    case DataType::kUInt64: return 8;
-    case DataType::kFloat8E4M3FN: return 1;
-    case DataType::kFloat8E5M2: return 1;
+    case DataType::kFloat16:
+      return 2;
+    case DataType::kBFloat16:
+      return 2;
+    case DataType::kFloat32:
+      return 4;
+    case DataType::kFloat64:
+      return 8;
+    case DataType::kInt8:
+      return 1;
+    case DataType::kUInt8:
+      return 1;
+    case DataType::kInt32:
+      return 4;
+    case DataType::kInt64:
+      return 8;
+    case DataType::kBool:
+      return 1;
+    case DataType::kInt16:
+      return 2;
+    case DataType::kUInt16:
+      return 2;
+    case DataType::kUInt32:
+      return 4;
+    case DataType::kUInt64:
+      return 8;
+    case DataType::kFloat8E4M3FN:
+      return 1;
+    case DataType::kFloat8E5M2:
+      return 1;
   }
   return 0;
 }
 
 const char* dataTypeName(DataType dtype) {
   switch (dtype) {
-    case DataType::kFloat16: return "float16";
-    case DataType::kBFloat16: return "bfloat16";
-    case DataType::kFloat32: return "float32";
-    case DataType::kFloat64: return "float64";
-    case DataType::kInt8: return "int8";
-    case DataType::kUInt8: return "uint8";
-    case DataType::kInt32: return "int32";
-    case DataType::kInt64: return "int64";
-    case DataType::kBool: return "bool";
-    case DataType::kInt16: return "int16";
-    case DataType::kUInt16: return "uint16";
-    case DataType::kUInt32: return "uint32";
-    case DataType::kUInt64: return "uint64";
-    case DataType::kFloat8E4M3FN: return "float8_e4m3fn";
-    case DataType::kFloat8E5M2: return "float8_e5m2";
+    case DataType::kFloat16:
+      return "float16";
+    case DataType::kBFloat16:
+      return "bfloat16";
+    case DataType::kFloat32:
+      return "float32";
+    case DataType::kFloat64:
+      return "float64";
+    case DataType::kInt8:
+      return "int8";
+    case DataType::kUInt8:
+      return "uint8";
+    case DataType::kInt32:
+      return "int32";
+    case DataType::kInt64:
+      return "int64";
+    case DataType::kBool:
+      return "bool";
+    case DataType::kInt16:
+      return "int16";
+    case DataType::kUInt16:
+      return "uint16";
+    case DataType::kUInt32:
+      return "uint32";
+    case DataType::kUInt64:
+      return "uint64";
+    case DataType::kFloat8E4M3FN:
+      return "float8_e4m3fn";
+    case DataType::kFloat8E5M2:
+      return "float8_e5m2";
   }
   return "?";
 }
 
 const char* reduceOpName(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kProd: return "prod";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kBand: return "band";
-    case ReduceOp::kBor: return "bor";
-    case ReduceOp::kBxor: return "bxor";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kProd:
+      return "prod";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kBand:
+      return "band";
+    case ReduceOp::kBor:
+      return "bor";
+    case ReduceOp::kBxor:
+      return "bxor";
   }
   return "?";
 }

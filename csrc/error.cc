@@ -8,13 +8,20 @@ namespace rcoll {
 
 const char* errorKindName(ErrorKind kind) {
   switch (kind) {
-    case ErrorKind::kGeneric: return "RcollError";
-    case ErrorKind::kTimeout: return "TimeoutError";
-    case ErrorKind::kPeer: return "PeerError";
-    case ErrorKind::kMismatch: return "MismatchError";
-    case ErrorKind::kConfig: return "ConfigError";
-    case ErrorKind::kInvalidArgument: return "ValueError";
-    case ErrorKind::kAborted: return "AbortedError";
+    case ErrorKind::kGeneric:
+      return "RcollError";
+    case ErrorKind::kTimeout:
+      return "TimeoutError";
+    case ErrorKind::kPeer:
+      return "PeerError";
+    case ErrorKind::kMismatch:
+      return "MismatchError";
+    case ErrorKind::kConfig:
+      return "ConfigError";
+    case ErrorKind::kInvalidArgument:
+      return "ValueError";
+    case ErrorKind::kAborted:
+      return "AbortedError";
   }
   return "RcollError";
 }
@@ -36,8 +43,6 @@ std::string strFormat(const char* fmt, ...) {
   return out;
 }
 
-void throwError(ErrorKind kind, const std::string& message) {
-  throw RcollError(kind, message);
-}
+void throwError(ErrorKind kind, const std::string& message) { throw RcollError(kind, message); }
 
 }  // namespace rcoll

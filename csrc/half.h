@@ -54,8 +54,7 @@ inline float halfToFloat(uint16_t half) {
   const uint32_t infOrNan = shifted | 0x7f800000u | quiet;
   // Zero/subnormal: the value is mantissa * 2^-24, exact in float. The
   // conversion is from int32 because SSE2 has no unsigned -> float convert.
-  const uint32_t subnormal =
-      floatToBits(static_cast<float>(static_cast<int32_t>(mantissa)) * 0x1p-24f);
+  const uint32_t subnormal = floatToBits(static_cast<float>(static_cast<int32_t>(mantissa)) * 0x1p-24f);
   const uint32_t finite = selectBits(exponent == 0, subnormal, normal);
   const uint32_t magnitude = selectBits(exponent == 0x0f800000u, infOrNan, finite);
   return bitsToFloat(sign | magnitude);

@@ -23,8 +23,7 @@ static LogLevel parseLevel(const std::string& text) {
   if (strcasecmp(value, "INFO") == 0) return LogLevel::kInfo;
   if (strcasecmp(value, "WARN") == 0) return LogLevel::kWarn;
   if (strcasecmp(value, "NONE") == 0 || strcasecmp(value, "OFF") == 0) return LogLevel::kNone;
-  std::fprintf(stderr, "[rcoll] WARN: RCOLL_DEBUG=%s is not one of WARN, INFO, TRACE, NONE; using WARN\n",
-               value);
+  std::fprintf(stderr, "[rcoll] WARN: RCOLL_DEBUG=%s is not one of WARN, INFO, TRACE, NONE; using WARN\n", value);
   return LogLevel::kWarn;
 }
 

@@ -23,12 +23,11 @@ inline std::string opFailureMessage(int rank, const OpDesc& op, const std::strin
 // two ranks that called different collectives. `theirs` is the peer's op as
 // this rank knows it (a description, or only its kind's name). `their_rank`
 // is 64-bit: a header's (unsigned 32-bit) sender is printed as it came.
-inline std::string differentCallsMessage(int64_t their_rank, const std::string& theirs, uint64_t their_seq,
-                                         int my_rank, const OpDesc& mine) {
+inline std::string differentCallsMessage(int64_t their_rank, const std::string& theirs, uint64_t their_seq, int my_rank,
+                                         const OpDesc& mine) {
   return strFormat("rank %lld called %s as op #%llu while rank %d called %s as op #%llu",
-                   static_cast<long long>(their_rank), theirs.c_str(),
-                   static_cast<unsigned long long>(their_seq), my_rank, describeOp(mine).c_str(),
-                   static_cast<unsigned long long>(mine.seq));
+                   static_cast<long long>(their_rank), theirs.c_str(), static_cast<unsigned long long>(their_seq),
+                   my_rank, describeOp(mine).c_str(), static_cast<unsigned long long>(mine.seq));
 }
 
 // Names the peers still owed data: `silent` sent nothing that arrived,

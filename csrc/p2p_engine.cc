@@ -27,7 +27,9 @@ P2PEngine::P2PEngine(std::unique_ptr<Transport> transport, int rank, int size, u
 
 P2PEngine::~P2PEngine() { stop(); }
 
-void P2PEngine::start() { thread_ = std::thread([this] { loop(); }); }
+void P2PEngine::start() {
+  thread_ = std::thread([this] { loop(); });
+}
 
 void P2PEngine::stop() {
   {
@@ -44,10 +46,9 @@ std::string P2PEngine::describe(const Message& m) const {
     return strFormat("recv of %s (count=%llu, tag=%u) from any source", dataTypeName(m.desc.dtype),
                      static_cast<unsigned long long>(m.desc.count), m.desc.root);
   }
-  return strFormat("%s of %s (count=%llu, tag=%u) %s rank %d (message #%llu between them)",
-                   m.is_send ? "send" : "recv", dataTypeName(m.desc.dtype),
-                   static_cast<unsigned long long>(m.desc.count), m.desc.root, m.is_send ? "to" : "from", m.peer,
-                   static_cast<unsigned long long>(m.desc.seq));
+  return strFormat("%s of %s (count=%llu, tag=%u) %s rank %d (message #%llu between them)", m.is_send ? "send" : "recv",
+                   dataTypeName(m.desc.dtype), static_cast<unsigned long long>(m.desc.count), m.desc.root,
+                   m.is_send ? "to" : "from", m.peer, static_cast<unsigned long long>(m.desc.seq));
 }
 
 std::shared_ptr<Work> P2PEngine::send(const void* data, size_t count, DataType dtype, int peer, int tag,
@@ -61,7 +62,7 @@ std::shared_ptr<Work> P2PEngine::recv(void* data, size_t count, DataType dtype, 
 }
 
 std::shared_ptr<Work> P2PEngine::recvFromAny(void* data, size_t count, DataType dtype, int tag,
-                                           std::chrono::milliseconds timeout) {
+                                             std::chrono::milliseconds timeout) {
   return enqueue(false, static_cast<char*>(data), count, dtype, kAnySource, tag, timeout, true);
 }
 
@@ -79,9 +80,9 @@ std::shared_ptr<Work> P2PEngine::enqueue(bool is_send, char* data, size_t count,
       }
     }
   } else if (peer < 0 || peer >= size_ || peer == rank_) {
-    throwError(ErrorKind::kInvalidArgument,
-               strFormat("rank %d: %s: peer %d is not another rank of this communicator (size %d)", rank_, what,
-                         peer, size_));
+    throwError(
+        ErrorKind::kInvalidArgument,
+        strFormat("rank %d: %s: peer %d is not another rank of this communicator (size %d)", rank_, what, peer, size_));
   }
   if (tag < 0) throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: %s: tag %d < 0", rank_, what, tag));
   if (count > 0 && data == nullptr) {
@@ -196,9 +197,8 @@ void P2PEngine::loop() {
     Deadline wake = now + (any_source_.empty() ? kIdlePoll : kAnySourcePoll);
     for (const Message& m : active_) wake = std::min(wake, m.deadline);
     for (const Message& m : any_source_) wake = std::min(wake, m.deadline);
-    bool any_finished = std::any_of(active_.begin(), active_.end(), [](const Message& m) {
-      return m.request->state != Request::State::kPending;
-    });
+    bool any_finished = std::any_of(active_.begin(), active_.end(),
+                                    [](const Message& m) { return m.request->state != Request::State::kPending; });
     if (!any_finished && wake > now) {
       transport_->progress(std::chrono::duration_cast<std::chrono::milliseconds>(wake - now) +
                            std::chrono::milliseconds(1));
@@ -224,8 +224,7 @@ void P2PEngine::loop() {
         break;
       }
       if (now >= m.deadline) {
-        std::string text = strFormat("rank %d: %s %s (did rank %d post the matching %s?)", rank_,
-                                     describe(m).c_str(),
+        std::string text = strFormat("rank %d: %s %s (did rank %d post the matching %s?)", rank_, describe(m).c_str(),
                                      timedOut(static_cast<double>(m.timeout.count()) / 1000.0).c_str(), m.peer,
                                      m.is_send ? "recv" : "send");
         on_failure_(ErrorKind::kTimeout, text);
@@ -236,9 +235,10 @@ void P2PEngine::loop() {
     }
     for (const Message& m : any_source_) {
       if (now < m.deadline) continue;
-      std::string text = strFormat("rank %d: %s %s (no rank sent a message with tag %u that another receive did "
-                                   "not take)", rank_, describe(m).c_str(),
-                                   timedOut(static_cast<double>(m.timeout.count()) / 1000.0).c_str(), m.desc.root);
+      std::string text = strFormat(
+          "rank %d: %s %s (no rank sent a message with tag %u that another receive did "
+          "not take)",
+          rank_, describe(m).c_str(), timedOut(static_cast<double>(m.timeout.count()) / 1000.0).c_str(), m.desc.root);
       on_failure_(ErrorKind::kTimeout, text);
       fail(ErrorKind::kTimeout, text);
       break;

@@ -43,7 +43,6 @@ namespace rcoll {
 
 class P2PEngine {
  public:
-
   // Called (from the engine's thread) when a message fails: the communicator
   // records the error and fails everything else with it.
   using FailureHandler = std::function<void(ErrorKind, const std::string&)>;
@@ -54,7 +53,7 @@ class P2PEngine {
   P2PEngine& operator=(const P2PEngine&) = delete;
 
   Transport& transport() { return *transport_; }
-  void start();  // after the transport's connections are up
+  void start();                                                   // after the transport's connections are up
   void setTimeline(Timeline* timeline) { timeline_ = timeline; }  // before start()
 
   // `timeout` bounds the message from the moment it is issued.
@@ -77,8 +76,8 @@ class P2PEngine {
 
   struct Message {
     bool is_send;
-    int peer;          // kAnySource until such a receive has found its sender
-    OpDesc desc;       // kind kPointToPoint; root = tag; seq = per-pair, per-direction number
+    int peer;     // kAnySource until such a receive has found its sender
+    OpDesc desc;  // kind kPointToPoint; root = tag; seq = per-pair, per-direction number
     char* data;
     size_t bytes;
     Deadline deadline;
@@ -105,7 +104,7 @@ class P2PEngine {
 
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<Message> incoming_;       // issued, not yet posted to the transport
+  std::deque<Message> incoming_;         // issued, not yet posted to the transport
   std::vector<uint64_t> next_send_seq_;  // per peer
   std::vector<uint64_t> next_recv_seq_;
   bool stopping_ = false;
@@ -114,10 +113,10 @@ class P2PEngine {
   std::string fail_message_;
   std::thread thread_;
 
-  std::vector<Message> active_;  // engine thread only: posted, not finished
+  std::vector<Message> active_;     // engine thread only: posted, not finished
   std::deque<Message> any_source_;  // engine thread only: receives from any source without a sender yet
   int next_peer_to_try_ = 0;        // engine thread only: where matchAnySource starts (rotates)
-  Timeline* timeline_ = nullptr;  // RCOLL_TIMELINE, owned by the communicator
+  Timeline* timeline_ = nullptr;    // RCOLL_TIMELINE, owned by the communicator
 };
 
 }  // namespace rcoll

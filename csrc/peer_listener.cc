@@ -57,8 +57,7 @@ bool sameToken(const uint8_t* a, const uint8_t* b) {
 
 // "" if `h` is a valid handshake of our communicator from `expected_src`
 // (-1 = any rank above ours) to us.
-std::string checkHandshake(const Handshake& h, const ConnectInfo& info, int expected_src,
-                           bool want_ack) {
+std::string checkHandshake(const Handshake& h, const ConnectInfo& info, int expected_src, bool want_ack) {
   if (h.magic != kHandshakeMagic) return "not an rcoll handshake";
   if (h.version != kWireVersion) {
     return strFormat("rcoll wire version %u, this rank speaks %u", h.version, kWireVersion);
@@ -81,9 +80,10 @@ std::string checkHandshake(const Handshake& h, const ConnectInfo& info, int expe
 // The error for a peer of this job that opens another number of sockets per
 // pair: the same words on both ends.
 std::string lanesMismatch(const ConnectInfo& info, int peer, int peer_lanes, int lanes) {
-  return strFormat("rank %d: rank %d opens %d TCP socket(s) per peer while this rank opens %d: set "
-                   "RCOLL_SOCKETS_PER_PEER to the same value on every rank",
-                   info.rank, peer, peer_lanes, lanes);
+  return strFormat(
+      "rank %d: rank %d opens %d TCP socket(s) per peer while this rank opens %d: set "
+      "RCOLL_SOCKETS_PER_PEER to the same value on every rank",
+      info.rank, peer, peer_lanes, lanes);
 }
 
 }  // namespace
@@ -120,7 +120,6 @@ ErrorKind errorKindFromWire(uint8_t value) {
   return value == static_cast<uint8_t>(ErrorKind::kMismatch) ? ErrorKind::kMismatch : ErrorKind::kPeer;
 }
 
-
 std::string truncateUtf8(const std::string& text, size_t max_bytes) {
   if (text.size() <= max_bytes) return text;
   size_t end = max_bytes;
@@ -149,14 +148,13 @@ struct PeerListener::PendingHandshake {
   Deadline deadline;
 };
 
-PeerListener::PeerListener(const ConnectInfo& info, const std::string& bind_host, size_t socket_buffer_bytes,
-                           int lanes)
+PeerListener::PeerListener(const ConnectInfo& info, const std::string& bind_host, size_t socket_buffer_bytes, int lanes)
     : info_(info), socket_buffer_bytes_(socket_buffer_bytes), lanes_(lanes) {
   sockaddr_storage addr{};
   unsigned len = 0;
   if (!resolveHost(bind_host, 0, &addr, &len)) {
-    throwError(ErrorKind::kConfig, strFormat("rank %d: cannot resolve the data-socket address '%s'",
-                                             info.rank, bind_host.c_str()));
+    throwError(ErrorKind::kConfig,
+               strFormat("rank %d: cannot resolve the data-socket address '%s'", info.rank, bind_host.c_str()));
   }
   listen_fd_ = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
@@ -198,8 +196,8 @@ bool PeerListener::serviceHandshake(PendingHandshake& p, const std::vector<bool>
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;  // wait for more
-    RCOLL_WARN("rank %d: dropped a connection from %s that closed before finishing the rcoll handshake",
-               info_.rank, p.from.c_str());
+    RCOLL_WARN("rank %d: dropped a connection from %s that closed before finishing the rcoll handshake", info_.rank,
+               p.from.c_str());
     ::close(p.fd);
     p.fd = -1;
     return false;
@@ -253,8 +251,8 @@ int PeerListener::accept(Deadline deadline, const std::vector<bool>& connected, 
     // Drop handshakes that stalled: a slow or silent client must not hold a slot.
     for (auto& p : pending_) {
       if (p->fd >= 0 && now >= p->deadline) {
-        RCOLL_WARN("rank %d: dropped a connection from %s that sent no valid handshake within %lld s",
-                   info_.rank, p->from.c_str(),
+        RCOLL_WARN("rank %d: dropped a connection from %s that sent no valid handshake within %lld s", info_.rank,
+                   p->from.c_str(),
                    static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(kHandshakeTimeout).count()));
         ::close(p->fd);
         p->fd = -1;
@@ -311,8 +309,8 @@ int dialPeer(const ConnectInfo& info, int peer, const std::string& address, Dead
   sockaddr_storage addr{};
   unsigned len = 0;
   if (!splitHostPort(address, &host, &port) || !resolveHost(host, port, &addr, &len)) {
-    throwError(ErrorKind::kConfig, strFormat("rank %d: rank %d published an unusable address '%s'",
-                                             info.rank, peer, address.c_str()));
+    throwError(ErrorKind::kConfig,
+               strFormat("rank %d: rank %d published an unusable address '%s'", info.rank, peer, address.c_str()));
   }
   std::string why = "timed out";
   while (std::chrono::steady_clock::now() < deadline) {
@@ -337,15 +335,15 @@ int dialPeer(const ConnectInfo& info, int peer, const std::string& address, Dead
       }
       if (bad.empty()) return fd;
       ::close(fd);
-      throwError(ErrorKind::kPeer, strFormat("rank %d: the process at %s is not rank %d of this job: %s",
-                                             info.rank, address.c_str(), peer, bad.c_str()));
+      throwError(ErrorKind::kPeer, strFormat("rank %d: the process at %s is not rank %d of this job: %s", info.rank,
+                                             address.c_str(), peer, bad.c_str()));
     }
     ::close(fd);
     // The peer dropped us (for example it was still busy); retry until the deadline.
     ::usleep(50 * 1000);
   }
-  throwError(ErrorKind::kTimeout, strFormat("rank %d: could not connect to rank %d at %s: %s",
-                                            info.rank, peer, address.c_str(), why.c_str()));
+  throwError(ErrorKind::kTimeout, strFormat("rank %d: could not connect to rank %d at %s: %s", info.rank, peer,
+                                            address.c_str(), why.c_str()));
 }
 
 }  // namespace rcoll

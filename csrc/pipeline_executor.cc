@@ -19,8 +19,8 @@ constexpr size_t kMaxSendsInFlight = 64;
 constexpr size_t kMaxDirectRecvsInFlight = 64;
 }  // namespace
 
-PipelineExecutor::PipelineExecutor(Transport& transport, int rank, int size, uint64_t comm_id,
-                                   size_t slot_bytes, int num_slots)
+PipelineExecutor::PipelineExecutor(Transport& transport, int rank, int size, uint64_t comm_id, size_t slot_bytes,
+                                   int num_slots)
     : transport_(transport), rank_(rank), size_(size), comm_id_(comm_id) {
   // One aligned block, allocated once: reductions read it with vector loads.
   size_t stride = (slot_bytes + 63) / 64 * 64;
@@ -100,13 +100,15 @@ bool PipelineExecutor::harvest(const Schedule& schedule, size_t* sends_done, siz
     }
     if (f.request->state == Request::State::kFailed) fail(schedule, transport_.failure(f.request));
     const RecvStep& step = schedule.recvs[static_cast<size_t>(f.index)];
-    if (first_completion_ == std::chrono::steady_clock::time_point{}) first_completion_ = std::chrono::steady_clock::now();
+    if (first_completion_ == std::chrono::steady_clock::time_point{})
+      first_completion_ = std::chrono::steady_clock::now();
     if (f.slot != nullptr && step.reduce_after_send >= 0 && !send_done_[static_cast<size_t>(step.reduce_after_send)]) {
       ++i;  // arrived, but a send still reads what the reduction would overwrite
       continue;
     }
     if (f.slot != nullptr) {
-      const auto reduce_start = timeline_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+      const auto reduce_start =
+          timeline_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       if (step.staged_first) {
         // Reduced in the slot, then copied: the kernels let `out` alias only the first operand.
         reduceInto(f.slot, f.slot, step.reduce_in, step.count, schedule.op.dtype, schedule.op.reduce_op);
@@ -135,7 +137,8 @@ bool PipelineExecutor::harvest(const Schedule& schedule, size_t* sends_done, siz
       continue;
     }
     if (f.request->state == Request::State::kFailed) fail(schedule, transport_.failure(f.request));
-    if (first_completion_ == std::chrono::steady_clock::time_point{}) first_completion_ = std::chrono::steady_clock::now();
+    if (first_completion_ == std::chrono::steady_clock::time_point{})
+      first_completion_ = std::chrono::steady_clock::now();
     send_done_[static_cast<size_t>(f.index)] = 1;
     ++*sends_done;
     transport_.release(f.request);
@@ -197,9 +200,9 @@ void PipelineExecutor::run(const Schedule& schedule, Deadline deadline, std::chr
 
     if (abort_flag.load(std::memory_order_relaxed)) {
       cancelAll();
-      throwError(ErrorKind::kAborted, strFormat("rank %d: %s (op #%llu) was aborted", rank_,
-                                                describeOp(schedule.op).c_str(),
-                                                static_cast<unsigned long long>(schedule.op.seq)));
+      throwError(ErrorKind::kAborted,
+                 strFormat("rank %d: %s (op #%llu) was aborted", rank_, describeOp(schedule.op).c_str(),
+                           static_cast<unsigned long long>(schedule.op.seq)));
     }
     // Requests can finish at post time (a connection that already failed), so
     // look before blocking; block only when nothing is ready.

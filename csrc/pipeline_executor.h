@@ -26,8 +26,7 @@ namespace rcoll {
 
 class PipelineExecutor {
  public:
-  PipelineExecutor(Transport& transport, int rank, int size, uint64_t comm_id, size_t slot_bytes,
-                   int num_slots);
+  PipelineExecutor(Transport& transport, int rank, int size, uint64_t comm_id, size_t slot_bytes, int num_slots);
   ~PipelineExecutor();
 
   // Throws RcollError naming this rank, the op and the peer on failure, on

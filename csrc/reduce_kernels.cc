@@ -80,17 +80,23 @@ struct Max {
 
 struct BitAnd {
   template <typename T>
-  T operator()(T x, T y) const { return static_cast<T>(x & y); }
+  T operator()(T x, T y) const {
+    return static_cast<T>(x & y);
+  }
 };
 
 struct BitOr {
   template <typename T>
-  T operator()(T x, T y) const { return static_cast<T>(x | y); }
+  T operator()(T x, T y) const {
+    return static_cast<T>(x | y);
+  }
 };
 
 struct BitXor {
   template <typename T>
-  T operator()(T x, T y) const { return static_cast<T>(x ^ y); }
+  T operator()(T x, T y) const {
+    return static_cast<T>(x ^ y);
+  }
 };
 
 // bool arrives as bytes that may hold any nonzero value for true; results are
@@ -178,8 +184,8 @@ bool cpuHasAvx2F16c() {
 }
 
 template <typename Codec, typename Op>
-__attribute__((target("avx2,f16c"))) void applyHalfAvx2(void* outRaw, const void* aRaw, const void* bRaw,
-                                                          size_t count, Op op) {
+__attribute__((target("avx2,f16c"))) void applyHalfAvx2(void* outRaw, const void* aRaw, const void* bRaw, size_t count,
+                                                        Op op) {
   auto* out = static_cast<uint16_t*>(outRaw);
   const auto* a = static_cast<const uint16_t*>(aRaw);
   const auto* b = static_cast<const uint16_t*>(bRaw);
@@ -223,36 +229,43 @@ void applyViaFloatBest(void* out, const void* a, const void* b, size_t count, Op
 }
 
 [[noreturn]] void throwBadCombo(DataType dtype, ReduceOp op) {
-  throwError(ErrorKind::kInvalidArgument,
-             strFormat("invalid dtype or reduce op value (dtype %d, op %d)", static_cast<int>(dtype),
-                       static_cast<int>(op)));
+  throwError(ErrorKind::kInvalidArgument, strFormat("invalid dtype or reduce op value (dtype %d, op %d)",
+                                                    static_cast<int>(dtype), static_cast<int>(op)));
 }
 
 // ---- dispatch per dtype family (avg reduces like sum) ----
 
 template <typename T>
-void reduceFloat(void* out, const void* a, const void* b, size_t count, DataType dtype,
-                 ReduceOp op) {
+void reduceFloat(void* out, const void* a, const void* b, size_t count, DataType dtype, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return applyTyped<T>(out, a, b, count, Add{});
-    case ReduceOp::kProd: return applyTyped<T>(out, a, b, count, Mul{});
-    case ReduceOp::kMin: return applyTyped<T>(out, a, b, count, Min{});
-    case ReduceOp::kMax: return applyTyped<T>(out, a, b, count, Max{});
-    default: throwBadCombo(dtype, op);
+    case ReduceOp::kAvg:
+      return applyTyped<T>(out, a, b, count, Add{});
+    case ReduceOp::kProd:
+      return applyTyped<T>(out, a, b, count, Mul{});
+    case ReduceOp::kMin:
+      return applyTyped<T>(out, a, b, count, Min{});
+    case ReduceOp::kMax:
+      return applyTyped<T>(out, a, b, count, Max{});
+    default:
+      throwBadCombo(dtype, op);
   }
 }
 
 template <typename Codec>
-void reduceViaFloat(void* out, const void* a, const void* b, size_t count, DataType dtype,
-                ReduceOp op) {
+void reduceViaFloat(void* out, const void* a, const void* b, size_t count, DataType dtype, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return applyViaFloatBest<Codec>(out, a, b, count, Add{});
-    case ReduceOp::kProd: return applyViaFloatBest<Codec>(out, a, b, count, Mul{});
-    case ReduceOp::kMin: return applyViaFloatBest<Codec>(out, a, b, count, Min{});
-    case ReduceOp::kMax: return applyViaFloatBest<Codec>(out, a, b, count, Max{});
-    default: throwBadCombo(dtype, op);
+    case ReduceOp::kAvg:
+      return applyViaFloatBest<Codec>(out, a, b, count, Add{});
+    case ReduceOp::kProd:
+      return applyViaFloatBest<Codec>(out, a, b, count, Mul{});
+    case ReduceOp::kMin:
+      return applyViaFloatBest<Codec>(out, a, b, count, Min{});
+    case ReduceOp::kMax:
+      return applyViaFloatBest<Codec>(out, a, b, count, Max{});
+    default:
+      throwBadCombo(dtype, op);
   }
 }
 
@@ -260,32 +273,42 @@ void reduceViaFloat(void* out, const void* a, const void* b, size_t count, DataT
 // wraps (two's complement, like numpy) instead of being undefined; min/max
 // compare in the declared (possibly signed) type.
 template <typename S>
-void reduceInteger(void* out, const void* a, const void* b, size_t count, DataType dtype,
-                   ReduceOp op) {
+void reduceInteger(void* out, const void* a, const void* b, size_t count, DataType dtype, ReduceOp op) {
   using U = std::make_unsigned_t<S>;
   switch (op) {
-    case ReduceOp::kSum: return applyTyped<U>(out, a, b, count, Add{});
-    case ReduceOp::kProd: return applyTyped<U>(out, a, b, count, Mul{});
-    case ReduceOp::kMin: return applyTyped<S>(out, a, b, count, Min{});
-    case ReduceOp::kMax: return applyTyped<S>(out, a, b, count, Max{});
-    case ReduceOp::kBand: return applyTyped<U>(out, a, b, count, BitAnd{});
-    case ReduceOp::kBor: return applyTyped<U>(out, a, b, count, BitOr{});
-    case ReduceOp::kBxor: return applyTyped<U>(out, a, b, count, BitXor{});
-    default: throwBadCombo(dtype, op);
+    case ReduceOp::kSum:
+      return applyTyped<U>(out, a, b, count, Add{});
+    case ReduceOp::kProd:
+      return applyTyped<U>(out, a, b, count, Mul{});
+    case ReduceOp::kMin:
+      return applyTyped<S>(out, a, b, count, Min{});
+    case ReduceOp::kMax:
+      return applyTyped<S>(out, a, b, count, Max{});
+    case ReduceOp::kBand:
+      return applyTyped<U>(out, a, b, count, BitAnd{});
+    case ReduceOp::kBor:
+      return applyTyped<U>(out, a, b, count, BitOr{});
+    case ReduceOp::kBxor:
+      return applyTyped<U>(out, a, b, count, BitXor{});
+    default:
+      throwBadCombo(dtype, op);
   }
 }
 
-void reduceBool(void* out, const void* a, const void* b, size_t count, DataType dtype,
-                ReduceOp op) {
+void reduceBool(void* out, const void* a, const void* b, size_t count, DataType dtype, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kMax:
-    case ReduceOp::kBor: return applyTyped<uint8_t>(out, a, b, count, LogicalOr{});
+    case ReduceOp::kBor:
+      return applyTyped<uint8_t>(out, a, b, count, LogicalOr{});
     case ReduceOp::kProd:
     case ReduceOp::kMin:
-    case ReduceOp::kBand: return applyTyped<uint8_t>(out, a, b, count, LogicalAnd{});
-    case ReduceOp::kBxor: return applyTyped<uint8_t>(out, a, b, count, LogicalXor{});
-    default: throwBadCombo(dtype, op);
+    case ReduceOp::kBand:
+      return applyTyped<uint8_t>(out, a, b, count, LogicalAnd{});
+    case ReduceOp::kBxor:
+      return applyTyped<uint8_t>(out, a, b, count, LogicalXor{});
+    default:
+      throwBadCombo(dtype, op);
   }
 }
 
@@ -305,29 +328,43 @@ void divideViaFloat(typename Codec::Storage* buf, size_t count, float divisor) {
 
 }  // namespace
 
-void reduceInto(void* out, const void* a, const void* b, size_t count, DataType dtype,
-                ReduceOp op) {
+void reduceInto(void* out, const void* a, const void* b, size_t count, DataType dtype, ReduceOp op) {
   if (!isValidDataType(static_cast<int>(dtype)) || !isValidReduceOp(static_cast<int>(op))) {
     throwBadCombo(dtype, op);
   }
   const std::string reason = reduceUnsupportedReason(dtype, op);
   if (!reason.empty()) throwError(ErrorKind::kInvalidArgument, reason);
   switch (dtype) {
-    case DataType::kFloat16: return reduceViaFloat<Float16Codec>(out, a, b, count, dtype, op);
-    case DataType::kBFloat16: return reduceViaFloat<BFloat16Codec>(out, a, b, count, dtype, op);
-    case DataType::kFloat32: return reduceFloat<float>(out, a, b, count, dtype, op);
-    case DataType::kFloat64: return reduceFloat<double>(out, a, b, count, dtype, op);
-    case DataType::kInt8: return reduceInteger<int8_t>(out, a, b, count, dtype, op);
-    case DataType::kUInt8: return reduceInteger<uint8_t>(out, a, b, count, dtype, op);
-    case DataType::kInt32: return reduceInteger<int32_t>(out, a, b, count, dtype, op);
-    case DataType::kInt64: return reduceInteger<int64_t>(out, a, b, count, dtype, op);
-    case DataType::kBool: return reduceBool(out, a, b, count, dtype, op);
-    case DataType::kInt16: return reduceInteger<int16_t>(out, a, b, count, dtype, op);
-    case DataType::kUInt16: return reduceInteger<uint16_t>(out, a, b, count, dtype, op);
-    case DataType::kUInt32: return reduceInteger<uint32_t>(out, a, b, count, dtype, op);
-    case DataType::kUInt64: return reduceInteger<uint64_t>(out, a, b, count, dtype, op);
-    case DataType::kFloat8E4M3FN: return reduceViaFloat<Float8E4M3FN>(out, a, b, count, dtype, op);
-    case DataType::kFloat8E5M2: return reduceViaFloat<Float8E5M2>(out, a, b, count, dtype, op);
+    case DataType::kFloat16:
+      return reduceViaFloat<Float16Codec>(out, a, b, count, dtype, op);
+    case DataType::kBFloat16:
+      return reduceViaFloat<BFloat16Codec>(out, a, b, count, dtype, op);
+    case DataType::kFloat32:
+      return reduceFloat<float>(out, a, b, count, dtype, op);
+    case DataType::kFloat64:
+      return reduceFloat<double>(out, a, b, count, dtype, op);
+    case DataType::kInt8:
+      return reduceInteger<int8_t>(out, a, b, count, dtype, op);
+    case DataType::kUInt8:
+      return reduceInteger<uint8_t>(out, a, b, count, dtype, op);
+    case DataType::kInt32:
+      return reduceInteger<int32_t>(out, a, b, count, dtype, op);
+    case DataType::kInt64:
+      return reduceInteger<int64_t>(out, a, b, count, dtype, op);
+    case DataType::kBool:
+      return reduceBool(out, a, b, count, dtype, op);
+    case DataType::kInt16:
+      return reduceInteger<int16_t>(out, a, b, count, dtype, op);
+    case DataType::kUInt16:
+      return reduceInteger<uint16_t>(out, a, b, count, dtype, op);
+    case DataType::kUInt32:
+      return reduceInteger<uint32_t>(out, a, b, count, dtype, op);
+    case DataType::kUInt64:
+      return reduceInteger<uint64_t>(out, a, b, count, dtype, op);
+    case DataType::kFloat8E4M3FN:
+      return reduceViaFloat<Float8E4M3FN>(out, a, b, count, dtype, op);
+    case DataType::kFloat8E5M2:
+      return reduceViaFloat<Float8E5M2>(out, a, b, count, dtype, op);
   }
   throwBadCombo(dtype, op);
 }
@@ -336,11 +373,9 @@ void scaleDivide(void* buf, size_t count, DataType dtype, size_t divisor) {
   if (divisor == 0) throwError(ErrorKind::kInvalidArgument, "scaleDivide: divisor is 0");
   switch (dtype) {
     case DataType::kFloat16:
-      return divideViaFloat<Float16Codec>(static_cast<uint16_t*>(buf), count,
-                                      static_cast<float>(divisor));
+      return divideViaFloat<Float16Codec>(static_cast<uint16_t*>(buf), count, static_cast<float>(divisor));
     case DataType::kBFloat16:
-      return divideViaFloat<BFloat16Codec>(static_cast<uint16_t*>(buf), count,
-                                       static_cast<float>(divisor));
+      return divideViaFloat<BFloat16Codec>(static_cast<uint16_t*>(buf), count, static_cast<float>(divisor));
     case DataType::kFloat32:
       return divideLoop(static_cast<float*>(buf), count, static_cast<float>(divisor));
     case DataType::kFloat64:
@@ -349,7 +384,8 @@ void scaleDivide(void* buf, size_t count, DataType dtype, size_t divisor) {
       return divideViaFloat<Float8E4M3FN>(static_cast<uint8_t*>(buf), count, static_cast<float>(divisor));
     case DataType::kFloat8E5M2:
       return divideViaFloat<Float8E5M2>(static_cast<uint8_t*>(buf), count, static_cast<float>(divisor));
-    default: break;
+    default:
+      break;
   }
   throwError(ErrorKind::kInvalidArgument,
              std::string("scaleDivide needs a floating-point dtype, got ") +

@@ -21,8 +21,7 @@
 namespace rcoll {
 
 // Throws RcollError(kInvalidArgument) when reduceUnsupportedReason() is not "".
-void reduceInto(void* out, const void* a, const void* b, size_t count,
-                DataType dtype, ReduceOp op);
+void reduceInto(void* out, const void* a, const void* b, size_t count, DataType dtype, ReduceOp op);
 
 // buf[i] = buf[i] / divisor, for the final step of avg. Floating types only:
 // float16/bfloat16 divide in float32 and round once.

@@ -18,9 +18,9 @@ namespace rcoll {
 struct SendStep {
   int peer;
   const char* data;
-  uint64_t offset;     // element offset within the op's buffer (goes into the header)
-  uint64_t count;      // elements
-  int after_recv;      // index into Schedule::recvs that must complete first, or -1
+  uint64_t offset;  // element offset within the op's buffer (goes into the header)
+  uint64_t count;   // elements
+  int after_recv;   // index into Schedule::recvs that must complete first, or -1
 };
 
 struct RecvStep {
@@ -32,7 +32,7 @@ struct RecvStep {
   char* direct;
   char* reduce_out;
   const char* reduce_in;
-  bool divide_after;   // avg: divide reduce_out by the world size once reduced
+  bool divide_after;  // avg: divide reduce_out by the world size once reduced
   // The received operand comes first: reduce_out = staged (op) reduce_in. Lets
   // every rank combine partial results in one canonical order, so that results
   // are bit-identical across ranks even where (op) is not (min/max of +0 and -0).

@@ -20,9 +20,8 @@
 namespace rcoll {
 
 int millisecondsUntil(Deadline deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                  deadline - std::chrono::steady_clock::now())
-                  .count();
+  auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
   if (left <= 0) return 0;
   return left > INT_MAX ? INT_MAX : static_cast<int>(left);
 }
@@ -53,8 +52,7 @@ bool resolveHost(const std::string& host, int port, sockaddr_storage* out, unsig
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* result = nullptr;
   std::string service = std::to_string(port);
-  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &result) != 0 ||
-      result == nullptr) {
+  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &result) != 0 || result == nullptr) {
     return false;
   }
   // Prefer IPv4: it is what MASTER_ADDR usually names and what loopback tests use.

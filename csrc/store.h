@@ -20,8 +20,7 @@ class Store {
 
   // Blocks until `key` exists, then returns its value. Throws RcollError
   // (kTimeout) naming the key if it does not appear within `timeout`.
-  virtual std::vector<uint8_t> get(const std::string& key,
-                                   std::chrono::milliseconds timeout) = 0;
+  virtual std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
 
   // Atomically adds `delta` to the integer stored at `key` (missing = 0) and
   // returns the new value.

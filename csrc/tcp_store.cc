@@ -70,8 +70,7 @@ std::chrono::steady_clock::time_point deadlineAfter(std::chrono::milliseconds ti
   using Clock = std::chrono::steady_clock;
   auto now = Clock::now();
   if (timeout.count() < 0) timeout = std::chrono::milliseconds(0);
-  if (timeout >= std::chrono::duration_cast<std::chrono::milliseconds>(
-                     Clock::time_point::max() - now)) {
+  if (timeout >= std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now)) {
     return Clock::time_point::max();
   }
   return now + timeout;
@@ -132,11 +131,11 @@ void setNoDelay(int fd) {
 struct TcpStoreServer::State {
   struct Client {
     int fd = -1;
-    std::vector<uint8_t> in;   // received, not yet parsed from in_pos on
+    std::vector<uint8_t> in;  // received, not yet parsed from in_pos on
     size_t in_pos = 0;
     std::vector<uint8_t> out;  // replies not yet sent from out_pos on
     size_t out_pos = 0;
-    bool parked = false;       // waiting in a GET for parked_key to appear
+    bool parked = false;  // waiting in a GET for parked_key to appear
     std::string parked_key;
   };
   enum class Parse { kNeedMore, kDone, kBad };
@@ -152,7 +151,7 @@ struct TcpStoreServer::State {
   // valid while one is erased.
   std::map<uint64_t, Client> clients;
   std::unordered_map<std::string, std::vector<uint64_t>> waiters;  // key -> parked ids
-  std::vector<uint64_t> runnable;  // clients to flush and parse again (e.g. just woken)
+  std::vector<uint64_t> runnable;                                  // clients to flush and parse again (e.g. just woken)
   uint64_t next_id = 1;
   std::chrono::steady_clock::time_point accept_paused_until{};
 
@@ -306,8 +305,7 @@ struct TcpStoreServer::State {
         std::string text(slot.begin(), slot.end());
         int64_t current = std::strtoll(text.c_str(), nullptr, 10);
         // Wraps on overflow instead of undefined behaviour.
-        int64_t updated = static_cast<int64_t>(static_cast<uint64_t>(current) +
-                                               static_cast<uint64_t>(getI64(value)));
+        int64_t updated = static_cast<int64_t>(static_cast<uint64_t>(current) + static_cast<uint64_t>(getI64(value)));
         std::string out = std::to_string(updated);
         slot.assign(out.begin(), out.end());
         putI64(c.out, updated);
@@ -385,8 +383,7 @@ struct TcpStoreServer::State {
   }
 };
 
-TcpStoreServer::TcpStoreServer(const std::string& host, int port)
-    : state_(new State()) {
+TcpStoreServer::TcpStoreServer(const std::string& host, int port) : state_(new State()) {
   const std::string where = joinAddress(host, port);
   auto fail = [&](const std::string& why) {
     if (listen_fd_ >= 0) ::close(listen_fd_);
@@ -496,16 +493,14 @@ void TcpStoreServer::serve() {
 
 namespace {
 
-std::vector<uint8_t> encodeRequest(uint8_t cmd, const std::string& key, const uint8_t* value,
-                                   size_t value_len) {
+std::vector<uint8_t> encodeRequest(uint8_t cmd, const std::string& key, const uint8_t* value, size_t value_len) {
   if (key.size() > kMaxKeyBytes) {
     throwError(ErrorKind::kInvalidArgument,
                strFormat("store key is %zu bytes; the limit is %zu", key.size(), kMaxKeyBytes));
   }
   if (value_len > kMaxValueBytes) {
-    throwError(ErrorKind::kInvalidArgument,
-               strFormat("store value for key '%s' is %zu bytes; the limit is %zu", key.c_str(),
-                         value_len, kMaxValueBytes));
+    throwError(ErrorKind::kInvalidArgument, strFormat("store value for key '%s' is %zu bytes; the limit is %zu",
+                                                      key.c_str(), value_len, kMaxValueBytes));
   }
   std::vector<uint8_t> req;
   req.reserve(kRequestHeaderBytes + key.size() + value_len);
@@ -519,8 +514,7 @@ std::vector<uint8_t> encodeRequest(uint8_t cmd, const std::string& key, const ui
 
 }  // namespace
 
-TcpStoreClient::TcpStoreClient(const std::string& host, int port,
-                               std::chrono::milliseconds connect_timeout)
+TcpStoreClient::TcpStoreClient(const std::string& host, int port, std::chrono::milliseconds connect_timeout)
     : host_(host), port_(port), connect_timeout_(connect_timeout) {
   std::lock_guard<std::mutex> lock(mutex_);
   connectLocked();
@@ -595,10 +589,9 @@ void TcpStoreClient::connectLocked() {
     auto pause = std::min<Clock::duration>(std::chrono::milliseconds(50), deadline - now);
     std::this_thread::sleep_for(pause);
   }
-  throwError(ErrorKind::kTimeout,
-             strFormat("could not reach the rendezvous store at %s within %g s (is rank 0 "
-                       "running and MASTER_ADDR/MASTER_PORT right?): %s",
-                       address().c_str(), toSeconds(connect_timeout_), last_error.c_str()));
+  throwError(ErrorKind::kTimeout, strFormat("could not reach the rendezvous store at %s within %g s (is rank 0 "
+                                            "running and MASTER_ADDR/MASTER_PORT right?): %s",
+                                            address().c_str(), toSeconds(connect_timeout_), last_error.c_str()));
 }
 
 void TcpStoreClient::closeLocked() {
@@ -608,10 +601,9 @@ void TcpStoreClient::closeLocked() {
 
 void TcpStoreClient::lostConnectionLocked(const std::string& detail) {
   closeLocked();
-  throwError(ErrorKind::kPeer,
-             strFormat("lost the connection to the rendezvous store at %s (did the process "
-                       "hosting it, usually rank 0, exit?): %s",
-                       address().c_str(), detail.c_str()));
+  throwError(ErrorKind::kPeer, strFormat("lost the connection to the rendezvous store at %s (did the process "
+                                         "hosting it, usually rank 0, exit?): %s",
+                                         address().c_str(), detail.c_str()));
 }
 
 void TcpStoreClient::sendLocked(const std::vector<uint8_t>& request) {
@@ -662,8 +654,7 @@ void TcpStoreClient::set(const std::string& key, const std::vector<uint8_t>& val
   if (status != 0) lostConnectionLocked(strFormat("unexpected reply %u to a set", status));
 }
 
-std::vector<uint8_t> TcpStoreClient::get(const std::string& key,
-                                         std::chrono::milliseconds timeout) {
+std::vector<uint8_t> TcpStoreClient::get(const std::string& key, std::chrono::milliseconds timeout) {
   std::vector<uint8_t> req = encodeRequest(kGet, key, nullptr, 0);
   std::lock_guard<std::mutex> lock(mutex_);
   if (fd_ < 0) connectLocked();
@@ -675,8 +666,7 @@ std::vector<uint8_t> TcpStoreClient::get(const std::string& key,
   if (ok) {
     const size_t len = getU32(header);
     if (len > kMaxValueBytes) {
-      lostConnectionLocked(strFormat("reply announces a %zu-byte value for key '%s'", len,
-                                     key.c_str()));
+      lostConnectionLocked(strFormat("reply announces a %zu-byte value for key '%s'", len, key.c_str()));
     }
     value.resize(len);
     ok = len == 0 || recvLocked(value.data(), len, deadline);
@@ -685,9 +675,8 @@ std::vector<uint8_t> TcpStoreClient::get(const std::string& key,
     // The server still holds our GET (or is mid-reply): this stream is no longer
     // in step with us. Drop it; the next call reconnects on a clean one.
     closeLocked();
-    throwError(ErrorKind::kTimeout,
-               strFormat("%s waiting for key '%s' in the rendezvous store at %s", timedOut(toSeconds(timeout)).c_str(),
-                         key.c_str(), address().c_str()));
+    throwError(ErrorKind::kTimeout, strFormat("%s waiting for key '%s' in the rendezvous store at %s",
+                                              timedOut(toSeconds(timeout)).c_str(), key.c_str(), address().c_str()));
   }
   return value;
 }

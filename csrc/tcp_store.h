@@ -44,7 +44,7 @@ class TcpStoreServer {
   std::unique_ptr<State> state_;
   int port_ = 0;
   int listen_fd_ = -1;
-  int wake_fd_ = -1;   // eventfd that stops serve()
+  int wake_fd_ = -1;  // eventfd that stops serve()
   std::thread thread_;
 };
 
@@ -52,13 +52,11 @@ class TcpStoreClient : public Store {
  public:
   // Connects to host:port, retrying until `connect_timeout` (the server may start
   // after its clients). Throws RcollError(kTimeout) naming the address.
-  TcpStoreClient(const std::string& host, int port,
-                 std::chrono::milliseconds connect_timeout);
+  TcpStoreClient(const std::string& host, int port, std::chrono::milliseconds connect_timeout);
   ~TcpStoreClient() override;
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
-  std::vector<uint8_t> get(const std::string& key,
-                           std::chrono::milliseconds timeout) override;
+  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
   bool check(const std::string& key);
 
@@ -70,16 +68,16 @@ class TcpStoreClient : public Store {
   using Clock = std::chrono::steady_clock;
 
   // All of these expect mutex_ to be held.
-  void connectLocked();    // (re)opens fd_, retrying until connect_timeout_
-  void closeLocked();      // drops fd_; the next call reconnects
+  void connectLocked();  // (re)opens fd_, retrying until connect_timeout_
+  void closeLocked();    // drops fd_; the next call reconnects
   void sendLocked(const std::vector<uint8_t>& request);
   // Reads exactly n bytes; false if `deadline` passes first (the caller reports it).
   bool recvLocked(void* buf, size_t n, Clock::time_point deadline);
   [[noreturn]] void lostConnectionLocked(const std::string& detail);
   std::string address() const;  // "host:port" for messages
 
-  std::mutex mutex_;   // one request at a time on the connection
-  int fd_ = -1;        // -1 after a timeout or a lost connection: reconnect lazily
+  std::mutex mutex_;  // one request at a time on the connection
+  int fd_ = -1;       // -1 after a timeout or a lost connection: reconnect lazily
   std::string host_;
   int port_ = 0;
   std::chrono::milliseconds connect_timeout_;

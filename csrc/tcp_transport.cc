@@ -40,7 +40,7 @@ struct TcpTransport::TcpRequest : Request {
   WireHeader header{};  // send: what goes out; recv: what is expected
   char* data = nullptr;
   size_t bytes = 0;
-  size_t done = 0;      // send: header + payload bytes written; recv: payload bytes read
+  size_t done = 0;        // send: header + payload bytes written; recv: payload bytes read
   bool released = false;  // the caller let go while it was still queued: recycle when it leaves the queue
   TransportFailure why;
 };
@@ -51,9 +51,9 @@ struct TcpTransport::Connection {
   std::deque<TcpRequest*> sends;
   std::deque<TcpRequest*> recvs;
   WireHeader in_header{};
-  size_t in_header_got = 0;   // bytes of the incoming header read so far
+  size_t in_header_got = 0;  // bytes of the incoming header read so far
   bool in_header_checked = false;
-  std::string abort_text;     // payload of an incoming abort message
+  std::string abort_text;  // payload of an incoming abort message
   // Bytes read from the socket but not yet consumed (see kInboxBytes):
   // every read of the stream takes from here first.
   std::unique_ptr<char[]> inbox{new char[kInboxBytes]};
@@ -164,9 +164,7 @@ void TcpTransport::finish(TcpRequest* r, Request::State state, const TransportFa
   if (r->released) requests_.recycle(r);
 }
 
-TransportFailure TcpTransport::failure(Request* request) const {
-  return static_cast<TcpRequest*>(request)->why;
-}
+TransportFailure TcpTransport::failure(Request* request) const { return static_cast<TcpRequest*>(request)->why; }
 
 Request* TcpTransport::isend(int peer, const WireHeader& header, const void* data, size_t bytes) {
   TcpRequest* r = requests_.take();
@@ -308,8 +306,8 @@ bool TcpTransport::driveRecvs(Connection& c) {
     // 1. The next header, read even before a receive is posted so that an abort
     //    from the peer is seen at once.
     if (c.in_header_got < sizeof(WireHeader)) {
-      ssize_t n = readStream(c, reinterpret_cast<char*>(&c.in_header) + c.in_header_got,
-                             sizeof(WireHeader) - c.in_header_got);
+      ssize_t n =
+          readStream(c, reinterpret_cast<char*>(&c.in_header) + c.in_header_got, sizeof(WireHeader) - c.in_header_got);
       if (n == 0) {
         if (c.in_header_got == 0 && c.recvs.empty() && !lastOpenLane(c)) {
           c.closed_by_peer = true;  // see Connection::closed_by_peer
@@ -321,8 +319,8 @@ bool TcpTransport::driveRecvs(Connection& c) {
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return completed;
-        failConnection(c, ErrorKind::kPeer, strFormat("lost the connection to rank %d: %s", c.peer,
-                                                      errnoText(errno).c_str()));
+        failConnection(c, ErrorKind::kPeer,
+                       strFormat("lost the connection to rank %d: %s", c.peer, errnoText(errno).c_str()));
         return true;
       }
       c.in_header_got += static_cast<size_t>(n);
@@ -355,8 +353,7 @@ bool TcpTransport::driveRecvs(Connection& c) {
     if (!c.in_header_checked) {
       std::string bad = checkHeader(r->header, c.in_header, info_.rank);
       if (bad.empty() && c.in_header.src_rank != static_cast<uint32_t>(c.peer)) {
-        bad = strFormat("a message on rank %d's connection claims to come from rank %u", c.peer,
-                        c.in_header.src_rank);
+        bad = strFormat("a message on rank %d's connection claims to come from rank %u", c.peer, c.in_header.src_rank);
       }
       if (!bad.empty()) {
         failConnection(c, ErrorKind::kMismatch, bad);
@@ -374,7 +371,8 @@ bool TcpTransport::driveRecvs(Connection& c) {
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return completed;
       failConnection(c, ErrorKind::kPeer,
                      n == 0 ? strFormat("rank %d closed its connection in the middle of a message (its "
-                                        "process exited, crashed or was killed)", c.peer)
+                                        "process exited, crashed or was killed)",
+                                        c.peer)
                             : strFormat("lost the connection to rank %d: %s", c.peer, errnoText(errno).c_str()));
       return true;
     }

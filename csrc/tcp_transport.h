@@ -78,7 +78,7 @@ class TcpTransport : public Transport {
   Request* post(TcpRequest* r);  // queues r on its lane, or fails it at once
   void adopt(int peer, int lane, int fd);
   Connection* laneTo(int peer, int k) const { return connections_[static_cast<size_t>(peer * lanes_ + k)].get(); }
-  bool driveAll();                 // true if any request completed or failed
+  bool driveAll();  // true if any request completed or failed
   bool driveSends(Connection& c);
   bool driveRecvs(Connection& c);
   ssize_t readStream(Connection& c, char* dst, size_t want);
@@ -96,7 +96,7 @@ class TcpTransport : public Transport {
   int wake_fd_ = -1;
   std::string listen_address_;
   std::vector<std::unique_ptr<Connection>> connections_;  // indexed by peer * lanes_ + lane
-  std::vector<Posted> posted_;                           // indexed by peer
+  std::vector<Posted> posted_;                            // indexed by peer
   RequestPool<TcpRequest> requests_;
   std::vector<pollfd> poll_fds_;  // progress() scratch
   bool aborted_ = false;

@@ -20,22 +20,22 @@ std::unique_ptr<Timeline> Timeline::open(const std::string& base, int rank) {
                                     rank);
 }
 
-Timeline::Timeline(const std::string& path, int rank)
-    : path_(path), rank_(rank), steady_origin_(Clock::now()) {
-  wall_origin_us_ = std::chrono::duration_cast<std::chrono::microseconds>(
-                        std::chrono::system_clock::now().time_since_epoch())
-                        .count();
+Timeline::Timeline(const std::string& path, int rank) : path_(path), rank_(rank), steady_origin_(Clock::now()) {
+  wall_origin_us_ =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
   file_ = std::fopen(path_.c_str(), "w");
   if (file_ == nullptr) {
     throwError(ErrorKind::kConfig, strFormat("RCOLL_TIMELINE: cannot create %s", path_.c_str()));
   }
   std::fprintf(file_, "[\n");
   // Names for the process and its two rows in the viewer.
-  std::fprintf(file_, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d\"}},\n"
-                      "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": "
-                      "\"collectives\"}},\n"
-                      "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 1, \"args\": {\"name\": "
-                      "\"send/recv\"}}",
+  std::fprintf(file_,
+               "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"rank %d\"}},\n"
+               "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": "
+               "\"collectives\"}},\n"
+               "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 1, \"args\": {\"name\": "
+               "\"send/recv\"}}",
                rank_, rank_, rank_, rank_);
   first_ = false;
 }
@@ -61,8 +61,9 @@ void Timeline::slice(int row, const std::string& name, const char* category, Clo
   const long long ts = micros(start);
   const long long dur = std::max<long long>(0, micros(end) - ts);
   std::lock_guard<std::mutex> lock(mutex_);
-  std::fprintf(file_, "%s{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, "
-                      "\"ts\": %lld, \"dur\": %lld, \"args\": {%s}}",
+  std::fprintf(file_,
+               "%s{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, "
+               "\"ts\": %lld, \"dur\": %lld, \"args\": {%s}}",
                first_ ? "" : ",\n", jsonEscape(name).c_str(), category, rank_, row, ts, dur, args.c_str());
   first_ = false;
 }

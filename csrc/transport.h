@@ -69,17 +69,17 @@ class Transport {
   // proves `info` and drops (with a WARN) anything else: stray scanners, wrong
   // tokens, garbage, half-sent handshakes. Both throw RcollError past `deadline`.
   virtual std::string listenAddress() const = 0;
-  virtual void connect(int peer, const std::string& address,
-                       std::chrono::steady_clock::time_point deadline) = 0;
+  virtual void connect(int peer, const std::string& address, std::chrono::steady_clock::time_point deadline) = 0;
   virtual int accept(std::chrono::steady_clock::time_point deadline) = 0;  // returns the peer's rank
-  virtual void closeListener() = 0;  // no more peers will come: stop accepting
+  virtual void closeListener() = 0;                                        // no more peers will come: stop accepting
   virtual bool connected(int peer) const = 0;
   // Which peers this transport serves (all by default, indexed by rank). A
   // composite gives each child its share before the mesh forms, so that a
   // child's accept() takes its own peers only and drops any other with a WARN.
   void setPeers(std::vector<bool> served) { served_ = std::move(served); }
   bool serves(int peer) const {
-    return served_.empty() || (peer >= 0 && static_cast<size_t>(peer) < served_.size() && served_[static_cast<size_t>(peer)]);
+    return served_.empty() ||
+           (peer >= 0 && static_cast<size_t>(peer) < served_.size() && served_[static_cast<size_t>(peer)]);
   }
 
   // Memory registration (a no-op returning nullptr for transports that need none).

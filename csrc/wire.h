@@ -27,9 +27,9 @@ enum class OpKind : uint8_t {
   kReduce = 6,
   kGather = 7,
   kScatter = 8,
-  kAllToAll = 9,    // alltoallv; the equal split is the same op with equal counts
+  kAllToAll = 9,       // alltoallv; the equal split is the same op with equal counts
   kPointToPoint = 10,  // send/recv: root = tag, seq = the message's number between the two ranks
-  kAbort = 100,  // control: "I failed; here is why" (payload = UTF-8 message)
+  kAbort = 100,        // control: "I failed; here is why" (payload = UTF-8 message)
 };
 const char* opKindName(OpKind kind);
 
@@ -37,10 +37,10 @@ const char* opKindName(OpKind kind);
 struct WireHeader {
   uint32_t magic;
   uint16_t version;
-  uint8_t kind;       // OpKind
-  uint8_t dtype;      // DataType
-  uint8_t reduce_op;  // ReduceOp (0 where the op does not reduce)
-  uint8_t error_kind; // kAbort only: the sender's ErrorKind
+  uint8_t kind;        // OpKind
+  uint8_t dtype;       // DataType
+  uint8_t reduce_op;   // ReduceOp (0 where the op does not reduce)
+  uint8_t error_kind;  // kAbort only: the sender's ErrorKind
   uint16_t reserved;
   uint32_t src_rank;  // sender's rank in the communicator
   uint32_t root;      // root of broadcast, reduce, gather, scatter (0 otherwise)
@@ -80,8 +80,7 @@ struct OpDesc {
 std::string describeOp(const OpDesc& op);
 OpDesc opFromHeader(const WireHeader& header);
 
-WireHeader makeHeader(const OpDesc& op, uint64_t comm_id, uint32_t src_rank,
-                      uint64_t offset, uint64_t bytes);
+WireHeader makeHeader(const OpDesc& op, uint64_t comm_id, uint32_t src_rank, uint64_t offset, uint64_t bytes);
 
 // "" when `got` (from rank got.src_rank) is the segment the receiver (`my_rank`)
 // expects, else a message naming both ranks and both ops, for example

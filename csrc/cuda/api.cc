@@ -25,13 +25,12 @@ int checkDataType(int dtype, const char* what) {
   return RCOLL_CUDA_SUCCESS;
 }
 
-int checkBuffer(const void* p, const char* name, size_t count, size_t elementSize,
-                const char* what) {
+int checkBuffer(const void* p, const char* name, size_t count, size_t elementSize, const char* what) {
   if (count == 0) return RCOLL_CUDA_SUCCESS;
   if (p == nullptr) return invalid(std::string(what) + ": " + name + " is null");
   if (reinterpret_cast<uintptr_t>(p) % elementSize != 0) {
-    return invalid(std::string(what) + ": " + name + " is not aligned to its " +
-                   std::to_string(elementSize) + "-byte elements");
+    return invalid(std::string(what) + ": " + name + " is not aligned to its " + std::to_string(elementSize) +
+                   "-byte elements");
   }
   return RCOLL_CUDA_SUCCESS;
 }
@@ -51,8 +50,7 @@ bool overlapsPartially(const void* x, const void* y, size_t bytes) {
 using namespace rcoll;
 using namespace rcoll::cuda;
 
-extern "C" int rcollCudaReduce(void* dst, const void* a, const void* b, size_t count, int dtype,
-                               int op, void* stream) {
+extern "C" int rcollCudaReduce(void* dst, const void* a, const void* b, size_t count, int dtype, int op, void* stream) {
   const char* what = "rcollCudaReduce";
   if (int rc = checkDataType(dtype, what)) return rc;
   if (!isValidReduceOp(op)) return invalid(std::string(what) + ": unknown reduce op code " + std::to_string(op));
@@ -73,17 +71,15 @@ extern "C" int rcollCudaReduce(void* dst, const void* a, const void* b, size_t c
   }
 
   auto cudaStream = static_cast<cudaStream_t>(stream);
-  const cudaError_t error = isFloatingPoint(type)
-                                ? reduceFloating(dst, a, b, count, type, reduceOp, cudaStream)
-                                : reduceIntegral(dst, a, b, count, type, reduceOp, cudaStream);
+  const cudaError_t error = isFloatingPoint(type) ? reduceFloating(dst, a, b, count, type, reduceOp, cudaStream)
+                                                  : reduceIntegral(dst, a, b, count, type, reduceOp, cudaStream);
   if (error != cudaSuccess) {
     return failCuda(error, std::string("reduce ") + dataTypeName(type) + " " + reduceOpName(reduceOp));
   }
   return RCOLL_CUDA_SUCCESS;
 }
 
-extern "C" int rcollCudaScaleDivide(void* buf, size_t count, int dtype, size_t divisor,
-                                    void* stream) {
+extern "C" int rcollCudaScaleDivide(void* buf, size_t count, int dtype, size_t divisor, void* stream) {
   const char* what = "rcollCudaScaleDivide";
   if (int rc = checkDataType(dtype, what)) return rc;
   const DataType type = static_cast<DataType>(dtype);
@@ -96,8 +92,7 @@ extern "C" int rcollCudaScaleDivide(void* buf, size_t count, int dtype, size_t d
   if (int rc = checkBuffer(buf, "buf", count, size, what)) return rc;
   if (count == 0) return RCOLL_CUDA_SUCCESS;
 
-  const cudaError_t error =
-      scaleDivideFloating(buf, count, type, divisor, static_cast<cudaStream_t>(stream));
+  const cudaError_t error = scaleDivideFloating(buf, count, type, divisor, static_cast<cudaStream_t>(stream));
   if (error != cudaSuccess) {
     return failCuda(error, std::string("scale_divide ") + dataTypeName(type));
   }

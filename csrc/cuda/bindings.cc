@@ -67,24 +67,23 @@ PYBIND11_MODULE(_cuda, m) {
 
   m.def(
       "reduce",
-      [](uintptr_t dst, uintptr_t a, uintptr_t b, size_t count, int dtype, int op,
-         uintptr_t stream) {
+      [](uintptr_t dst, uintptr_t a, uintptr_t b, size_t count, int dtype, int op, uintptr_t stream) {
         // A launch can block when the stream's queue is full.
         check(withoutGil([&] {
           return rcollCudaReduce(asPointer(dst), asPointer(a), asPointer(b), count, dtype, op, asPointer(stream));
         }));
       },
-      py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("count"), py::arg("dtype"),
-      py::arg("op"), py::arg("stream") = 0,
-      "Enqueues dst[i] = a[i] (op) b[i] on `stream` (device addresses; avg reduces like sum).");
+      py::arg("dst"), py::arg("a"), py::arg("b"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+      py::arg("stream") = 0, "Enqueues dst[i] = a[i] (op) b[i] on `stream` (device addresses; avg reduces like sum).");
 
   m.def(
       "scale_divide",
       [](uintptr_t buf, size_t count, int dtype, size_t divisor, uintptr_t stream) {
-        check(withoutGil([&] { return rcollCudaScaleDivide(asPointer(buf), count, dtype, divisor, asPointer(stream)); }));
+        check(
+            withoutGil([&] { return rcollCudaScaleDivide(asPointer(buf), count, dtype, divisor, asPointer(stream)); }));
       },
-      py::arg("buf"), py::arg("count"), py::arg("dtype"), py::arg("divisor"),
-      py::arg("stream") = 0, "Enqueues buf[i] = buf[i] / divisor on `stream` (avg's last step).");
+      py::arg("buf"), py::arg("count"), py::arg("dtype"), py::arg("divisor"), py::arg("stream") = 0,
+      "Enqueues buf[i] = buf[i] / divisor on `stream` (avg's last step).");
 
   m.def(
       "probe",
@@ -131,6 +130,7 @@ PYBIND11_MODULE(_cuda, m) {
       "The device API table (csrc/device_api.h) for rcoll._core.set_device_api(): how the core stages "
       "GPU buffers through pinned host memory without linking CUDA itself.");
 
-  m.def("built_archs", [] { return splitCommas(rcollCudaBuiltArchs()); },
-        "Code compiled in: 'sm_XY' machine code, 'compute_XY' PTX (JIT-compiled on newer GPUs).");
+  m.def(
+      "built_archs", [] { return splitCommas(rcollCudaBuiltArchs()); },
+      "Code compiled in: 'sm_XY' machine code, 'compute_XY' PTX (JIT-compiled on newer GPUs).");
 }

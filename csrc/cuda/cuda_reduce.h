@@ -37,8 +37,7 @@ enum {
 /* dst[i] = a[i] (op) b[i] for i < count. dst may be a or b exactly, but must
  * not partially overlap either. Pointers must be aligned to the element size;
  * 16-byte loads are used where all three share their offset modulo 16. */
-int rcollCudaReduce(void* dst, const void* a, const void* b, size_t count, int dtype, int op,
-                    void* stream);
+int rcollCudaReduce(void* dst, const void* a, const void* b, size_t count, int dtype, int op, void* stream);
 
 /* buf[i] = buf[i] / divisor (true division, float16/bfloat16 in float32 and
  * rounded once): the final step of avg. Floating-point dtypes only. */

@@ -62,9 +62,7 @@ int streamCreate(int device, void** stream) {
 }
 
 int streamDestroy(void* stream) { return check(cudaStreamDestroy(asStream(stream)), "cudaStreamDestroy"); }
-int streamSynchronize(void* stream) {
-  return check(cudaStreamSynchronize(asStream(stream)), "cudaStreamSynchronize");
-}
+int streamSynchronize(void* stream) { return check(cudaStreamSynchronize(asStream(stream)), "cudaStreamSynchronize"); }
 
 int deviceAlloc(int device, size_t bytes, void** ptr) {
   *ptr = nullptr;
@@ -86,8 +84,7 @@ int copyH2D(void* dst, const void* src, size_t bytes, void* stream) {
   return check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, asStream(stream)), "copy to the device");
 }
 int copyD2D(void* dst, const void* src, size_t bytes, void* stream) {
-  return check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, asStream(stream)),
-               "copy within the device");
+  return check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, asStream(stream)), "copy within the device");
 }
 
 int reduceAsync(void* dst, const void* a, const void* b, size_t count, int dtype, int op, void* stream) {
@@ -189,15 +186,16 @@ int dmabufExport(void* ptr, size_t bytes, int* fd, unsigned long long* offset) {
         cudaGetDriverEntryPointByVersion("cuMemGetHandleForAddressRange", &fn, 11070, cudaEnableDefault, &found);
     if (error != cudaSuccess) return failCuda(error, "looking up cuMemGetHandleForAddressRange");
     if (found != cudaDriverEntryPointSuccess || fn == nullptr) {
-      return fail(RCOLL_CUDA_RUNTIME_ERROR, "the NVIDIA driver lacks cuMemGetHandleForAddressRange (dma-buf export "
-                                            "needs driver 515 or newer)");
+      return fail(RCOLL_CUDA_RUNTIME_ERROR,
+                  "the NVIDIA driver lacks cuMemGetHandleForAddressRange (dma-buf export "
+                  "needs driver 515 or newer)");
     }
     get = reinterpret_cast<GetHandleForAddressRange>(fn);
     resolved.store(get);
   }
   int handle = -1;
-  const CUresult result = get(&handle, reinterpret_cast<CUdeviceptr>(ptr), bytes,
-                              CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+  const CUresult result =
+      get(&handle, reinterpret_cast<CUdeviceptr>(ptr), bytes, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
   if (result != CUDA_SUCCESS) {
     return fail(RCOLL_CUDA_RUNTIME_ERROR,
                 "cuMemGetHandleForAddressRange(DMA_BUF_FD) failed with CUresult " + std::to_string(result) +

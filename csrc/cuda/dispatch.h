@@ -15,16 +15,15 @@ namespace rcoll {
 namespace cuda {
 
 // float16, bfloat16, float32, float64 with sum/avg, prod, min, max.
-cudaError_t reduceFloating(void* out, const void* a, const void* b, size_t count, DataType dtype,
-                           ReduceOp op, cudaStream_t stream);
+cudaError_t reduceFloating(void* out, const void* a, const void* b, size_t count, DataType dtype, ReduceOp op,
+                           cudaStream_t stream);
 
 // int8, uint8, int32, int64 with every op but avg; bool with every op but avg.
-cudaError_t reduceIntegral(void* out, const void* a, const void* b, size_t count, DataType dtype,
-                           ReduceOp op, cudaStream_t stream);
+cudaError_t reduceIntegral(void* out, const void* a, const void* b, size_t count, DataType dtype, ReduceOp op,
+                           cudaStream_t stream);
 
 // buf[i] /= divisor for the floating types.
-cudaError_t scaleDivideFloating(void* buf, size_t count, DataType dtype, size_t divisor,
-                                cudaStream_t stream);
+cudaError_t scaleDivideFloating(void* buf, size_t count, DataType dtype, size_t divisor, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace rcoll

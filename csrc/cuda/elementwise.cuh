@@ -54,8 +54,7 @@ struct Split {
 };
 
 // Pointers must already be aligned to elementSize (checked by the caller).
-inline Split splitForPacks(size_t count, size_t elementSize,
-                           std::initializer_list<const void*> pointers) {
+inline Split splitForPacks(size_t count, size_t elementSize, std::initializer_list<const void*> pointers) {
   const uintptr_t offset = reinterpret_cast<uintptr_t>(*pointers.begin()) % kPackBytes;
   for (const void* p : pointers) {
     if (reinterpret_cast<uintptr_t>(p) % kPackBytes != offset) return Split{count, 0, count, count};
@@ -74,8 +73,8 @@ inline Split splitForPacks(size_t count, size_t elementSize,
 // `out` may be `a` (or `b`) exactly: each element is read and written by the
 // same thread, loads first, so no __restrict__ and no non-coherent loads.
 template <typename T, typename F>
-__host__ __device__ inline void binaryRange(size_t first, size_t stride, T* out, const T* a,
-                                            const T* b, const Split& split, const F& f) {
+__host__ __device__ inline void binaryRange(size_t first, size_t stride, T* out, const T* a, const T* b,
+                                            const Split& split, const F& f) {
   for (size_t i = first; i < split.head; i += stride) out[i] = f(a[i], b[i]);
 
   using P = Pack<T>;
@@ -95,8 +94,7 @@ __host__ __device__ inline void binaryRange(size_t first, size_t stride, T* out,
 }
 
 template <typename T, typename F>
-__host__ __device__ inline void unaryRange(size_t first, size_t stride, T* buf, const Split& split,
-                                           const F& f) {
+__host__ __device__ inline void unaryRange(size_t first, size_t stride, T* buf, const Split& split, const F& f) {
   for (size_t i = first; i < split.head; i += stride) buf[i] = f(buf[i]);
 
   using P = Pack<T>;
@@ -112,28 +110,26 @@ __host__ __device__ inline void unaryRange(size_t first, size_t stride, T* buf, 
 }
 
 template <typename T, typename F>
-__global__ void __launch_bounds__(kThreadsPerBlock)
-    binaryKernel(T* out, const T* a, const T* b, Split split, F f) {
-  binaryRange(static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x,
-              static_cast<size_t>(gridDim.x) * blockDim.x, out, a, b, split, f);
+__global__ void __launch_bounds__(kThreadsPerBlock) binaryKernel(T* out, const T* a, const T* b, Split split, F f) {
+  binaryRange(static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x, static_cast<size_t>(gridDim.x) * blockDim.x,
+              out, a, b, split, f);
 }
 
 template <typename T, typename F>
 __global__ void __launch_bounds__(kThreadsPerBlock) unaryKernel(T* buf, Split split, F f) {
-  unaryRange(static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x,
-             static_cast<size_t>(gridDim.x) * blockDim.x, buf, split, f);
+  unaryRange(static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x, static_cast<size_t>(gridDim.x) * blockDim.x,
+             buf, split, f);
 }
 
 template <typename T, typename F>
-cudaError_t launchBinary(void* out, const void* a, const void* b, size_t count, F f,
-                         cudaStream_t stream) {
+cudaError_t launchBinary(void* out, const void* a, const void* b, size_t count, F f, cudaStream_t stream) {
   const Split split = splitForPacks(count, sizeof(T), {out, a, b});
   unsigned blocks = 0;
   cudaError_t error = gridBlocks(split.work(), &blocks);
   if (error != cudaSuccess) return error;
   (void)cudaGetLastError();  // drop a stale error so the check below is this launch's
-  binaryKernel<T, F><<<blocks, kThreadsPerBlock, 0, stream>>>(
-      static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), split, f);
+  binaryKernel<T, F><<<blocks, kThreadsPerBlock, 0, stream>>>(static_cast<T*>(out), static_cast<const T*>(a),
+                                                              static_cast<const T*>(b), split, f);
   return cudaGetLastError();
 }
 

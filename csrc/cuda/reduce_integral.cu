@@ -8,13 +8,11 @@
 namespace rcoll {
 namespace cuda {
 
-cudaError_t reduceIntegral(void* out, const void* a, const void* b, size_t count, DataType dtype,
-                           ReduceOp op, cudaStream_t stream) {
+cudaError_t reduceIntegral(void* out, const void* a, const void* b, size_t count, DataType dtype, ReduceOp op,
+                           cudaStream_t stream) {
   return visitIntegralReduce(
       dtype, op,
-      [&](auto type, auto f) {
-        return launchBinary<typename decltype(type)::type>(out, a, b, count, f, stream);
-      },
+      [&](auto type, auto f) { return launchBinary<typename decltype(type)::type>(out, a, b, count, f, stream); },
       cudaErrorInvalidValue);
 }
 

@@ -72,17 +72,23 @@ struct Max {
 
 struct BitAnd {
   template <typename T>
-  __host__ __device__ T operator()(T x, T y) const { return static_cast<T>(x & y); }
+  __host__ __device__ T operator()(T x, T y) const {
+    return static_cast<T>(x & y);
+  }
 };
 
 struct BitOr {
   template <typename T>
-  __host__ __device__ T operator()(T x, T y) const { return static_cast<T>(x | y); }
+  __host__ __device__ T operator()(T x, T y) const {
+    return static_cast<T>(x | y);
+  }
 };
 
 struct BitXor {
   template <typename T>
-  __host__ __device__ T operator()(T x, T y) const { return static_cast<T>(x ^ y); }
+  __host__ __device__ T operator()(T x, T y) const {
+    return static_cast<T>(x ^ y);
+  }
 };
 
 // bool travels as bytes where any nonzero value means true; results are 0/1.
@@ -95,9 +101,7 @@ struct LogicalAnd {
 };
 
 struct LogicalXor {
-  __host__ __device__ uint8_t operator()(uint8_t x, uint8_t y) const {
-    return (x != 0) != (y != 0);
-  }
+  __host__ __device__ uint8_t operator()(uint8_t x, uint8_t y) const { return (x != 0) != (y != 0); }
 };
 
 // ---- 16-bit floats: stored as uint16_t, computed in float32, rounded once ----
@@ -106,22 +110,14 @@ struct LogicalXor {
 // float), like csrc/half.h; NaN stays NaN (its payload may differ).
 struct Float16Codec {
   using Storage = uint16_t;
-  __host__ __device__ static float toFloat(uint16_t v) {
-    return __half2float(__ushort_as_half(v));
-  }
-  __host__ __device__ static uint16_t fromFloat(float v) {
-    return __half_as_ushort(__float2half_rn(v));
-  }
+  __host__ __device__ static float toFloat(uint16_t v) { return __half2float(__ushort_as_half(v)); }
+  __host__ __device__ static uint16_t fromFloat(float v) { return __half_as_ushort(__float2half_rn(v)); }
 };
 
 struct BFloat16Codec {
   using Storage = uint16_t;
-  __host__ __device__ static float toFloat(uint16_t v) {
-    return __bfloat162float(__ushort_as_bfloat16(v));
-  }
-  __host__ __device__ static uint16_t fromFloat(float v) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-  }
+  __host__ __device__ static float toFloat(uint16_t v) { return __bfloat162float(__ushort_as_bfloat16(v)); }
+  __host__ __device__ static uint16_t fromFloat(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 };
 
 // The narrow float types (16-bit, and float8 through float8.h): stored as
@@ -148,9 +144,7 @@ template <typename Codec>
 struct DivideViaFloat {
   using Storage = typename Codec::Storage;
   float divisor;
-  __host__ __device__ Storage operator()(Storage x) const {
-    return Codec::fromFloat(Codec::toFloat(x) / divisor);
-  }
+  __host__ __device__ Storage operator()(Storage x) const { return Codec::fromFloat(Codec::toFloat(x) / divisor); }
 };
 
 }  // namespace cuda

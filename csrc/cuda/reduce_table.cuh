@@ -28,32 +28,49 @@ R visitFloatingReduce(DataType dtype, ReduceOp op, Visit&& visit, R otherwise) {
   auto native = [&](auto type) -> R {
     switch (op) {
       case ReduceOp::kSum:
-      case ReduceOp::kAvg: return visit(type, Add{});
-      case ReduceOp::kProd: return visit(type, Mul{});
-      case ReduceOp::kMin: return visit(type, Min{});
-      case ReduceOp::kMax: return visit(type, Max{});
-      default: return otherwise;
+      case ReduceOp::kAvg:
+        return visit(type, Add{});
+      case ReduceOp::kProd:
+        return visit(type, Mul{});
+      case ReduceOp::kMin:
+        return visit(type, Min{});
+      case ReduceOp::kMax:
+        return visit(type, Max{});
+      default:
+        return otherwise;
     }
   };
   auto via = [&](auto codec) -> R {
     using Codec = decltype(codec);
     switch (op) {
       case ReduceOp::kSum:
-      case ReduceOp::kAvg: return visit(Type<typename Codec::Storage>{}, ViaFloat<Codec, Add>{});
-      case ReduceOp::kProd: return visit(Type<typename Codec::Storage>{}, ViaFloat<Codec, Mul>{});
-      case ReduceOp::kMin: return visit(Type<typename Codec::Storage>{}, ViaFloat<Codec, Min>{});
-      case ReduceOp::kMax: return visit(Type<typename Codec::Storage>{}, ViaFloat<Codec, Max>{});
-      default: return otherwise;
+      case ReduceOp::kAvg:
+        return visit(Type<typename Codec::Storage>{}, ViaFloat<Codec, Add>{});
+      case ReduceOp::kProd:
+        return visit(Type<typename Codec::Storage>{}, ViaFloat<Codec, Mul>{});
+      case ReduceOp::kMin:
+        return visit(Type<typename Codec::Storage>{}, ViaFloat<Codec, Min>{});
+      case ReduceOp::kMax:
+        return visit(Type<typename Codec::Storage>{}, ViaFloat<Codec, Max>{});
+      default:
+        return otherwise;
     }
   };
   switch (dtype) {
-    case DataType::kFloat16: return via(Float16Codec{});
-    case DataType::kBFloat16: return via(BFloat16Codec{});
-    case DataType::kFloat32: return native(Type<float>{});
-    case DataType::kFloat64: return native(Type<double>{});
-    case DataType::kFloat8E4M3FN: return via(Float8E4M3FN{});
-    case DataType::kFloat8E5M2: return via(Float8E5M2{});
-    default: return otherwise;
+    case DataType::kFloat16:
+      return via(Float16Codec{});
+    case DataType::kBFloat16:
+      return via(BFloat16Codec{});
+    case DataType::kFloat32:
+      return native(Type<float>{});
+    case DataType::kFloat64:
+      return native(Type<double>{});
+    case DataType::kFloat8E4M3FN:
+      return via(Float8E4M3FN{});
+    case DataType::kFloat8E5M2:
+      return via(Float8E5M2{});
+    default:
+      return otherwise;
   }
 }
 
@@ -67,37 +84,58 @@ R visitIntegralReduce(DataType dtype, ReduceOp op, Visit&& visit, R otherwise) {
     using S = typename decltype(type)::type;
     using U = Type<std::make_unsigned_t<S>>;
     switch (op) {
-      case ReduceOp::kSum: return visit(U{}, Add{});
-      case ReduceOp::kProd: return visit(U{}, Mul{});
-      case ReduceOp::kMin: return visit(type, Min{});
-      case ReduceOp::kMax: return visit(type, Max{});
-      case ReduceOp::kBand: return visit(U{}, BitAnd{});
-      case ReduceOp::kBor: return visit(U{}, BitOr{});
-      case ReduceOp::kBxor: return visit(U{}, BitXor{});
-      default: return otherwise;  // avg: refused for integers
+      case ReduceOp::kSum:
+        return visit(U{}, Add{});
+      case ReduceOp::kProd:
+        return visit(U{}, Mul{});
+      case ReduceOp::kMin:
+        return visit(type, Min{});
+      case ReduceOp::kMax:
+        return visit(type, Max{});
+      case ReduceOp::kBand:
+        return visit(U{}, BitAnd{});
+      case ReduceOp::kBor:
+        return visit(U{}, BitOr{});
+      case ReduceOp::kBxor:
+        return visit(U{}, BitXor{});
+      default:
+        return otherwise;  // avg: refused for integers
     }
   };
   switch (dtype) {
-    case DataType::kInt8: return integer(Type<int8_t>{});
-    case DataType::kUInt8: return integer(Type<uint8_t>{});
-    case DataType::kInt32: return integer(Type<int32_t>{});
-    case DataType::kInt64: return integer(Type<int64_t>{});
-    case DataType::kInt16: return integer(Type<int16_t>{});
-    case DataType::kUInt16: return integer(Type<uint16_t>{});
-    case DataType::kUInt32: return integer(Type<uint32_t>{});
-    case DataType::kUInt64: return integer(Type<uint64_t>{});
+    case DataType::kInt8:
+      return integer(Type<int8_t>{});
+    case DataType::kUInt8:
+      return integer(Type<uint8_t>{});
+    case DataType::kInt32:
+      return integer(Type<int32_t>{});
+    case DataType::kInt64:
+      return integer(Type<int64_t>{});
+    case DataType::kInt16:
+      return integer(Type<int16_t>{});
+    case DataType::kUInt16:
+      return integer(Type<uint16_t>{});
+    case DataType::kUInt32:
+      return integer(Type<uint32_t>{});
+    case DataType::kUInt64:
+      return integer(Type<uint64_t>{});
     case DataType::kBool:
       switch (op) {
         case ReduceOp::kSum:
         case ReduceOp::kMax:
-        case ReduceOp::kBor: return visit(Type<uint8_t>{}, LogicalOr{});
+        case ReduceOp::kBor:
+          return visit(Type<uint8_t>{}, LogicalOr{});
         case ReduceOp::kProd:
         case ReduceOp::kMin:
-        case ReduceOp::kBand: return visit(Type<uint8_t>{}, LogicalAnd{});
-        case ReduceOp::kBxor: return visit(Type<uint8_t>{}, LogicalXor{});
-        default: return otherwise;
+        case ReduceOp::kBand:
+          return visit(Type<uint8_t>{}, LogicalAnd{});
+        case ReduceOp::kBxor:
+          return visit(Type<uint8_t>{}, LogicalXor{});
+        default:
+          return otherwise;
       }
-    default: return otherwise;
+    default:
+      return otherwise;
   }
 }
 
@@ -110,14 +148,16 @@ R visitScaleDivide(DataType dtype, size_t divisor, Visit&& visit, R otherwise) {
       return visit(Type<uint16_t>{}, DivideViaFloat<Float16Codec>{static_cast<float>(divisor)});
     case DataType::kBFloat16:
       return visit(Type<uint16_t>{}, DivideViaFloat<BFloat16Codec>{static_cast<float>(divisor)});
-    case DataType::kFloat32: return visit(Type<float>{}, DivideBy<float>{static_cast<float>(divisor)});
+    case DataType::kFloat32:
+      return visit(Type<float>{}, DivideBy<float>{static_cast<float>(divisor)});
     case DataType::kFloat64:
       return visit(Type<double>{}, DivideBy<double>{static_cast<double>(divisor)});
     case DataType::kFloat8E4M3FN:
       return visit(Type<uint8_t>{}, DivideViaFloat<Float8E4M3FN>{static_cast<float>(divisor)});
     case DataType::kFloat8E5M2:
       return visit(Type<uint8_t>{}, DivideViaFloat<Float8E5M2>{static_cast<float>(divisor)});
-    default: return otherwise;
+    default:
+      return otherwise;
   }
 }
 

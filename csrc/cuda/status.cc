@@ -35,13 +35,12 @@ int failCuda(cudaError_t error, const std::string& what) {
       return fail(RCOLL_CUDA_RUNTIME_ERROR,
                   what + ": no CUDA driver (libcuda.so.1 could not be loaded; is the NVIDIA driver installed?)");
     }
-    return fail(RCOLL_CUDA_RUNTIME_ERROR,
-                what + ": the NVIDIA driver supports CUDA " + cudaVersionText(driver) +
-                    " but rcoll._cuda was built with CUDA " + cudaVersionText(CUDART_VERSION) +
-                    "; update the driver or rebuild rcoll with an older CUDA toolkit");
+    return fail(RCOLL_CUDA_RUNTIME_ERROR, what + ": the NVIDIA driver supports CUDA " + cudaVersionText(driver) +
+                                              " but rcoll._cuda was built with CUDA " +
+                                              cudaVersionText(CUDART_VERSION) +
+                                              "; update the driver or rebuild rcoll with an older CUDA toolkit");
   }
-  return fail(RCOLL_CUDA_RUNTIME_ERROR,
-              what + ": " + cudaGetErrorName(error) + ": " + cudaGetErrorString(error));
+  return fail(RCOLL_CUDA_RUNTIME_ERROR, what + ": " + cudaGetErrorName(error) + ": " + cudaGetErrorString(error));
 }
 
 }  // namespace cuda

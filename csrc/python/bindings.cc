@@ -39,8 +39,7 @@ Launch launchFor(bool blocking) { return blocking ? Launch::kCallerWaits : Launc
 // it costs nanoseconds where `__array_interface__` builds a dict (microseconds,
 // a real share of a small op's latency).
 struct NumpyArrayPrefix {
-  PyObject_HEAD
-  char* data;
+  PyObject_HEAD char* data;
 };
 PyTypeObject* g_ndarray_type = nullptr;
 
@@ -52,8 +51,7 @@ PyTypeObject* g_ndarray_type = nullptr;
 // and answers False for anything it does not recognise at a glance: the full
 // Python path then handles it (and words any error).
 struct NumpyArrayFields {
-  PyObject_HEAD
-  char* data;
+  PyObject_HEAD char* data;
   int nd;
   Py_ssize_t* dimensions;
   Py_ssize_t* strides;
@@ -62,15 +60,14 @@ struct NumpyArrayFields {
   int flags;
 };
 struct NumpyDescrPrefix {
-  PyObject_HEAD
-  PyTypeObject* typeobj;
+  PyObject_HEAD PyTypeObject* typeobj;
   char kind;
   char type;
   char byteorder;
   char former_flags;
   int type_num;
 };
-constexpr int kNpyContiguousAligned = 0x0001 | 0x0100;                  // NPY_ARRAY_{C_CONTIGUOUS,ALIGNED}
+constexpr int kNpyContiguousAligned = 0x0001 | 0x0100;                          // NPY_ARRAY_{C_CONTIGUOUS,ALIGNED}
 constexpr int kNpyContiguousAlignedWriteable = kNpyContiguousAligned | 0x0400;  // ... and NPY_ARRAY_WRITEABLE
 
 // numpy type number -> DataType code, -1 for the full path (bfloat16 is an extension dtype).
@@ -78,21 +75,36 @@ int fastDataType(PyObject* descr) {
   const auto* d = reinterpret_cast<const NumpyDescrPrefix*>(descr);
   if (d->byteorder == '>') return -1;  // byte-swapped
   switch (d->type_num) {
-    case 0: return static_cast<int>(DataType::kBool);     // NPY_BOOL
-    case 1: return static_cast<int>(DataType::kInt8);     // NPY_BYTE
-    case 2: return static_cast<int>(DataType::kUInt8);    // NPY_UBYTE
-    case 3: return static_cast<int>(DataType::kInt16);    // NPY_SHORT
-    case 4: return static_cast<int>(DataType::kUInt16);   // NPY_USHORT
-    case 5: return static_cast<int>(DataType::kInt32);    // NPY_INT
-    case 6: return static_cast<int>(DataType::kUInt32);   // NPY_UINT
-    case 7: return sizeof(long) == 8 ? static_cast<int>(DataType::kInt64) : -1;  // NPY_LONG
-    case 8: return sizeof(long) == 8 ? static_cast<int>(DataType::kUInt64) : -1;  // NPY_ULONG
-    case 9: return static_cast<int>(DataType::kInt64);    // NPY_LONGLONG
-    case 10: return static_cast<int>(DataType::kUInt64);  // NPY_ULONGLONG
-    case 11: return static_cast<int>(DataType::kFloat32); // NPY_FLOAT
-    case 12: return static_cast<int>(DataType::kFloat64); // NPY_DOUBLE
-    case 23: return static_cast<int>(DataType::kFloat16); // NPY_HALF
-    default: return -1;
+    case 0:
+      return static_cast<int>(DataType::kBool);  // NPY_BOOL
+    case 1:
+      return static_cast<int>(DataType::kInt8);  // NPY_BYTE
+    case 2:
+      return static_cast<int>(DataType::kUInt8);  // NPY_UBYTE
+    case 3:
+      return static_cast<int>(DataType::kInt16);  // NPY_SHORT
+    case 4:
+      return static_cast<int>(DataType::kUInt16);  // NPY_USHORT
+    case 5:
+      return static_cast<int>(DataType::kInt32);  // NPY_INT
+    case 6:
+      return static_cast<int>(DataType::kUInt32);  // NPY_UINT
+    case 7:
+      return sizeof(long) == 8 ? static_cast<int>(DataType::kInt64) : -1;  // NPY_LONG
+    case 8:
+      return sizeof(long) == 8 ? static_cast<int>(DataType::kUInt64) : -1;  // NPY_ULONG
+    case 9:
+      return static_cast<int>(DataType::kInt64);  // NPY_LONGLONG
+    case 10:
+      return static_cast<int>(DataType::kUInt64);  // NPY_ULONGLONG
+    case 11:
+      return static_cast<int>(DataType::kFloat32);  // NPY_FLOAT
+    case 12:
+      return static_cast<int>(DataType::kFloat64);  // NPY_DOUBLE
+    case 23:
+      return static_cast<int>(DataType::kFloat16);  // NPY_HALF
+    default:
+      return -1;
   }
 }
 
@@ -211,16 +223,18 @@ class PythonStore : public Store {
   std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
     py::gil_scoped_acquire gil;
     std::string value;
-    call([&] {
-      if (py::hasattr(store_, "wait")) {
-        auto timedelta = py::module_::import("datetime").attr("timedelta");
-        py::list keys;
-        keys.append(key);
-        store_.attr("wait")(keys, timedelta(py::arg("milliseconds") = timeout.count()));
-      }
-      py::object got = store_.attr("get")(key);
-      value = py::isinstance<py::str>(got) ? got.cast<std::string>() : std::string(py::bytes(got));
-    }, key);
+    call(
+        [&] {
+          if (py::hasattr(store_, "wait")) {
+            auto timedelta = py::module_::import("datetime").attr("timedelta");
+            py::list keys;
+            keys.append(key);
+            store_.attr("wait")(keys, timedelta(py::arg("milliseconds") = timeout.count()));
+          }
+          py::object got = store_.attr("get")(key);
+          value = py::isinstance<py::str>(got) ? got.cast<std::string>() : std::string(py::bytes(got));
+        },
+        key);
     return std::vector<uint8_t>(value.begin(), value.end());
   }
 
@@ -251,9 +265,9 @@ class PythonStore : public Store {
 
 OpKind deviceOpKind(const std::string& name) {
   static const std::pair<const char*, OpKind> kKinds[] = {
-      {"allreduce", OpKind::kAllreduce}, {"allgather", OpKind::kAllgather},
-      {"reduce_scatter", OpKind::kReduceScatter}, {"broadcast", OpKind::kBroadcast},
-      {"reduce", OpKind::kReduce}, {"gather", OpKind::kGather}, {"scatter", OpKind::kScatter}};
+      {"allreduce", OpKind::kAllreduce}, {"allgather", OpKind::kAllgather}, {"reduce_scatter", OpKind::kReduceScatter},
+      {"broadcast", OpKind::kBroadcast}, {"reduce", OpKind::kReduce},       {"gather", OpKind::kGather},
+      {"scatter", OpKind::kScatter}};
   for (const auto& kind : kKinds) {
     if (name == kind.first) return kind.second;
   }
@@ -268,14 +282,18 @@ void* mptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
 PYBIND11_MODULE(_core, m) {
   m.doc() = "rcoll C++ core (internal: use the rcoll package)";
 
-  g_ndarray_type = reinterpret_cast<PyTypeObject*>(py::object(py::module_::import("numpy").attr("ndarray")).release().ptr());
-  m.def("array_address", [](py::handle array) -> uintptr_t {
-    if (!PyObject_TypeCheck(array.ptr(), g_ndarray_type)) throw py::type_error("array_address: not a numpy array");
-    return reinterpret_cast<uintptr_t>(reinterpret_cast<NumpyArrayPrefix*>(array.ptr())->data);
-  }, "The data pointer of a numpy array (its first element).");
+  g_ndarray_type =
+      reinterpret_cast<PyTypeObject*>(py::object(py::module_::import("numpy").attr("ndarray")).release().ptr());
+  m.def(
+      "array_address",
+      [](py::handle array) -> uintptr_t {
+        if (!PyObject_TypeCheck(array.ptr(), g_ndarray_type)) throw py::type_error("array_address: not a numpy array");
+        return reinterpret_cast<uintptr_t>(reinterpret_cast<NumpyArrayPrefix*>(array.ptr())->data);
+      },
+      "The data pointer of a numpy array (its first element).");
 
-  PyObject* base = makeError(m, "RcollError", PyExc_RuntimeError,
-                             nullptr, "Base class of every error raised by rcoll.");
+  PyObject* base =
+      makeError(m, "RcollError", PyExc_RuntimeError, nullptr, "Base class of every error raised by rcoll.");
   g_errors[static_cast<int>(ErrorKind::kGeneric)] = base;
   g_errors[static_cast<int>(ErrorKind::kTimeout)] =
       makeError(m, "TimeoutError", base, PyExc_TimeoutError, "A peer did not answer within the timeout.");
@@ -304,112 +322,136 @@ PYBIND11_MODULE(_core, m) {
   for (int i = 0; i < kNumReduceOps; ++i) ops[reduceOpName(static_cast<ReduceOp>(i))] = i;
   m.attr("DTYPES") = dtypes;
   m.attr("REDUCE_OPS") = ops;
-  m.def("reduce_unsupported_reason", [](int dtype, int op) {
-    return reduceUnsupportedReason(toDataType(dtype), toReduceOp(op));
-  });
+  m.def("reduce_unsupported_reason",
+        [](int dtype, int op) { return reduceUnsupportedReason(toDataType(dtype), toReduceOp(op)); });
 
-  m.def("config_vars", [] {
-    std::vector<std::tuple<std::string, std::string, std::string>> out;
-    for (const ConfigVar& v : configVars()) out.emplace_back(v.name, v.default_value, v.meaning);
-    return out;
-  }, "Every RCOLL_* variable: (name, default, meaning).");
+  m.def(
+      "config_vars",
+      [] {
+        std::vector<std::tuple<std::string, std::string, std::string>> out;
+        for (const ConfigVar& v : configVars()) out.emplace_back(v.name, v.default_value, v.meaning);
+        return out;
+      },
+      "Every RCOLL_* variable: (name, default, meaning).");
 
-  m.def("settings", [] {
-    const Config config = Config::fromEnvironment();
-    auto seconds = [](std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; };
-    py::dict d;
-    d["connect_timeout"] = seconds(config.connect_timeout);
-    d["timeout"] = seconds(config.timeout);
-    d["shutdown_timeout"] = seconds(config.shutdown_timeout);
-    d["device_runtime"] = config.device_runtime;
-    return d;
-  }, "The settings the Python layer reads, as the core parses them: connect_timeout, timeout, shutdown_timeout "
-     "(seconds) and device_runtime (a module name). Raises ConfigError on a bad value.");
+  m.def(
+      "settings",
+      [] {
+        const Config config = Config::fromEnvironment();
+        auto seconds = [](std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; };
+        py::dict d;
+        d["connect_timeout"] = seconds(config.connect_timeout);
+        d["timeout"] = seconds(config.timeout);
+        d["shutdown_timeout"] = seconds(config.shutdown_timeout);
+        d["device_runtime"] = config.device_runtime;
+        return d;
+      },
+      "The settings the Python layer reads, as the core parses them: connect_timeout, timeout, shutdown_timeout "
+      "(seconds) and device_runtime (a module name). Raises ConfigError on a bad value.");
 
-  m.def("host_identity", [] {
-    Config config = Config::fromEnvironment();
-    return py::make_tuple(hostIdentity(config), !config.host_id.empty());
-  }, "This rank's host identity for the per-edge transport choice, and whether RCOLL_HOSTID set it.");
+  m.def(
+      "host_identity",
+      [] {
+        Config config = Config::fromEnvironment();
+        return py::make_tuple(hostIdentity(config), !config.host_id.empty());
+      },
+      "This rank's host identity for the per-edge transport choice, and whether RCOLL_HOSTID set it.");
 
-  m.def("source_address_for", [](const std::string& host) {
-    std::string address = sourceAddressFor(host);
-    return address.empty() ? std::string("127.0.0.1") : address;
-  }, "The local IPv4 address that routes to `host` (127.0.0.1 if none does).");
+  m.def(
+      "source_address_for",
+      [](const std::string& host) {
+        std::string address = sourceAddressFor(host);
+        return address.empty() ? std::string("127.0.0.1") : address;
+      },
+      "The local IPv4 address that routes to `host` (127.0.0.1 if none does).");
 
-  m.def("rdma_report", [] {
-    RdmaReport r = describeRdma(Config::fromEnvironment());
-    py::dict d;
-    d["library_loaded"] = r.library_loaded;
-    d["library"] = r.library;
-    d["error"] = r.error;
-    d["selection"] = r.selection;
-    d["gpudirect"] = r.gpudirect;
-    py::list devices;
-    for (const DeviceDescription& dev : r.devices) {
-      py::dict dd;
-      dd["name"] = dev.name;
-      dd["error"] = dev.error;
-      dd["firmware"] = dev.firmware;
-      dd["max_mr_size"] = dev.max_mr_size;
-      dd["max_qp"] = dev.max_qp;
-      dd["max_qp_wr"] = dev.max_qp_wr;
-      dd["max_sge"] = dev.max_sge;
-      dd["max_cqe"] = dev.max_cqe;
-      py::list ports;
-      for (const PortDescription& p : dev.ports) {
-        py::dict pd;
-        pd["port"] = p.port;
-        pd["state"] = p.state;
-        pd["active"] = p.active;
-        pd["link_layer"] = p.link_layer;
-        pd["active_mtu"] = p.active_mtu;
-        pd["lid"] = p.lid;
-        pd["max_msg_size"] = p.max_msg_size;
-        pd["chosen_gid"] = p.chosen_gid;
-        pd["gid_reason"] = p.gid_reason;
-        py::list gids;
-        for (const GidDescription& g : p.gids) {
-          py::dict gd;
-          gd["index"] = g.index;
-          gd["address"] = g.address;
-          gd["type"] = g.type;
-          gd["netdev"] = g.netdev;
-          gd["ipv4_mapped"] = g.ipv4_mapped;
-          gd["link_local"] = g.link_local;
-          gids.append(gd);
+  m.def(
+      "rdma_report",
+      [] {
+        RdmaReport r = describeRdma(Config::fromEnvironment());
+        py::dict d;
+        d["library_loaded"] = r.library_loaded;
+        d["library"] = r.library;
+        d["error"] = r.error;
+        d["selection"] = r.selection;
+        d["gpudirect"] = r.gpudirect;
+        py::list devices;
+        for (const DeviceDescription& dev : r.devices) {
+          py::dict dd;
+          dd["name"] = dev.name;
+          dd["error"] = dev.error;
+          dd["firmware"] = dev.firmware;
+          dd["max_mr_size"] = dev.max_mr_size;
+          dd["max_qp"] = dev.max_qp;
+          dd["max_qp_wr"] = dev.max_qp_wr;
+          dd["max_sge"] = dev.max_sge;
+          dd["max_cqe"] = dev.max_cqe;
+          py::list ports;
+          for (const PortDescription& p : dev.ports) {
+            py::dict pd;
+            pd["port"] = p.port;
+            pd["state"] = p.state;
+            pd["active"] = p.active;
+            pd["link_layer"] = p.link_layer;
+            pd["active_mtu"] = p.active_mtu;
+            pd["lid"] = p.lid;
+            pd["max_msg_size"] = p.max_msg_size;
+            pd["chosen_gid"] = p.chosen_gid;
+            pd["gid_reason"] = p.gid_reason;
+            py::list gids;
+            for (const GidDescription& g : p.gids) {
+              py::dict gd;
+              gd["index"] = g.index;
+              gd["address"] = g.address;
+              gd["type"] = g.type;
+              gd["netdev"] = g.netdev;
+              gd["ipv4_mapped"] = g.ipv4_mapped;
+              gd["link_local"] = g.link_local;
+              gids.append(gd);
+            }
+            pd["gids"] = gids;
+            ports.append(pd);
+          }
+          dd["ports"] = ports;
+          devices.append(dd);
         }
-        pd["gids"] = gids;
-        ports.append(pd);
-      }
-      dd["ports"] = ports;
-      devices.append(dd);
-    }
-    d["devices"] = devices;
-    return d;
-  }, "Everything known about RDMA here: library, devices, ports, GID tables, the port and GID rcoll "
-     "would use and why, and GPUDirect RDMA support.");
+        d["devices"] = devices;
+        return d;
+      },
+      "Everything known about RDMA here: library, devices, ports, GID tables, the port and GID rcoll "
+      "would use and why, and GPUDirect RDMA support.");
 
   // The device runtime (device_api.h): _core never loads CUDA itself; rcoll._cuda
   // hands its table over as a capsule.
-  m.def("set_device_api", [](py::capsule capsule) {
-    if (std::string(capsule.name() ? capsule.name() : "") != RCOLL_DEVICE_API_CAPSULE) {
-      throwError(ErrorKind::kConfig, std::string("set_device_api: expected a capsule named ") +
-                                         RCOLL_DEVICE_API_CAPSULE + ", got '" +
-                                         (capsule.name() ? capsule.name() : "") + "'");
-    }
-    installDeviceApi(capsule.get_pointer<const DeviceApi>());
-  }, py::arg("capsule"), "Installs the device runtime's function table (a capsule from rcoll._cuda).");
-  m.def("device_api_name", []() -> std::optional<std::string> {
-    const DeviceApi* api = installedDeviceApi();
-    return api != nullptr ? std::optional<std::string>(api->name) : std::nullopt;
-  }, "Name of the installed device runtime, or None.");
-  m.def("device_of_pointer", [](uintptr_t address) {
-    const DeviceApi* api = installedDeviceApi();
-    if (api == nullptr) throwError(ErrorKind::kInvalidArgument, "device_of_pointer: no device runtime is installed");
-    int device = -1;
-    deviceCheck(*api, api->pointer_device(ptr(address), &device), "device_of_pointer");
-    return device;
-  }, py::arg("address"), "The device that owns device memory at `address`.");
+  m.def(
+      "set_device_api",
+      [](py::capsule capsule) {
+        if (std::string(capsule.name() ? capsule.name() : "") != RCOLL_DEVICE_API_CAPSULE) {
+          throwError(ErrorKind::kConfig, std::string("set_device_api: expected a capsule named ") +
+                                             RCOLL_DEVICE_API_CAPSULE + ", got '" +
+                                             (capsule.name() ? capsule.name() : "") + "'");
+        }
+        installDeviceApi(capsule.get_pointer<const DeviceApi>());
+      },
+      py::arg("capsule"), "Installs the device runtime's function table (a capsule from rcoll._cuda).");
+  m.def(
+      "device_api_name",
+      []() -> std::optional<std::string> {
+        const DeviceApi* api = installedDeviceApi();
+        return api != nullptr ? std::optional<std::string>(api->name) : std::nullopt;
+      },
+      "Name of the installed device runtime, or None.");
+  m.def(
+      "device_of_pointer",
+      [](uintptr_t address) {
+        const DeviceApi* api = installedDeviceApi();
+        if (api == nullptr)
+          throwError(ErrorKind::kInvalidArgument, "device_of_pointer: no device runtime is installed");
+        int device = -1;
+        deviceCheck(*api, api->pointer_device(ptr(address), &device), "device_of_pointer");
+        return device;
+      },
+      py::arg("address"), "The device that owns device memory at `address`.");
 
   m.attr("COMPILER") = py::str(
 #if defined(__clang__)
@@ -427,9 +469,8 @@ PYBIND11_MODULE(_core, m) {
            "Adapts a Python store (torch.distributed.Store or set/get/add duck type) for rendezvous.");
 
   py::class_<TcpStoreServer>(m, "TcpStoreServer")
-      .def(py::init(releasingGil([](const std::string& host, int port) {
-             return std::make_unique<TcpStoreServer>(host, port);
-           })),
+      .def(py::init(releasingGil(
+               [](const std::string& host, int port) { return std::make_unique<TcpStoreServer>(host, port); })),
            py::arg("host"), py::arg("port"))
       .def_property_readonly("port", &TcpStoreServer::port);
 
@@ -438,11 +479,13 @@ PYBIND11_MODULE(_core, m) {
              return std::make_shared<TcpStoreClient>(host, port, toMillis(timeout));
            })),
            py::arg("host"), py::arg("port"), py::arg("timeout"))
-      .def("set", [](TcpStoreClient& s, const std::string& key, const py::bytes& value) {
+      .def("set",
+           [](TcpStoreClient& s, const std::string& key, const py::bytes& value) {
              std::string v = value;
              withoutGil([&] { s.set(key, std::vector<uint8_t>(v.begin(), v.end())); });
            })
-      .def("get", [](TcpStoreClient& s, const std::string& key, double timeout) {
+      .def("get",
+           [](TcpStoreClient& s, const std::string& key, double timeout) {
              std::vector<uint8_t> v = withoutGil([&] { return s.get(key, toMillis(timeout)); });
              return py::bytes(reinterpret_cast<const char*>(v.data()), v.size());
            })
@@ -452,37 +495,47 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<CompletionQueue, std::shared_ptr<CompletionQueue>>(m, "CompletionQueue")
       .def(py::init<>())
-      .def("pop", [](CompletionQueue& q, double timeout) -> std::optional<uint64_t> {
-             uint64_t token = 0;
-             const bool got = withoutGil(
-                 [&] { return q.pop(&token, std::chrono::milliseconds(static_cast<long long>(timeout * 1000))); });
-             return got ? std::optional<uint64_t>(token) : std::nullopt;
-           }, py::arg("timeout"), "Next finished work's token, or None after `timeout` seconds or once closed.")
+      .def(
+          "pop",
+          [](CompletionQueue& q, double timeout) -> std::optional<uint64_t> {
+            uint64_t token = 0;
+            const bool got = withoutGil(
+                [&] { return q.pop(&token, std::chrono::milliseconds(static_cast<long long>(timeout * 1000))); });
+            return got ? std::optional<uint64_t>(token) : std::nullopt;
+          },
+          py::arg("timeout"), "Next finished work's token, or None after `timeout` seconds or once closed.")
       .def("close", &CompletionQueue::close, "Wakes every pop(); later ones return None at once.")
       .def_property_readonly("closed", &CompletionQueue::closed);
 
   py::class_<Work, std::shared_ptr<Work>>(m, "Work")
       .def("notify", &Work::notifyOnCompletion, py::arg("queue"), py::arg("token"),
            "Push `token` to `queue` when done; False if already done.")
-      .def("wait", [](Work& w, std::optional<double> timeout) {
-             auto limit = timeout ? std::chrono::milliseconds(static_cast<long long>(std::max(0.0, *timeout) * 1000))
-                                  : std::chrono::milliseconds(-1);
-             return withoutGil([&] { return w.wait(limit); });
-           }, py::arg("timeout") = py::none())
-      .def("stream_wait", [](Work& w, uintptr_t stream) {
-             if (!w.deviceCompletion()) return false;
-             w.deviceCompletion()->streamWait(mptr(stream), strFormat("op #%llu",
-                                                                      static_cast<unsigned long long>(w.seq())));
-             return true;
-           }, py::arg("stream"),
-           "Device ops: work queued on `stream` after this call waits for the op's completion event (no host "
-           "wait). False for host ops, which have no event.")
-      .def_property_readonly("device", [](const Work& w) {
-             return w.deviceCompletion() ? w.deviceCompletion()->device() : -1;
-           }, "The device of a device op, -1 for host ops.")
+      .def(
+          "wait",
+          [](Work& w, std::optional<double> timeout) {
+            auto limit = timeout ? std::chrono::milliseconds(static_cast<long long>(std::max(0.0, *timeout) * 1000))
+                                 : std::chrono::milliseconds(-1);
+            return withoutGil([&] { return w.wait(limit); });
+          },
+          py::arg("timeout") = py::none())
+      .def(
+          "stream_wait",
+          [](Work& w, uintptr_t stream) {
+            if (!w.deviceCompletion()) return false;
+            w.deviceCompletion()->streamWait(mptr(stream),
+                                             strFormat("op #%llu", static_cast<unsigned long long>(w.seq())));
+            return true;
+          },
+          py::arg("stream"),
+          "Device ops: work queued on `stream` after this call waits for the op's completion event (no host "
+          "wait). False for host ops, which have no event.")
+      .def_property_readonly(
+          "device", [](const Work& w) { return w.deviceCompletion() ? w.deviceCompletion()->device() : -1; },
+          "The device of a device op, -1 for host ops.")
       .def("is_completed", &Work::isCompleted)
-      .def("succeeded", [](const Work& w) { return w.isCompleted() && !w.failed(); },
-           "Completed without an error (one call for the small-op paths).")
+      .def(
+          "succeeded", [](const Work& w) { return w.isCompleted() && !w.failed(); },
+          "Completed without an error (one call for the small-op paths).")
       .def("failed", &Work::failed)
       .def("error_message", &Work::errorMessage)
       .def_property_readonly("seq", &Work::seq)
@@ -498,8 +551,8 @@ PYBIND11_MODULE(_core, m) {
              options.bind_hint = bind_hint;
              return std::make_shared<Communicator>(std::move(store), rank, size, options);
            })),
-           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("name") = "default",
-           py::arg("timeout") = 0.0, py::arg("bind_hint") = "")
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("name") = "default", py::arg("timeout") = 0.0,
+           py::arg("bind_hint") = "")
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("transport", &Communicator::transportName)
@@ -510,150 +563,187 @@ PYBIND11_MODULE(_core, m) {
       // The collectives validate and enqueue. With blocking=True the caller is
       // about to wait, so the op may run right here (Launch::kCallerWaits): the
       // GIL is released for the call either way.
-      .def("allreduce", releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op,
+      .def("allreduce",
+           releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op,
                            double timeout, bool blocking) {
              return c.allreduce(ptr(send), mptr(recv), count, toDataType(dtype), toReduceOp(op), toMillis(timeout),
                                 launchFor(blocking));
-           }), "send"_a, "recv"_a, "count"_a, "dtype"_a, "op"_a, "timeout"_a, "blocking"_a = false)
-      .def("allreduce_array", [](Communicator& c, py::handle array, py::handle op, py::handle timeout) -> bool {
-             FastArray a;
-             std::chrono::milliseconds limit;
-             const int op_code = fastReduceOp(op.ptr());
-             if (op_code < 0 || !fastArray(array.ptr(), true, &a) || !fastTimeout(timeout.ptr(), &limit)) return false;
-             return runBlocking([&] {
-               return c.allreduce(a.data, a.data, a.count, static_cast<DataType>(a.dtype),
-                                  static_cast<ReduceOp>(op_code), limit, Launch::kCallerWaits);
-             });
-           }, "array"_a, "op"_a, "timeout"_a,
-           "Blocking in-place allreduce of a plain numpy array; False (nothing done) when the array, op or "
-           "timeout needs the full Python path.")
+           }),
+           "send"_a, "recv"_a, "count"_a, "dtype"_a, "op"_a, "timeout"_a, "blocking"_a = false)
+      .def(
+          "allreduce_array",
+          [](Communicator& c, py::handle array, py::handle op, py::handle timeout) -> bool {
+            FastArray a;
+            std::chrono::milliseconds limit;
+            const int op_code = fastReduceOp(op.ptr());
+            if (op_code < 0 || !fastArray(array.ptr(), true, &a) || !fastTimeout(timeout.ptr(), &limit)) return false;
+            return runBlocking([&] {
+              return c.allreduce(a.data, a.data, a.count, static_cast<DataType>(a.dtype),
+                                 static_cast<ReduceOp>(op_code), limit, Launch::kCallerWaits);
+            });
+          },
+          "array"_a, "op"_a, "timeout"_a,
+          "Blocking in-place allreduce of a plain numpy array; False (nothing done) when the array, op or "
+          "timeout needs the full Python path.")
       // The same one-call path for the other collectives users time: blocking,
       // plain numpy arrays of one dtype and matching sizes, else False.
-      .def("broadcast_array", [](Communicator& c, py::handle array, py::handle root, py::handle timeout) -> bool {
-             FastArray a;
-             std::chrono::milliseconds limit;
-             if (!PyLong_CheckExact(root.ptr())) return false;
-             const long r = PyLong_AsLong(root.ptr());
-             if (r < 0 || r >= c.size()) {  // (-1 also when it overflowed) the full path words the error
-               PyErr_Clear();
-               return false;
-             }
-             if (!fastArray(array.ptr(), r != c.rank(), &a) || !fastTimeout(timeout.ptr(), &limit)) return false;
-             return runBlocking([&] {
-               return c.broadcast(a.data, a.data, a.count, static_cast<DataType>(a.dtype), static_cast<int>(r), limit,
-                                  Launch::kCallerWaits);
-             });
-           }, "array"_a, "root"_a, "timeout"_a,
-           "Blocking in-place broadcast of a plain numpy array; False (nothing done) when it needs the full path.")
-      .def("allgather_arrays", [](Communicator& c, py::handle array, py::handle out, py::handle timeout) -> bool {
-             FastArray src, dst;
-             std::chrono::milliseconds limit;
-             if (!fastArray(array.ptr(), false, &src) || !fastArray(out.ptr(), true, &dst) || src.dtype != dst.dtype ||
-                 dst.count != src.count * static_cast<size_t>(c.size()) || !fastTimeout(timeout.ptr(), &limit)) {
-               return false;
-             }
-             return runBlocking([&] {
-               return c.allgather(src.data, dst.data, src.count, static_cast<DataType>(src.dtype), limit,
-                                  Launch::kCallerWaits);
-             });
-           }, "array"_a, "out"_a, "timeout"_a,
-           "Blocking allgather of plain numpy arrays into `out`; False (nothing done) when they need the full path.")
-      .def("reduce_scatter_arrays", [](Communicator& c, py::handle array, py::handle out, py::handle op,
-                                       py::handle timeout) -> bool {
-             FastArray src, dst;
-             std::chrono::milliseconds limit;
-             const int op_code = fastReduceOp(op.ptr());
-             if (op_code < 0 || !fastArray(array.ptr(), false, &src) || !fastArray(out.ptr(), true, &dst) ||
-                 src.dtype != dst.dtype || src.count != dst.count * static_cast<size_t>(c.size()) ||
-                 !fastTimeout(timeout.ptr(), &limit)) {
-               return false;
-             }
-             return runBlocking([&] {
-               return c.reduceScatter(src.data, dst.data, dst.count, static_cast<DataType>(src.dtype),
-                                      static_cast<ReduceOp>(op_code), limit, Launch::kCallerWaits);
-             });
-           }, "array"_a, "out"_a, "op"_a, "timeout"_a,
-           "Blocking reduce-scatter of plain numpy arrays into `out`; False (nothing done) when they need the full "
-           "path.")
-      .def("allgather", releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, double timeout,
+      .def(
+          "broadcast_array",
+          [](Communicator& c, py::handle array, py::handle root, py::handle timeout) -> bool {
+            FastArray a;
+            std::chrono::milliseconds limit;
+            if (!PyLong_CheckExact(root.ptr())) return false;
+            const long r = PyLong_AsLong(root.ptr());
+            if (r < 0 || r >= c.size()) {  // (-1 also when it overflowed) the full path words the error
+              PyErr_Clear();
+              return false;
+            }
+            if (!fastArray(array.ptr(), r != c.rank(), &a) || !fastTimeout(timeout.ptr(), &limit)) return false;
+            return runBlocking([&] {
+              return c.broadcast(a.data, a.data, a.count, static_cast<DataType>(a.dtype), static_cast<int>(r), limit,
+                                 Launch::kCallerWaits);
+            });
+          },
+          "array"_a, "root"_a, "timeout"_a,
+          "Blocking in-place broadcast of a plain numpy array; False (nothing done) when it needs the full path.")
+      .def(
+          "allgather_arrays",
+          [](Communicator& c, py::handle array, py::handle out, py::handle timeout) -> bool {
+            FastArray src, dst;
+            std::chrono::milliseconds limit;
+            if (!fastArray(array.ptr(), false, &src) || !fastArray(out.ptr(), true, &dst) || src.dtype != dst.dtype ||
+                dst.count != src.count * static_cast<size_t>(c.size()) || !fastTimeout(timeout.ptr(), &limit)) {
+              return false;
+            }
+            return runBlocking([&] {
+              return c.allgather(src.data, dst.data, src.count, static_cast<DataType>(src.dtype), limit,
+                                 Launch::kCallerWaits);
+            });
+          },
+          "array"_a, "out"_a, "timeout"_a,
+          "Blocking allgather of plain numpy arrays into `out`; False (nothing done) when they need the full path.")
+      .def(
+          "reduce_scatter_arrays",
+          [](Communicator& c, py::handle array, py::handle out, py::handle op, py::handle timeout) -> bool {
+            FastArray src, dst;
+            std::chrono::milliseconds limit;
+            const int op_code = fastReduceOp(op.ptr());
+            if (op_code < 0 || !fastArray(array.ptr(), false, &src) || !fastArray(out.ptr(), true, &dst) ||
+                src.dtype != dst.dtype || src.count != dst.count * static_cast<size_t>(c.size()) ||
+                !fastTimeout(timeout.ptr(), &limit)) {
+              return false;
+            }
+            return runBlocking([&] {
+              return c.reduceScatter(src.data, dst.data, dst.count, static_cast<DataType>(src.dtype),
+                                     static_cast<ReduceOp>(op_code), limit, Launch::kCallerWaits);
+            });
+          },
+          "array"_a, "out"_a, "op"_a, "timeout"_a,
+          "Blocking reduce-scatter of plain numpy arrays into `out`; False (nothing done) when they need the full "
+          "path.")
+      .def("allgather",
+           releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, double timeout,
                            bool blocking) {
-             return c.allgather(ptr(send), mptr(recv), count, toDataType(dtype), toMillis(timeout), launchFor(blocking));
-           }), "send"_a, "recv"_a, "count"_a, "dtype"_a, "timeout"_a, "blocking"_a = false)
-      .def("reduce_scatter", releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op,
-                                double timeout, bool blocking) {
-             return c.reduceScatter(ptr(send), mptr(recv), count, toDataType(dtype), toReduceOp(op),
-                                    toMillis(timeout), launchFor(blocking));
-           }), "send"_a, "recv"_a, "count"_a, "dtype"_a, "op"_a, "timeout"_a, "blocking"_a = false)
-      .def("broadcast", releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int root,
+             return c.allgather(ptr(send), mptr(recv), count, toDataType(dtype), toMillis(timeout),
+                                launchFor(blocking));
+           }),
+           "send"_a, "recv"_a, "count"_a, "dtype"_a, "timeout"_a, "blocking"_a = false)
+      .def("reduce_scatter",
+           releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op,
+                           double timeout, bool blocking) {
+             return c.reduceScatter(ptr(send), mptr(recv), count, toDataType(dtype), toReduceOp(op), toMillis(timeout),
+                                    launchFor(blocking));
+           }),
+           "send"_a, "recv"_a, "count"_a, "dtype"_a, "op"_a, "timeout"_a, "blocking"_a = false)
+      .def("broadcast",
+           releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int root,
                            double timeout, bool blocking) {
              return c.broadcast(ptr(send), mptr(recv), count, toDataType(dtype), root, toMillis(timeout),
                                 launchFor(blocking));
-           }), "send"_a, "recv"_a, "count"_a, "dtype"_a, "root"_a, "timeout"_a, "blocking"_a = false)
+           }),
+           "send"_a, "recv"_a, "count"_a, "dtype"_a, "root"_a, "timeout"_a, "blocking"_a = false)
       .def("barrier", releasingGil([](Communicator& c, double timeout, bool blocking) {
              return c.barrier(toMillis(timeout), launchFor(blocking));
-           }), "timeout"_a, "blocking"_a = false)
-      .def("reduce", releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op, int root,
-                        double timeout, bool blocking) {
+           }),
+           "timeout"_a, "blocking"_a = false)
+      .def("reduce",
+           releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op, int root,
+                           double timeout, bool blocking) {
              return c.reduce(ptr(send), mptr(recv), count, toDataType(dtype), toReduceOp(op), root, toMillis(timeout),
                              launchFor(blocking));
-           }), "send"_a, "recv"_a, "count"_a, "dtype"_a, "op"_a, "root"_a, "timeout"_a, "blocking"_a = false)
-      .def("gather", releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int root,
-                        double timeout, bool blocking) {
+           }),
+           "send"_a, "recv"_a, "count"_a, "dtype"_a, "op"_a, "root"_a, "timeout"_a, "blocking"_a = false)
+      .def("gather",
+           releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int root,
+                           double timeout, bool blocking) {
              return c.gather(ptr(send), mptr(recv), count, toDataType(dtype), root, toMillis(timeout),
                              launchFor(blocking));
-           }), "send"_a, "recv"_a, "count"_a, "dtype"_a, "root"_a, "timeout"_a, "blocking"_a = false)
-      .def("scatter", releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int root,
-                         double timeout, bool blocking) {
+           }),
+           "send"_a, "recv"_a, "count"_a, "dtype"_a, "root"_a, "timeout"_a, "blocking"_a = false)
+      .def("scatter",
+           releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int root,
+                           double timeout, bool blocking) {
              return c.scatter(ptr(send), mptr(recv), count, toDataType(dtype), root, toMillis(timeout),
                               launchFor(blocking));
-           }), "send"_a, "recv"_a, "count"_a, "dtype"_a, "root"_a, "timeout"_a, "blocking"_a = false)
-      .def("alltoall", releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, const std::vector<int64_t>& send_counts,
-                          const std::vector<int64_t>& send_displs, const std::vector<int64_t>& recv_counts,
-                          const std::vector<int64_t>& recv_displs, int dtype, double timeout, bool blocking) {
+           }),
+           "send"_a, "recv"_a, "count"_a, "dtype"_a, "root"_a, "timeout"_a, "blocking"_a = false)
+      .def("alltoall",
+           releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, const std::vector<int64_t>& send_counts,
+                           const std::vector<int64_t>& send_displs, const std::vector<int64_t>& recv_counts,
+                           const std::vector<int64_t>& recv_displs, int dtype, double timeout, bool blocking) {
              return c.allToAll(ptr(send), mptr(recv), send_counts, send_displs, recv_counts, recv_displs,
                                toDataType(dtype), toMillis(timeout), launchFor(blocking));
-           }), "send"_a, "recv"_a, "send_counts"_a, "send_displs"_a, "recv_counts"_a, "recv_displs"_a, "dtype"_a,
+           }),
+           "send"_a, "recv"_a, "send_counts"_a, "send_displs"_a, "recv_counts"_a, "recv_displs"_a, "dtype"_a,
            "timeout"_a, "blocking"_a = false,
            "alltoallv: counts and displacements in elements, one per rank (lists of ints).")
-      .def("device_alltoall", [](Communicator& c, uintptr_t send, uintptr_t recv,
-                                 const std::vector<int64_t>& send_counts, const std::vector<int64_t>& send_displs,
-                                 const std::vector<int64_t>& recv_counts, const std::vector<int64_t>& recv_displs,
-                                 int dtype, double timeout, int device, uintptr_t stream) {
-             DeviceOpArgs args;
-             args.device = device;
-             args.stream = mptr(stream);
-             return c.allToAll(ptr(send), mptr(recv), send_counts, send_displs, recv_counts, recv_displs,
-                               toDataType(dtype), toMillis(timeout), Launch::kQueued, &args);
-           }, "send"_a, "recv"_a, "send_counts"_a, "send_displs"_a, "recv_counts"_a, "recv_displs"_a, "dtype"_a,
-           "timeout"_a, "device"_a, "stream"_a,
-           "alltoallv on device buffers, ordered after the work queued on `stream` (see device_collective).")
-      .def("device_collective", [](Communicator& c, const std::string& kind, uintptr_t send, uintptr_t recv,
-                                   size_t count, int dtype, int op, int root, double timeout, int device,
-                                   uintptr_t stream) {
-             DeviceOpArgs args;
-             args.device = device;
-             args.stream = mptr(stream);
-             return c.deviceCollective(deviceOpKind(kind), ptr(send), mptr(recv), count, toDataType(dtype),
-                                       toReduceOp(op), root, args, toMillis(timeout));
-           }, py::arg("kind"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("op"),
-           py::arg("root"), py::arg("timeout"), py::arg("device"), py::arg("stream"),
-           "A collective on device buffers (allreduce, allgather, reduce_scatter, broadcast, reduce, gather, "
-           "scatter), ordered after the work queued on `stream` (0: the legacy default stream).")
-      .def("send", [](Communicator& c, uintptr_t data, size_t count, int dtype, int peer, int tag, double timeout) {
+      .def(
+          "device_alltoall",
+          [](Communicator& c, uintptr_t send, uintptr_t recv, const std::vector<int64_t>& send_counts,
+             const std::vector<int64_t>& send_displs, const std::vector<int64_t>& recv_counts,
+             const std::vector<int64_t>& recv_displs, int dtype, double timeout, int device, uintptr_t stream) {
+            DeviceOpArgs args;
+            args.device = device;
+            args.stream = mptr(stream);
+            return c.allToAll(ptr(send), mptr(recv), send_counts, send_displs, recv_counts, recv_displs,
+                              toDataType(dtype), toMillis(timeout), Launch::kQueued, &args);
+          },
+          "send"_a, "recv"_a, "send_counts"_a, "send_displs"_a, "recv_counts"_a, "recv_displs"_a, "dtype"_a,
+          "timeout"_a, "device"_a, "stream"_a,
+          "alltoallv on device buffers, ordered after the work queued on `stream` (see device_collective).")
+      .def(
+          "device_collective",
+          [](Communicator& c, const std::string& kind, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op,
+             int root, double timeout, int device, uintptr_t stream) {
+            DeviceOpArgs args;
+            args.device = device;
+            args.stream = mptr(stream);
+            return c.deviceCollective(deviceOpKind(kind), ptr(send), mptr(recv), count, toDataType(dtype),
+                                      toReduceOp(op), root, args, toMillis(timeout));
+          },
+          py::arg("kind"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("op"),
+          py::arg("root"), py::arg("timeout"), py::arg("device"), py::arg("stream"),
+          "A collective on device buffers (allreduce, allgather, reduce_scatter, broadcast, reduce, gather, "
+          "scatter), ordered after the work queued on `stream` (0: the legacy default stream).")
+      .def("send",
+           [](Communicator& c, uintptr_t data, size_t count, int dtype, int peer, int tag, double timeout) {
              return c.send(ptr(data), count, toDataType(dtype), peer, tag, toMillis(timeout));
            })
-      .def("recv", [](Communicator& c, uintptr_t data, size_t count, int dtype, std::optional<int> peer, int tag,
-                      double timeout) {
-             return peer ? c.recv(mptr(data), count, toDataType(dtype), *peer, tag, toMillis(timeout))
-                         : c.recvFromAny(mptr(data), count, toDataType(dtype), tag, toMillis(timeout));
-           }, "peer None: from the first rank with an unclaimed message of this tag (Work.source_rank names it).")
+      .def(
+          "recv",
+          [](Communicator& c, uintptr_t data, size_t count, int dtype, std::optional<int> peer, int tag,
+             double timeout) {
+            return peer ? c.recv(mptr(data), count, toDataType(dtype), *peer, tag, toMillis(timeout))
+                        : c.recvFromAny(mptr(data), count, toDataType(dtype), tag, toMillis(timeout));
+          },
+          "peer None: from the first rank with an unclaimed message of this tag (Work.source_rank names it).")
       .def("abort", releasingGil(&Communicator::abort), py::arg("reason") = "")
       .def("shutdown", releasingGil([](Communicator& c, double grace) { c.shutdown(toMillis(grace)); }),
            py::arg("grace") = 0.0)
       .def("poison_message", &Communicator::poisonMessage)
       .def_property_readonly("caches_registrations", &Communicator::cachesRegistrations)
       .def("invalidate_memory", releasingGil([](Communicator& c, uintptr_t data, size_t bytes) {
-        c.invalidateMemory(reinterpret_cast<const void*>(data), bytes);
-      }),
-         "Drops cached RDMA registrations of memory that is being freed.");
+             c.invalidateMemory(reinterpret_cast<const void*>(data), bytes);
+           }),
+           "Drops cached RDMA registrations of memory that is being freed.");
 }

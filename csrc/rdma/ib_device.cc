@@ -30,23 +30,34 @@ bool pathExists(const std::string& path) {
 
 const char* portStateName(ibv_port_state state) {
   switch (state) {
-    case IBV_PORT_NOP: return "NOP";
-    case IBV_PORT_DOWN: return "DOWN";
-    case IBV_PORT_INIT: return "INIT";
-    case IBV_PORT_ARMED: return "ARMED";
-    case IBV_PORT_ACTIVE: return "ACTIVE";
-    case IBV_PORT_ACTIVE_DEFER: return "ACTIVE_DEFER";
+    case IBV_PORT_NOP:
+      return "NOP";
+    case IBV_PORT_DOWN:
+      return "DOWN";
+    case IBV_PORT_INIT:
+      return "INIT";
+    case IBV_PORT_ARMED:
+      return "ARMED";
+    case IBV_PORT_ACTIVE:
+      return "ACTIVE";
+    case IBV_PORT_ACTIVE_DEFER:
+      return "ACTIVE_DEFER";
   }
   return "UNKNOWN";
 }
 
 int mtuBytes(ibv_mtu mtu) {
   switch (mtu) {
-    case IBV_MTU_256: return 256;
-    case IBV_MTU_512: return 512;
-    case IBV_MTU_1024: return 1024;
-    case IBV_MTU_2048: return 2048;
-    case IBV_MTU_4096: return 4096;
+    case IBV_MTU_256:
+      return 256;
+    case IBV_MTU_512:
+      return 512;
+    case IBV_MTU_1024:
+      return 1024;
+    case IBV_MTU_2048:
+      return 2048;
+    case IBV_MTU_4096:
+      return 4096;
   }
   return 0;
 }
@@ -54,18 +65,21 @@ int mtuBytes(ibv_mtu mtu) {
 std::string gidType(const IbvApi& api, ibv_context* ctx, const std::string& dev, int port, int index) {
   if (api.query_gid_ex != nullptr) {
     ibv_gid_entry entry{};
-    if (api.query_gid_ex(ctx, static_cast<uint32_t>(port), static_cast<uint32_t>(index), &entry, 0,
-                         sizeof(entry)) == 0) {
+    if (api.query_gid_ex(ctx, static_cast<uint32_t>(port), static_cast<uint32_t>(index), &entry, 0, sizeof(entry)) ==
+        0) {
       switch (entry.gid_type) {
-        case IBV_GID_TYPE_IB: return "IB";
-        case IBV_GID_TYPE_ROCE_V1: return "RoCE v1";
-        case IBV_GID_TYPE_ROCE_V2: return "RoCE v2";
+        case IBV_GID_TYPE_IB:
+          return "IB";
+        case IBV_GID_TYPE_ROCE_V1:
+          return "RoCE v1";
+        case IBV_GID_TYPE_ROCE_V2:
+          return "RoCE v2";
       }
     }
   }
   // Older rdma-core: the kernel says it in sysfs ("RoCE v2", "IB/RoCE v1").
-  std::string t = readSysfs("/sys/class/infiniband/" + dev + "/ports/" + std::to_string(port) +
-                            "/gid_attrs/types/" + std::to_string(index));
+  std::string t = readSysfs("/sys/class/infiniband/" + dev + "/ports/" + std::to_string(port) + "/gid_attrs/types/" +
+                            std::to_string(index));
   if (t == "RoCE v2") return t;
   if (t == "IB/RoCE v1") return "RoCE v1";
   return "";
@@ -100,8 +114,8 @@ void describePort(const IbvApi& api, ibv_context* ctx, const std::string& dev, i
     g.ipv4_mapped = std::memcmp(gid.raw, kMappedPrefix, sizeof(kMappedPrefix)) == 0;
     g.link_local = gid.raw[0] == 0xfe && (gid.raw[1] & 0xc0) == 0x80;
     g.type = attr.link_layer == IBV_LINK_LAYER_ETHERNET ? gidType(api, ctx, dev, port_num, i) : "IB";
-    g.netdev = readSysfs("/sys/class/infiniband/" + dev + "/ports/" + std::to_string(port_num) +
-                         "/gid_attrs/ndevs/" + std::to_string(i));
+    g.netdev = readSysfs("/sys/class/infiniband/" + dev + "/ports/" + std::to_string(port_num) + "/gid_attrs/ndevs/" +
+                         std::to_string(i));
     out->gids.push_back(g);
   }
   if (attr.link_layer == IBV_LINK_LAYER_ETHERNET) {
@@ -167,7 +181,8 @@ std::string gpuDirectSupport(const IbvApi* api) {
   const bool dmabuf = api != nullptr && api->reg_dmabuf_mr != nullptr;
   std::string out;
   if (!driver) return "not possible: no NVIDIA driver (libcuda.so.1 not found)";
-  if (dmabuf) out = "possible through dma-buf (ibv_reg_dmabuf_mr present; needs a GPU, driver and NIC with dma-buf support)";
+  if (dmabuf)
+    out = "possible through dma-buf (ibv_reg_dmabuf_mr present; needs a GPU, driver and NIC with dma-buf support)";
   if (peermem) out += std::string(out.empty() ? "possible" : ";") + " through nvidia-peermem (module loaded)";
   if (out.empty()) out = "not possible: libibverbs lacks ibv_reg_dmabuf_mr and nvidia-peermem is not loaded";
   return out;
@@ -228,15 +243,16 @@ int chooseGid(const std::vector<GidDescription>& gids, int override_index, std::
     if (score(g) < 99 && (best == nullptr || score(g) < score(*best))) best = &g;
   }
   if (best == nullptr) {
-    *reason = "no routable GID (only link-local or empty entries: give the RoCE netdev an IP address, "
-              "or set RCOLL_IB_GID_INDEX)";
+    *reason =
+        "no routable GID (only link-local or empty entries: give the RoCE netdev an IP address, "
+        "or set RCOLL_IB_GID_INDEX)";
     return -1;
   }
   static const char* kWhy[] = {"RoCE v2 with an IPv4-mapped address", "RoCE v2 (IPv6)", "RoCE v1, IPv4-mapped",
                                "RoCE v1", "GID type unknown"};
-  *reason = strFormat("index %d: %s %s%s%s (%s)", best->index, best->type.empty() ? "?" : best->type.c_str(),
-                      best->address.c_str(), best->netdev.empty() ? "" : " on ", best->netdev.c_str(),
-                      kWhy[score(*best)]);
+  *reason =
+      strFormat("index %d: %s %s%s%s (%s)", best->index, best->type.empty() ? "?" : best->type.c_str(),
+                best->address.c_str(), best->netdev.empty() ? "" : " on ", best->netdev.c_str(), kWhy[score(*best)]);
   return best->index;
 }
 
@@ -272,8 +288,9 @@ IbPortChoice chooseIbPort(const Config& config) {
       return choice;
     }
   }
-  choice.why_not = strFormat("no usable ACTIVE port%s%s%s (ports: %s)", config.ib_hca.empty() ? "" : " matching RCOLL_IB_HCA=",
-                             config.ib_hca.c_str(), "", seen.c_str());
+  choice.why_not =
+      strFormat("no usable ACTIVE port%s%s%s (ports: %s)",
+                config.ib_hca.empty() ? "" : " matching RCOLL_IB_HCA=", config.ib_hca.c_str(), "", seen.c_str());
   return choice;
 }
 
@@ -289,9 +306,9 @@ RdmaReport describeRdma(const Config& config) {
   report.library = api->library;
   report.devices = describeAll(*api, config, &report.error);
   IbPortChoice choice = chooseIbPort(config);
-  report.selection = choice.ok ? strFormat("%s:%d, GID %s", choice.device.c_str(), choice.port,
-                                           choice.gid_reason.c_str())
-                               : "none: " + choice.why_not;
+  report.selection = choice.ok
+                         ? strFormat("%s:%d, GID %s", choice.device.c_str(), choice.port, choice.gid_reason.c_str())
+                         : "none: " + choice.why_not;
   return report;
 }
 

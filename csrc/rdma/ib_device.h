@@ -31,20 +31,20 @@ struct GidDescription {
 
 struct PortDescription {
   int port = 0;
-  std::string state;       // "ACTIVE", "DOWN", ...
+  std::string state;  // "ACTIVE", "DOWN", ...
   bool active = false;
   std::string link_layer;  // "InfiniBand" or "Ethernet"
   int active_mtu = 0;      // bytes
   int lid = 0;
   uint64_t max_msg_size = 0;
   std::vector<GidDescription> gids;  // non-empty entries only
-  int chosen_gid = -1;     // what rcoll would use (-1: none usable)
-  std::string gid_reason;  // why that one, or why none
+  int chosen_gid = -1;               // what rcoll would use (-1: none usable)
+  std::string gid_reason;            // why that one, or why none
 };
 
 struct DeviceDescription {
   std::string name;
-  std::string error;       // set when the device could not be opened or queried
+  std::string error;  // set when the device could not be opened or queried
   std::string firmware;
   uint64_t max_mr_size = 0;
   int max_qp = 0;
@@ -68,12 +68,12 @@ RdmaReport describeRdma(const Config& config);
 // The port the verbs transport would use on this host.
 struct IbPortChoice {
   bool ok = false;
-  std::string why_not;     // when !ok: a sentence a user can act on
+  std::string why_not;  // when !ok: a sentence a user can act on
   std::string device;
   int port = 0;
-  int gid_index = -1;      // -1 on InfiniBand ports without GRH routing
+  int gid_index = -1;  // -1 on InfiniBand ports without GRH routing
   std::string gid_reason;
-  bool ethernet = false;   // RoCE: every packet needs the GRH
+  bool ethernet = false;  // RoCE: every packet needs the GRH
 };
 IbPortChoice chooseIbPort(const Config& config);
 

@@ -1,12 +1,10 @@
 // The libibverbs entry points rcoll calls, resolved with dlopen/dlvsym.
 //
 // The types are rcoll's own declarations of the verbs ABI (verbs_abi.h), so
-// neither building nor importing needs rdma-core: nothing here is linked. Symbols are looked up at the version rdma-core exports today
-// (IBVERBS_1.1), because libibverbs also keeps IBVERBS_1.0 compatibility
-// versions of the same names with another ABI, which a plain dlsym may return.
-// The data-path calls (post_send, post_recv, poll_cq, req_notify_cq) jump
-// through the provider's table of operations (verbs_abi.h), so they need no
-// symbol.
+// neither building nor importing needs rdma-core: nothing here is linked. Symbols are looked up at the version
+// rdma-core exports today (IBVERBS_1.1), because libibverbs also keeps IBVERBS_1.0 compatibility versions of the same
+// names with another ABI, which a plain dlsym may return. The data-path calls (post_send, post_recv, poll_cq,
+// req_notify_cq) jump through the provider's table of operations (verbs_abi.h), so they need no symbol.
 #pragma once
 
 #include <string>

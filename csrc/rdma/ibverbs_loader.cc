@@ -37,7 +37,8 @@ Loaded load() {
     out.error += (out.error.empty() ? "" : "; ") + std::string(why ? why : path.c_str());
   }
   if (handle == nullptr) {
-    out.error = "libibverbs could not be loaded (" + out.error + "); install rdma-core (libibverbs1 and the "
+    out.error = "libibverbs could not be loaded (" + out.error +
+                "); install rdma-core (libibverbs1 and the "
                 "provider package, e.g. ibverbs-providers) or set RCOLL_IBVERBS_LIB";
     return out;
   }

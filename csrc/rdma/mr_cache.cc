@@ -5,7 +5,9 @@
 namespace rcoll {
 
 MrCache::MrCache(RegisterFn reg, DeregisterFn dereg, size_t keep_bytes)
-    : reg_(std::move(reg)), dereg_(std::move(dereg)), keep_bytes_(keep_bytes),
+    : reg_(std::move(reg)),
+      dereg_(std::move(dereg)),
+      keep_bytes_(keep_bytes),
       page_(static_cast<size_t>(sysconf(_SC_PAGESIZE))) {}
 
 MrCache::~MrCache() {

@@ -33,13 +33,13 @@ class MrCache {
   struct Entry {
     uintptr_t start = 0;  // page-aligned
     uintptr_t end = 0;
-    bool writable = false;  // registered for local and remote writes
-    void* handle = nullptr; // what the register function returned (an ibv_mr*)
+    bool writable = false;   // registered for local and remote writes
+    void* handle = nullptr;  // what the register function returned (an ibv_mr*)
     uint32_t lkey = 0;
     uint32_t rkey = 0;
     int refs = 0;
-    bool stale = false;     // invalidated while in use: deregister on last release
-    bool adopted = false;   // registered by its owner (adopt()): deregistered on last release
+    bool stale = false;    // invalidated while in use: deregister on last release
+    bool adopted = false;  // registered by its owner (adopt()): deregistered on last release
   };
   // Fills handle/lkey/rkey of `entry` (start, end, writable set); false with *why on failure.
   using RegisterFn = std::function<bool(Entry& entry, std::string* why)>;

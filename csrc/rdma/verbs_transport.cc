@@ -22,10 +22,10 @@ namespace rcoll {
 namespace {
 
 constexpr uint32_t kQpInfoMagic = 0x50514352;  // "RCQP"
-constexpr size_t kCtrlBytes = 128;              // one control slot
-constexpr int kWantRecvSlots = 128;             // posted receives per peer (credits, data immediates)
-constexpr int kWantSendSlots = 64;              // control messages in flight per peer
-constexpr int kWantSendQueue = 256;             // work requests in flight per peer
+constexpr size_t kCtrlBytes = 128;             // one control slot
+constexpr int kWantRecvSlots = 128;            // posted receives per peer (credits, data immediates)
+constexpr int kWantSendSlots = 64;             // control messages in flight per peer
+constexpr int kWantSendQueue = 256;            // work requests in flight per peer
 constexpr auto kAbortLinger = std::chrono::seconds(2);
 constexpr auto kSpin = std::chrono::microseconds(30);  // poll the CQ this long before sleeping
 constexpr int kAccessRemote = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
@@ -36,7 +36,7 @@ enum CtrlType : uint32_t { kCredit = 1, kEmpty = 2, kMismatch = 3 };
 struct CtrlMessage {
   uint32_t type;
   uint32_t rkey;
-  uint64_t seq;    // the receive's number between the two ranks
+  uint64_t seq;  // the receive's number between the two ranks
   uint64_t addr;
   uint64_t bytes;
   WireHeader header;  // credit: what the receiver expects; mismatch: what the sender had
@@ -56,11 +56,16 @@ static_assert(sizeof(CtrlMessage) <= kCtrlBytes, "a control message fits its slo
 
 const char* mtuName(int mtu) {
   switch (mtu) {
-    case IBV_MTU_256: return "256";
-    case IBV_MTU_512: return "512";
-    case IBV_MTU_1024: return "1024";
-    case IBV_MTU_2048: return "2048";
-    case IBV_MTU_4096: return "4096";
+    case IBV_MTU_256:
+      return "256";
+    case IBV_MTU_512:
+      return "512";
+    case IBV_MTU_1024:
+      return "1024";
+    case IBV_MTU_2048:
+      return "2048";
+    case IBV_MTU_4096:
+      return "4096";
   }
   return "?";
 }
@@ -87,7 +92,7 @@ struct VerbsTransport::VerbsRequest : Request, WrOwner {
   WireHeader header{};  // send: what goes out; recv: what is expected
   char* data = nullptr;
   size_t bytes = 0;
-  uint64_t seq = 0;       // per peer and direction, matches credits to sends
+  uint64_t seq = 0;  // per peer and direction, matches credits to sends
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
   int wrs = 0;            // work requests posted and not yet completed
@@ -98,8 +103,8 @@ struct VerbsTransport::VerbsRequest : Request, WrOwner {
 
 // Something to post on a connection's send queue, in order.
 struct VerbsTransport::Outgoing {
-  CtrlMessage message{};           // a control message, when request is null or a zero-byte send
-  VerbsRequest* request = nullptr; // a send whose credit arrived
+  CtrlMessage message{};            // a control message, when request is null or a zero-byte send
+  VerbsRequest* request = nullptr;  // a send whose credit arrived
 };
 
 struct VerbsTransport::Connection {
@@ -110,15 +115,15 @@ struct VerbsTransport::Connection {
   std::vector<std::unique_ptr<CtrlSlot>> send_slots;
   std::vector<CtrlSlot*> free_send_slots;
   int sq_used = 0;
-  std::deque<VerbsRequest*> recvs;        // posted receives, oldest first
-  std::deque<VerbsRequest*> unmatched;    // sends waiting for their credit
-  std::deque<VerbsRequest*> in_flight;    // sends whose work requests are posted
-  std::deque<CtrlMessage> credits;        // credits that arrived before their send
-  std::deque<Outgoing> backlog;           // waiting for send-queue room, in order
+  std::deque<VerbsRequest*> recvs;      // posted receives, oldest first
+  std::deque<VerbsRequest*> unmatched;  // sends waiting for their credit
+  std::deque<VerbsRequest*> in_flight;  // sends whose work requests are posted
+  std::deque<CtrlMessage> credits;      // credits that arrived before their send
+  std::deque<Outgoing> backlog;         // waiting for send-queue room, in order
   uint64_t next_send_seq = 0, next_recv_seq = 0;
   SideChannelReader side_channel;
-  bool closed = false;         // the peer is gone: no new requests; posted writes may still finish
-  bool failed = false;         // no more requests at all
+  bool closed = false;  // the peer is gone: no new requests; posted writes may still finish
+  bool failed = false;  // no more requests at all
   bool socket_broken = false;
   TransportFailure failure;
 };
@@ -137,8 +142,8 @@ VerbsTransport::VerbsTransport(const ConnectInfo& info, const Config& config, co
       listener_(std::make_unique<PeerListener>(info, bind_host, 0)),
       connections_(static_cast<size_t>(info.size)) {
   auto fail = [&](const std::string& what) {
-    throwError(ErrorKind::kConfig, strFormat("rank %d: RDMA device %s: %s failed: %s", info_.rank,
-                                             port_.device.c_str(), what.c_str(), std::strerror(errno)));
+    throwError(ErrorKind::kConfig, strFormat("rank %d: RDMA device %s: %s failed: %s", info_.rank, port_.device.c_str(),
+                                             what.c_str(), std::strerror(errno)));
   };
   int count = 0;
   ibv_device** list = api_.get_device_list(&count);
@@ -174,21 +179,23 @@ VerbsTransport::VerbsTransport(const ConnectInfo& info, const Config& config, co
   int cqe = std::min(dev.max_cqe, std::max(64, peers * (recv_slots_ + sq_depth_) + 16));
   cq_ = api_.create_cq(context_, cqe, nullptr, channel_, 0);
   if (cq_ == nullptr) fail(strFormat("ibv_create_cq(%d entries)", cqe));
-  const size_t ctrl_bytes = static_cast<size_t>(std::max(peers, 1)) *
-                            static_cast<size_t>(recv_slots_ + send_slots_) * kCtrlBytes;
+  const size_t ctrl_bytes =
+      static_cast<size_t>(std::max(peers, 1)) * static_cast<size_t>(recv_slots_ + send_slots_) * kCtrlBytes;
   ctrl_memory_ = static_cast<char*>(std::aligned_alloc(4096, (ctrl_bytes + 4095) / 4096 * 4096));
   if (ctrl_memory_ == nullptr) throwError(ErrorKind::kGeneric, "out of memory for RDMA control slots");
   std::memset(ctrl_memory_, 0, ctrl_bytes);
   ctrl_mr_ = api_.reg_mr(pd_, ctrl_memory_, ctrl_bytes, IBV_ACCESS_LOCAL_WRITE);
   if (ctrl_mr_ == nullptr) {
-    fail(strFormat("registering %zu bytes of control slots (if 'Cannot allocate memory': raise the "
-                   "locked-memory limit, ulimit -l)", ctrl_bytes));
+    fail(
+        strFormat("registering %zu bytes of control slots (if 'Cannot allocate memory': raise the "
+                  "locked-memory limit, ulimit -l)",
+                  ctrl_bytes));
   }
   auto reg = [this](MrCache::Entry& e, std::string* why) {
     const size_t len = e.end - e.start;
     if (len > max_mr_bytes_) {
-      *why = strFormat("a buffer of %zu bytes exceeds the device's largest registration (max_mr_size %llu)",
-                       len, static_cast<unsigned long long>(max_mr_bytes_));
+      *why = strFormat("a buffer of %zu bytes exceeds the device's largest registration (max_mr_size %llu)", len,
+                       static_cast<unsigned long long>(max_mr_bytes_));
       return false;
     }
     void* addr = reinterpret_cast<void*>(e.start);
@@ -202,8 +209,9 @@ VerbsTransport::VerbsTransport(const ConnectInfo& info, const Config& config, co
       int err = errno;
       *why = strFormat("registering %zu bytes of memory with the RDMA device failed: %s", len, std::strerror(err));
       if (err == ENOMEM || err == EAGAIN) {
-        *why += " (the locked-memory limit is too low: raise it with `ulimit -l unlimited`, "
-                "LimitMEMLOCK=infinity in systemd, or --ulimit memlock=-1 in Docker)";
+        *why +=
+            " (the locked-memory limit is too low: raise it with `ulimit -l unlimited`, "
+            "LimitMEMLOCK=infinity in systemd, or --ulimit memlock=-1 in Docker)";
       }
       return false;
     }
@@ -249,7 +257,8 @@ void VerbsTransport::connect(int peer, const std::string& address, Deadline dead
 
 int VerbsTransport::accept(Deadline deadline) {
   std::vector<bool> connected(static_cast<size_t>(info_.size));
-  for (size_t i = 0; i < connected.size(); ++i) connected[i] = connections_[i] != nullptr || !serves(static_cast<int>(i));
+  for (size_t i = 0; i < connected.size(); ++i)
+    connected[i] = connections_[i] != nullptr || !serves(static_cast<int>(i));
   int fd = -1;
   int peer = listener_->accept(deadline, connected, &fd);
   setUpConnection(peer, fd, deadline);
@@ -268,9 +277,9 @@ void VerbsTransport::setUpConnection(int peer, int fd, Deadline deadline) {
     int err = errno;
     if (c->qp != nullptr) api_.destroy_qp(c->qp);
     ::close(fd);
-    throwError(ErrorKind::kPeer, strFormat("rank %d: setting up the RDMA connection to rank %d: %s%s%s", info_.rank,
-                                           peer, what.c_str(), err != 0 ? ": " : "",
-                                           err != 0 ? std::strerror(err) : ""));
+    throwError(ErrorKind::kPeer,
+               strFormat("rank %d: setting up the RDMA connection to rank %d: %s%s%s", info_.rank, peer, what.c_str(),
+                         err != 0 ? ": " : "", err != 0 ? std::strerror(err) : ""));
   };
   ibv_qp_init_attr init{};
   init.send_cq = cq_;
@@ -349,9 +358,10 @@ void VerbsTransport::setUpConnection(int peer, int fd, Deadline deadline) {
   if (api_.modify_qp(c->qp, &attr,
                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0) {
-    fail(strFormat("moving the queue pair to RTR (GID index %d, MTU %s; check RCOLL_IB_GID_INDEX and that "
-                   "both ports are on one network)",
-                   port_.gid_index, mtuName(attr.path_mtu)));
+    fail(
+        strFormat("moving the queue pair to RTR (GID index %d, MTU %s; check RCOLL_IB_GID_INDEX and that "
+                  "both ports are on one network)",
+                  port_.gid_index, mtuName(attr.path_mtu)));
   }
   attr = ibv_qp_attr{};
   attr.qp_state = IBV_QPS_RTS;
@@ -429,7 +439,8 @@ MemoryHandle VerbsTransport::registerDeviceMemory(void* data, size_t bytes, int 
       const int err = errno;
       *why = strFormat("ibv_reg_dmabuf_mr on %s failed: %s%s", port_.device.c_str(), std::strerror(err),
                        err == EOPNOTSUPP || err == ENOSYS || err == EPROTONOSUPPORT
-                           ? " (the RDMA driver does not take dma-bufs)" : "");
+                           ? " (the RDMA driver does not take dma-bufs)"
+                           : "");
       return nullptr;
     }
   } else {
@@ -488,9 +499,7 @@ void VerbsTransport::release(Request* request) {
   maybeRecycle(r);
 }
 
-TransportFailure VerbsTransport::failure(Request* request) const {
-  return static_cast<VerbsRequest*>(request)->why;
-}
+TransportFailure VerbsTransport::failure(Request* request) const { return static_cast<VerbsRequest*>(request)->why; }
 
 Request* VerbsTransport::isend(int peer, const WireHeader& header, const void* data, size_t bytes) {
   VerbsRequest* r = requests_.take();
@@ -554,8 +563,7 @@ void VerbsTransport::matchCredits(Connection& c) {
     if (credit.seq != r->seq) {
       failConnection(c, ErrorKind::kPeer,
                      strFormat("rank %d's receive #%llu arrived where send #%llu was next (protocol error)", c.peer,
-                               static_cast<unsigned long long>(credit.seq),
-                               static_cast<unsigned long long>(r->seq)));
+                               static_cast<unsigned long long>(credit.seq), static_cast<unsigned long long>(r->seq)));
       finish(r, Request::State::kFailed, &c.failure);
       return;
     }
@@ -683,14 +691,15 @@ int VerbsTransport::pollCompletions() {
 }
 
 std::string VerbsTransport::completionError(const Connection& c, const ibv_wc& wc) const {
-  std::string what = strFormat("%s (status %d, vendor error 0x%x)", api_.wc_status_str(wc.status), wc.status,
-                               wc.vendor_err);
+  std::string what =
+      strFormat("%s (status %d, vendor error 0x%x)", api_.wc_status_str(wc.status), wc.status, wc.vendor_err);
   switch (wc.status) {
     case IBV_WC_RETRY_EXC_ERR:
-      return strFormat("rank %d stopped acknowledging RDMA traffic: %s. The peer died, or the path between the two "
-                       "ports is broken: check RCOLL_IB_GID_INDEX (this rank uses %s), the MTU, and IP routing "
-                       "between the RoCE interfaces",
-                       c.peer, what.c_str(), port_.gid_reason.c_str());
+      return strFormat(
+          "rank %d stopped acknowledging RDMA traffic: %s. The peer died, or the path between the two "
+          "ports is broken: check RCOLL_IB_GID_INDEX (this rank uses %s), the MTU, and IP routing "
+          "between the RoCE interfaces",
+          c.peer, what.c_str(), port_.gid_reason.c_str());
     case IBV_WC_RNR_RETRY_EXC_ERR:
       return strFormat("rank %d posted no receive in time: %s", c.peer, what.c_str());
     case IBV_WC_REM_ACCESS_ERR:
@@ -795,9 +804,9 @@ void VerbsTransport::onControl(Connection& c, const char* bytes) {
       return;
     }
     default:
-      failConnection(c, ErrorKind::kPeer,
-                     strFormat("rank %d sent an unknown control message (type %u): another rcoll version?", c.peer,
-                               m.type));
+      failConnection(
+          c, ErrorKind::kPeer,
+          strFormat("rank %d sent an unknown control message (type %u): another rcoll version?", c.peer, m.type));
   }
 }
 

@@ -52,8 +52,7 @@ struct IbvApi;
 class VerbsTransport : public Transport {
  public:
   // Opens `port` (from chooseIbPort) and listens for handshakes on `bind_host`.
-  VerbsTransport(const ConnectInfo& info, const Config& config, const std::string& bind_host,
-                 const IbPortChoice& port);
+  VerbsTransport(const ConnectInfo& info, const Config& config, const std::string& bind_host, const IbPortChoice& port);
   ~VerbsTransport() override;
 
   const char* name() const override { return "ib"; }
@@ -125,10 +124,10 @@ class VerbsTransport : public Transport {
   int wake_fd_ = -1;
 
   // From the device and port.
-  int active_mtu_ = 0;         // ibv_mtu enum value
+  int active_mtu_ = 0;  // ibv_mtu enum value
   uint16_t lid_ = 0;
   uint8_t gid_[16] = {};
-  uint64_t max_msg_bytes_ = 0; // largest single RDMA write
+  uint64_t max_msg_bytes_ = 0;  // largest single RDMA write
   uint64_t max_mr_bytes_ = 0;
   int sq_depth_ = 0;
   int recv_slots_ = 0;
@@ -136,8 +135,8 @@ class VerbsTransport : public Transport {
 
   std::vector<std::unique_ptr<Connection>> connections_;  // indexed by peer rank
   RequestPool<VerbsRequest> requests_;
-  std::vector<pollfd> poll_fds_;           // progress() scratch
-  std::vector<Connection*> poll_peers_;    // whose side channels prepareSleep() appended, in order
+  std::vector<pollfd> poll_fds_;         // progress() scratch
+  std::vector<Connection*> poll_peers_;  // whose side channels prepareSleep() appended, in order
   bool aborted_ = false;
   bool progressed_ = false;  // a request finished since progress() started
 };

@@ -20,11 +20,16 @@ constexpr auto kMaxSleep = std::chrono::seconds(1);
 
 std::atomic<uint64_t>& counterOf(shm::WindowControl* control, int which) {
   switch (which) {
-    case 0: return control->arrived.value;
-    case 1: return control->reduced.value;
-    case 2: return control->finished.value;
-    case 3: return control->device_published.value;
-    default: return control->device_opened.value;
+    case 0:
+      return control->arrived.value;
+    case 1:
+      return control->reduced.value;
+    case 2:
+      return control->finished.value;
+    case 3:
+      return control->device_published.value;
+    default:
+      return control->device_opened.value;
   }
 }
 
@@ -42,8 +47,10 @@ uint64_t packOp(const OpDesc& op, bool device) {
 const char* memoryName(bool device) { return device ? "device (GPU)" : "host (CPU)"; }
 
 std::string memoryMismatch(int peer, bool their_device, int rank, bool my_device) {
-  return strFormat("rank %d passed %s buffers and rank %d %s buffers: pass tensors of one kind (all CUDA or all CPU) "
-                   "on every rank", peer, memoryName(their_device), rank, memoryName(my_device));
+  return strFormat(
+      "rank %d passed %s buffers and rank %d %s buffers: pass tensors of one kind (all CUDA or all CPU) "
+      "on every rank",
+      peer, memoryName(their_device), rank, memoryName(my_device));
 }
 
 OpDesc descToOp(const shm::StepDesc& d) {
@@ -108,14 +115,19 @@ void ShmCollectives::run(const OpDesc& op, const char* send, char* recv, Deadlin
   first_completion_ = {};
   const RunContext ctx{op, deadline, timeout, abort_flag};
   switch (op.kind) {
-    case OpKind::kAllreduce: return allreduce(ctx, send, recv);
-    case OpKind::kAllgather: return allgather(ctx, send, recv);
-    case OpKind::kReduceScatter: return reduceScatter(ctx, send, recv);
-    case OpKind::kBroadcast: return broadcast(ctx, send, recv);
-    case OpKind::kBarrier: return barrier(ctx);
+    case OpKind::kAllreduce:
+      return allreduce(ctx, send, recv);
+    case OpKind::kAllgather:
+      return allgather(ctx, send, recv);
+    case OpKind::kReduceScatter:
+      return reduceScatter(ctx, send, recv);
+    case OpKind::kBroadcast:
+      return broadcast(ctx, send, recv);
+    case OpKind::kBarrier:
+      return barrier(ctx);
     default:
-      throwError(ErrorKind::kGeneric, strFormat("rank %d: %s is not a shared-window collective", rank_,
-                                                describeOp(op).c_str()));
+      throwError(ErrorKind::kGeneric,
+                 strFormat("rank %d: %s is not a shared-window collective", rank_, describeOp(op).c_str()));
   }
 }
 
@@ -209,15 +221,16 @@ void ShmCollectives::checkPeer(const RunContext& run, int peer, Counter counter,
                opFailureMessage(rank_, op, differentCallsMessage(peer, opKindName(their_kind), their_seq, rank_, op)));
   }
   if (their_seq == op.seq && their_device != run.device) {
-    throwError(ErrorKind::kMismatch, opFailureMessage(rank_, op, memoryMismatch(peer, their_device, rank_, run.device)));
+    throwError(ErrorKind::kMismatch,
+               opFailureMessage(rank_, op, memoryMismatch(peer, their_device, rank_, run.device)));
   }
   if (their_seq > op.seq) {
     throwError(ErrorKind::kMismatch,
-               opFailureMessage(rank_, op, strFormat("rank %d finished op #%llu without this rank and went on to "
-                                                     "op #%llu (%s): the ranks called different collectives",
-                                                     peer, static_cast<unsigned long long>(op.seq),
-                                                     static_cast<unsigned long long>(their_seq),
-                                                     opKindName(their_kind))));
+               opFailureMessage(rank_, op,
+                                strFormat("rank %d finished op #%llu without this rank and went on to "
+                                          "op #%llu (%s): the ranks called different collectives",
+                                          peer, static_cast<unsigned long long>(op.seq),
+                                          static_cast<unsigned long long>(their_seq), opKindName(their_kind))));
   }
   WireHeader header{};
   if (transport_.incomingMessage(peer, &header)) {

@@ -99,7 +99,7 @@ class ShmCollectives {
   struct DeviceConfig {
     const DeviceApi* api;
     int device;
-    size_t slot_bytes;    // 0: device windows off
+    size_t slot_bytes;  // 0: device windows off
     size_t direct_bytes;
   };
   bool runDevice(const OpDesc& op, const char* send, char* recv, const DeviceConfig& config, const DeviceEvent* ready,
@@ -176,10 +176,10 @@ class ShmCollectives {
   std::vector<char*> windows_;                 // every rank's window, indexed by rank
   std::vector<shm::WindowControl*> controls_;  // their control blocks
   shm::WindowControl* mine_;
-  uint64_t step_ = 0;                          // the current step (0 before the first)
+  uint64_t step_ = 0;  // the current step (0 before the first)
   Timeline* timeline_ = nullptr;
   std::chrono::steady_clock::time_point first_completion_{};
-  std::unique_ptr<ShmDeviceWindows> device_;   // created by the first device op
+  std::unique_ptr<ShmDeviceWindows> device_;  // created by the first device op
 };
 
 }  // namespace rcoll

@@ -60,9 +60,9 @@ void ShmCollectives::deviceReduceSlots(const OpDesc& op, char* out, size_t offse
   const DeviceApi& api = device_->api;
   const int dtype = static_cast<int>(op.dtype), reduce_op = static_cast<int>(op.reduce_op);
   // Rank order on every rank that computes it, so that all get the same bits.
-  deviceCheck(api.reduce_async(out, deviceSlot(0) + offset, deviceSlot(1) + offset, count, dtype, reduce_op,
-                               device_->stream),
-              op, "reducing the device windows");
+  deviceCheck(
+      api.reduce_async(out, deviceSlot(0) + offset, deviceSlot(1) + offset, count, dtype, reduce_op, device_->stream),
+      op, "reducing the device windows");
   for (int r = 2; r < size_; ++r) {
     deviceCheck(api.reduce_async(out, out, deviceSlot(r) + offset, count, dtype, reduce_op, device_->stream), op,
                 "reducing the device windows");
@@ -82,9 +82,10 @@ void ShmCollectives::deviceWait(const RunContext& run) {
       throwError(ErrorKind::kAborted, context + " was aborted");
     }
     if (std::chrono::steady_clock::now() >= run.deadline) {
-      throwError(ErrorKind::kTimeout, strFormat("%s %s waiting for its own device copies (is the GPU hung or busy "
-                                                "with a long kernel?)", context.c_str(),
-                                                timedOut(static_cast<double>(run.timeout.count()) / 1000.0).c_str()));
+      throwError(ErrorKind::kTimeout,
+                 strFormat("%s %s waiting for its own device copies (is the GPU hung or busy "
+                           "with a long kernel?)",
+                           context.c_str(), timedOut(static_cast<double>(run.timeout.count()) / 1000.0).c_str()));
     }
     std::this_thread::yield();
   }
@@ -93,8 +94,8 @@ void ShmCollectives::deviceWait(const RunContext& run) {
 // --- set-up ------------------------------------------------------------------------
 
 bool ShmCollectives::setUpDevice(const RunContext& run, const DeviceConfig& config) {
-  if (!device_) device_ = std::make_unique<ShmDeviceWindows>(*config.api, config.device, config.slot_bytes,
-                                                             config.direct_bytes);
+  if (!device_)
+    device_ = std::make_unique<ShmDeviceWindows>(*config.api, config.device, config.slot_bytes, config.direct_bytes);
   ShmDeviceWindows& dev = *device_;
   if (dev.state != ShmDeviceWindows::State::kUnset) return dev.state == ShmDeviceWindows::State::kOn;
   if (config.slot_bytes == 0) {  // RCOLL_CUDA_IPC=0, rank 0's value: every rank takes this branch
@@ -166,8 +167,8 @@ bool ShmCollectives::agreeOnDevice(const RunContext& run, const std::string& min
                       mine_->device_id);
       break;
     }
-    const int rc = dev.api.ipc_open(dev.device, theirs->ipc_handle,
-                                    reinterpret_cast<void**>(&dev.blocks[static_cast<size_t>(p)]));
+    const int rc =
+        dev.api.ipc_open(dev.device, theirs->ipc_handle, reinterpret_cast<void**>(&dev.blocks[static_cast<size_t>(p)]));
     if (rc != 0) {
       const char* err = dev.api.last_error();
       why = strFormat("rank %d could not map rank %d's device window (device %lld): %s", rank_, p,
@@ -187,8 +188,8 @@ bool ShmCollectives::agreeOnDevice(const RunContext& run, const std::string& min
   }
   if (failed.empty()) {
     dev.state = ShmDeviceWindows::State::kOn;
-    RCOLL_INFO("rank %d: device ops of this communicator go through CUDA IPC windows (device %d, 2 x %zu bytes)",
-               rank_, dev.device, dev.slot_bytes);
+    RCOLL_INFO("rank %d: device ops of this communicator go through CUDA IPC windows (device %d, 2 x %zu bytes)", rank_,
+               dev.device, dev.slot_bytes);
     return true;
   }
   std::string ranks;
@@ -196,8 +197,10 @@ bool ShmCollectives::agreeOnDevice(const RunContext& run, const std::string& min
   dev.why_off = !why.empty() ? why : "rank(s) " + ranks + " could not export or map a device window";
   dev.state = ShmDeviceWindows::State::kOff;
   dev.release();
-  RCOLL_WARN("rank %d: CUDA IPC is off for this communicator, device ops are staged through pinned host memory "
-             "(slower): %s (set RCOLL_CUDA_IPC=0 to skip the attempt)", rank_, dev.why_off.c_str());
+  RCOLL_WARN(
+      "rank %d: CUDA IPC is off for this communicator, device ops are staged through pinned host memory "
+      "(slower): %s (set RCOLL_CUDA_IPC=0 to skip the attempt)",
+      rank_, dev.why_off.c_str());
   return false;
 }
 
@@ -211,10 +214,10 @@ bool ShmCollectives::runDevice(const OpDesc& op, const char* send, char* recv, c
   first_completion_ = {};
   RunContext ctx{op, deadline, timeout, abort_flag, true};
   if (device_ && device_->device != config.device) {
-    throwError(ErrorKind::kInvalidArgument,
-               strFormat("rank %d: %s (op #%llu): buffers on device %d, but this communicator serves device %d", rank_,
-                         describeOp(op).c_str(), static_cast<unsigned long long>(op.seq), config.device,
-                         device_->device));
+    throwError(
+        ErrorKind::kInvalidArgument,
+        strFormat("rank %d: %s (op #%llu): buffers on device %d, but this communicator serves device %d", rank_,
+                  describeOp(op).c_str(), static_cast<unsigned long long>(op.seq), config.device, device_->device));
   }
   if (!setUpDevice(ctx, config)) return false;
   ShmDeviceWindows& dev = *device_;
@@ -223,11 +226,20 @@ bool ShmCollectives::runDevice(const OpDesc& op, const char* send, char* recv, c
     // The caller's stream may still be writing the input.
     if (ready != nullptr) ready->streamWait(dev.stream, deviceContext(op));
     switch (op.kind) {
-      case OpKind::kAllreduce: deviceAllreduce(ctx, send, recv); break;
-      case OpKind::kAllgather: deviceAllgather(ctx, send, recv); break;
-      case OpKind::kReduceScatter: deviceReduceScatter(ctx, send, recv); break;
-      case OpKind::kBroadcast: deviceBroadcast(ctx, send, recv); break;
-      default: break;
+      case OpKind::kAllreduce:
+        deviceAllreduce(ctx, send, recv);
+        break;
+      case OpKind::kAllgather:
+        deviceAllgather(ctx, send, recv);
+        break;
+      case OpKind::kReduceScatter:
+        deviceReduceScatter(ctx, send, recv);
+        break;
+      case OpKind::kBroadcast:
+        deviceBroadcast(ctx, send, recv);
+        break;
+      default:
+        break;
     }
     if (done != nullptr) done->record(dev.stream, deviceContext(op));  // complete already: every phase was waited for
   } catch (...) {
@@ -320,7 +332,8 @@ void ShmCollectives::deviceReduceScatter(const RunContext& run, const char* send
     const size_t n = std::min(per_step, total - done);
     beginStep(run);
     // Slot layout of a step: block j's n elements at j * n.
-    for (size_t j = 0; j < P; ++j) deviceCopy(op, deviceSlot(rank_) + j * n * es, send + (j * total + done) * es, n * es);
+    for (size_t j = 0; j < P; ++j)
+      deviceCopy(op, deviceSlot(rank_) + j * n * es, send + (j * total + done) * es, n * es);
     deviceWait(run);
     publish(Counter::kArrived);
     waitAll(run, Counter::kArrived, step_);

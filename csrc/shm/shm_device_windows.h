@@ -47,10 +47,10 @@ struct ShmDeviceWindows {
   const size_t slot_bytes;    // RCOLL_CUDA_IPC_SLOT_BYTES
   const size_t direct_bytes;  // RCOLL_CUDA_IPC_DIRECT_BYTES
   State state = State::kUnset;
-  std::string why_off;        // when kOff: the reason, for the log
-  char* own = nullptr;        // this rank's block (device_alloc)
-  std::vector<char*> blocks;  // every rank's block, mapped here (own at this rank)
-  void* stream = nullptr;     // every copy and kernel of the device windows
+  std::string why_off;                 // when kOff: the reason, for the log
+  char* own = nullptr;                 // this rank's block (device_alloc)
+  std::vector<char*> blocks;           // every rank's block, mapped here (own at this rank)
+  void* stream = nullptr;              // every copy and kernel of the device windows
   std::unique_ptr<DeviceEvent> event;  // polled at the end of each phase
 };
 

@@ -47,7 +47,7 @@ constexpr uint64_t kSegmentMagic = 0x314d48534c4f4352ull;  // "RCOLSHM1"
 constexpr uint32_t kSegmentVersion = 1;
 constexpr size_t kControlBytes = 4096;  // page 0
 constexpr size_t kRecordAlign = 64;
-constexpr size_t kHeaderBytes = 64;     // sizeof(WireHeader), checked in shm_transport.cc
+constexpr size_t kHeaderBytes = 64;  // sizeof(WireHeader), checked in shm_transport.cc
 constexpr size_t kMinRingBytes = 4096;
 constexpr size_t kMaxRingBytes = size_t{1} << 30;
 
@@ -69,9 +69,9 @@ struct SegmentControl {
   uint32_t creator_rank;
   uint64_t ring_bytes;
   uint64_t segment_bytes;
-  SharedIndex head[2];   // ring r: bytes its producer (side r) has published
-  SharedIndex tail[2];   // ring r: bytes its consumer (side 1 - r) has consumed
-  SleepWord sleeping[2]; // side s: kWant* bits while side s sleeps, else 0
+  SharedIndex head[2];    // ring r: bytes its producer (side r) has published
+  SharedIndex tail[2];    // ring r: bytes its consumer (side 1 - r) has consumed
+  SleepWord sleeping[2];  // side s: kWant* bits while side s sleeps, else 0
 };
 static_assert(sizeof(SegmentControl) <= kControlBytes, "the control block fits page 0");
 

@@ -30,7 +30,7 @@ namespace {
 
 constexpr uint32_t kOfferMagic = 0x4f534352;  // "RCSO"
 constexpr uint32_t kReplyMagic = 0x52534352;  // "RCSR"
-constexpr uint32_t kSetupVersion = 2;  // 2: shared windows
+constexpr uint32_t kSetupVersion = 2;         // 2: shared windows
 constexpr size_t kMaxReplyText = 1024;
 // A connection on the Unix socket must present the secret this fast: a
 // stranger that connects and stays silent must not hold the set-up up.
@@ -41,19 +41,19 @@ struct Offer {
   uint32_t magic;
   uint32_t version;
   uint32_t creator_rank;
-  uint32_t name_bytes;     // of socket_name
+  uint32_t name_bytes;  // of socket_name
   uint64_t ring_bytes;
   uint64_t segment_bytes;
-  uint64_t window_bytes;   // each side's shared window (0: none); both sides must agree
-  char boot_id[40];        // /proc/sys/kernel/random/boot_id, NUL padded ("" if unreadable)
-  uint8_t secret[16];      // what the peer presents on the Unix socket
-  char socket_name[64];    // abstract Unix socket name, without the leading NUL
+  uint64_t window_bytes;  // each side's shared window (0: none); both sides must agree
+  char boot_id[40];       // /proc/sys/kernel/random/boot_id, NUL padded ("" if unreadable)
+  uint8_t secret[16];     // what the peer presents on the Unix socket
+  char socket_name[64];   // abstract Unix socket name, without the leading NUL
 };
 struct Reply {
   uint32_t magic;
-  uint32_t refused;        // 0: mapped and ready; 1: refused, text_bytes of reason follow
+  uint32_t refused;  // 0: mapped and ready; 1: refused, text_bytes of reason follow
   uint32_t text_bytes;
-  uint32_t kind;           // ErrorKind of a refusal
+  uint32_t kind;  // ErrorKind of a refusal
 };
 #pragma pack(pop)
 
@@ -235,8 +235,8 @@ std::unique_ptr<Segment> mapPeerWindow(int fd, size_t window_bytes, int peer, st
   auto mapping = mapSegment(fd, window_bytes, 0, why);
   if (!mapping) return nullptr;
   const WindowControl* control = windowControl(mapping->base());
-  if (control->magic != kWindowMagic || control->version != kWindowVersion ||
-      static_cast<int>(control->rank) != peer || windowBytes(control->slot_bytes) != window_bytes) {
+  if (control->magic != kWindowMagic || control->version != kWindowVersion || static_cast<int>(control->rank) != peer ||
+      windowBytes(control->slot_bytes) != window_bytes) {
     *why = "the received window's control block does not match";
     return nullptr;
   }
@@ -249,18 +249,17 @@ void readReply(const ConnectInfo& info, int peer, int sock, Deadline deadline) {
   std::string why;
   if (!recvAll(sock, &reply, sizeof(reply), deadline, &why)) {
     throwError(why == "timed out" ? ErrorKind::kTimeout : ErrorKind::kPeer,
-               strFormat("rank %d: rank %d did not finish setting up shared memory: %s", info.rank, peer,
-                         why.c_str()));
+               strFormat("rank %d: rank %d did not finish setting up shared memory: %s", info.rank, peer, why.c_str()));
   }
   if (reply.magic != kReplyMagic) {
-    throwError(ErrorKind::kPeer, strFormat("rank %d: rank %d answered the shared-memory offer with garbage",
-                                           info.rank, peer));
+    throwError(ErrorKind::kPeer,
+               strFormat("rank %d: rank %d answered the shared-memory offer with garbage", info.rank, peer));
   }
   if (reply.refused == 0) return;
   std::string text(std::min<size_t>(reply.text_bytes, kMaxReplyText), '\0');
   if (!recvAll(sock, &text[0], text.size(), deadline, &why)) text = "(no reason given)";
-  const ErrorKind kind = reply.kind == static_cast<uint32_t>(ErrorKind::kConfig) ? ErrorKind::kConfig
-                                                                                  : ErrorKind::kPeer;
+  const ErrorKind kind =
+      reply.kind == static_cast<uint32_t>(ErrorKind::kConfig) ? ErrorKind::kConfig : ErrorKind::kPeer;
   throwError(kind, strFormat("rank %d: rank %d cannot share memory with this rank: %s", info.rank, peer,
                              validUtf8(text).c_str()));
 }
@@ -310,8 +309,8 @@ OwnWindow createWindow(const ConnectInfo& info, size_t slot_bytes) {
   return window;
 }
 
-PairLink createPair(const ConnectInfo& info, int peer, int sock, size_t ring_bytes, int my_doorbell,
-                    int my_window, size_t window_bytes, Deadline deadline) {
+PairLink createPair(const ConnectInfo& info, int peer, int sock, size_t ring_bytes, int my_doorbell, int my_window,
+                    size_t window_bytes, Deadline deadline) {
   auto fail = [&](ErrorKind kind, const std::string& what) {
     throwError(kind, strFormat("rank %d: setting up shared memory with rank %d: %s", info.rank, peer, what.c_str()));
   };
@@ -400,8 +399,10 @@ PairLink createPair(const ConnectInfo& info, int peer, int sock, size_t ring_byt
     }
     if (!sameSecret(secret, offer.secret) || n_fds != fds_in) {
       for (size_t i = 0; i < n_fds; ++i) ::close(got_fds[i]);
-      RCOLL_WARN("rank %d: dropped a connection to the shared-memory socket for rank %d that did not present "
-                 "the job's secret", info.rank, peer);
+      RCOLL_WARN(
+          "rank %d: dropped a connection to the shared-memory socket for rank %d that did not present "
+          "the job's secret",
+          info.rank, peer);
       continue;
     }
     UniqueFd doorbell(got_fds[0]);
@@ -427,8 +428,8 @@ PairLink createPair(const ConnectInfo& info, int peer, int sock, size_t ring_byt
   return link;
 }
 
-PairLink joinPair(const ConnectInfo& info, int peer, int sock, int my_doorbell, int my_window,
-                  size_t window_bytes, Deadline deadline) {
+PairLink joinPair(const ConnectInfo& info, int peer, int sock, int my_doorbell, int my_window, size_t window_bytes,
+                  Deadline deadline) {
   std::string why;
   Offer offer{};
   if (!recvAll(sock, &offer, sizeof(offer), deadline, &why)) {
@@ -446,7 +447,8 @@ PairLink joinPair(const ConnectInfo& info, int peer, int sock, int my_doorbell, 
   };
   if (offer.magic != kOfferMagic || offer.version != kSetupVersion) {
     refuse(ErrorKind::kPeer, strFormat("unexpected shared-memory offer (magic 0x%08x, version %u): another rcoll "
-                                       "version?", offer.magic, offer.version));
+                                       "version?",
+                                       offer.magic, offer.version));
   }
   if (static_cast<int>(offer.creator_rank) != peer) {
     refuse(ErrorKind::kPeer, strFormat("the offer claims to come from rank %u", offer.creator_rank));
@@ -459,16 +461,16 @@ PairLink joinPair(const ConnectInfo& info, int peer, int sock, int my_doorbell, 
                                        static_cast<unsigned long long>(ring_bytes)));
   }
   if (offer.window_bytes != window_bytes) {
-    refuse(ErrorKind::kConfig,
-           strFormat("the shared windows differ (%llu bytes there, %zu here): RCOLL_SHM_COLL and "
-                     "RCOLL_SHM_COLL_SLOT_BYTES must be the same on every rank",
-                     static_cast<unsigned long long>(offer.window_bytes), window_bytes));
+    refuse(ErrorKind::kConfig, strFormat("the shared windows differ (%llu bytes there, %zu here): RCOLL_SHM_COLL and "
+                                         "RCOLL_SHM_COLL_SLOT_BYTES must be the same on every rank",
+                                         static_cast<unsigned long long>(offer.window_bytes), window_bytes));
   }
   const std::string mine = bootId();
   const std::string theirs(offer.boot_id, strnlen(offer.boot_id, sizeof(offer.boot_id)));
   if (!mine.empty() && !theirs.empty() && mine != theirs) {
     refuse(ErrorKind::kConfig, strFormat("rank %d runs on another host (boot id %s, this rank's is %s): shared "
-                                         "memory only connects ranks on one host", peer, theirs.c_str(), mine.c_str()));
+                                         "memory only connects ranks on one host",
+                                         peer, theirs.c_str(), mine.c_str()));
   }
 
   // The Unix socket: present the secret and our doorbell, get the segment and the peer's doorbell.
@@ -487,7 +489,8 @@ PairLink joinPair(const ConnectInfo& info, int peer, int sock, int my_doorbell, 
     }
     refuse(ErrorKind::kConfig,
            strFormat("cannot reach rank %d's shared-memory socket: %s (same host, but another network "
-                     "namespace, e.g. another container?)", peer, errnoText(err).c_str()));
+                     "namespace, e.g. another container?)",
+                     peer, errnoText(err).c_str()));
   }
   const int presented[2] = {my_doorbell, my_window};
   if (!sendWithFds(conn.get(), offer.secret, sizeof(offer.secret), presented, window_bytes > 0 ? 2 : 1, deadline,
@@ -522,8 +525,8 @@ PairLink joinPair(const ConnectInfo& info, int peer, int sock, int my_doorbell, 
   if (!link.segment) refuse(ErrorKind::kGeneric, why);
   memfd.reset();
   const SegmentControl* control = link.segment->control();
-  if (control->magic != kSegmentMagic || control->version != kSegmentVersion ||
-      control->ring_bytes != ring_bytes || control->segment_bytes != bytes) {
+  if (control->magic != kSegmentMagic || control->version != kSegmentVersion || control->ring_bytes != ring_bytes ||
+      control->segment_bytes != bytes) {
     refuse(ErrorKind::kPeer, "the received segment's control block does not match the offer");
   }
   if (window_bytes > 0) {
@@ -532,8 +535,8 @@ PairLink joinPair(const ConnectInfo& info, int peer, int sock, int my_doorbell, 
   }
   Reply ready{kReplyMagic, 0, 0, 0};
   if (!sendAll(sock, &ready, sizeof(ready), deadline, &why)) {
-    throwError(ErrorKind::kPeer, strFormat("rank %d: lost rank %d while setting up shared memory: %s", info.rank,
-                                           peer, why.c_str()));
+    throwError(ErrorKind::kPeer,
+               strFormat("rank %d: lost rank %d while setting up shared memory: %s", info.rank, peer, why.c_str()));
   }
   link.peer_doorbell = peer_doorbell.release();
   return link;

@@ -58,8 +58,8 @@ class Segment {
 struct PairLink {
   std::unique_ptr<Segment> segment;
   std::unique_ptr<Segment> peer_window;  // the peer's shared window (shm_window.h); null when windows are off
-  int side = 0;            // 0: this rank created the segment (it accepted); 1: it mapped it (it dialed)
-  int peer_doorbell = -1;  // the peer's eventfd, written to wake it; the caller owns (closes) it
+  int side = 0;                          // 0: this rank created the segment (it accepted); 1: it mapped it (it dialed)
+  int peer_doorbell = -1;                // the peer's eventfd, written to wake it; the caller owns (closes) it
 };
 
 // This rank's shared window, `window_bytes` long: the memfd (handed to each
@@ -75,12 +75,12 @@ OwnWindow createWindow(const ConnectInfo& info, size_t slot_bytes);
 // rank's eventfd (a duplicate goes to the peer; the caller keeps its own).
 // `my_window` is this rank's window memfd, or -1 when windows are off; both
 // ranks of a pair must agree on `window_bytes` (0: off), or the set-up fails.
-PairLink createPair(const ConnectInfo& info, int peer, int sock, size_t ring_bytes, int my_doorbell,
-                    int my_window, size_t window_bytes, Deadline deadline);
+PairLink createPair(const ConnectInfo& info, int peer, int sock, size_t ring_bytes, int my_doorbell, int my_window,
+                    size_t window_bytes, Deadline deadline);
 
 // Side 1, on a socket returned by dialPeer.
-PairLink joinPair(const ConnectInfo& info, int peer, int sock, int my_doorbell, int my_window,
-                  size_t window_bytes, Deadline deadline);
+PairLink joinPair(const ConnectInfo& info, int peer, int sock, int my_doorbell, int my_window, size_t window_bytes,
+                  Deadline deadline);
 
 // What "the same host" means for shared memory: the kernel's boot id and this
 // process's network namespace (the set-up's abstract Unix socket lives there),

@@ -63,7 +63,7 @@ struct ShmTransport::Connection {
   std::unique_ptr<shm::Segment> segment;
   std::unique_ptr<shm::Segment> window;  // the peer's shared window (null when windows are off)
   uint64_t ring_bytes = 0;
-  char* out_ring = nullptr;  // this rank produces
+  char* out_ring = nullptr;       // this rank produces
   const char* in_ring = nullptr;  // this rank consumes
   std::atomic<uint64_t>* out_head = nullptr;
   std::atomic<uint64_t>* out_tail = nullptr;
@@ -138,15 +138,15 @@ bool ShmTransport::connected(int peer) const {
 
 void ShmTransport::connect(int peer, const std::string& address, Deadline deadline) {
   if (peer < 0 || peer >= info_.size || peer == info_.rank || connected(peer)) {
-    throwError(ErrorKind::kInvalidArgument,
-               strFormat("rank %d: connect(%d): not a free peer slot", info_.rank, peer));
+    throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: connect(%d): not a free peer slot", info_.rank, peer));
   }
   adopt(peer, dialPeer(info_, peer, address, deadline, config_.socket_buffer_bytes), deadline, /*creator=*/false);
 }
 
 int ShmTransport::accept(Deadline deadline) {
   std::vector<bool> connected(static_cast<size_t>(info_.size));
-  for (size_t i = 0; i < connected.size(); ++i) connected[i] = connections_[i] != nullptr || !serves(static_cast<int>(i));
+  for (size_t i = 0; i < connected.size(); ++i)
+    connected[i] = connections_[i] != nullptr || !serves(static_cast<int>(i));
   int fd = -1;
   const int peer = listener_->accept(deadline, connected, &fd);
   adopt(peer, fd, deadline, /*creator=*/true);
@@ -266,9 +266,7 @@ void ShmTransport::finish(ShmRequest* r, Request::State state, const TransportFa
   if (r->released) requests_.recycle(r);
 }
 
-TransportFailure ShmTransport::failure(Request* request) const {
-  return static_cast<ShmRequest*>(request)->why;
-}
+TransportFailure ShmTransport::failure(Request* request) const { return static_cast<ShmRequest*>(request)->why; }
 
 Request* ShmTransport::isend(int peer, const WireHeader& header, const void* data, size_t bytes) {
   ShmRequest* r = requests_.take();
@@ -350,10 +348,11 @@ bool ShmTransport::driveSends(Connection& c) {
     if (r->done < record) {
       const uint64_t tail = c.out_tail->load(std::memory_order_acquire);
       if (tail > c.out_pos || c.out_pos - tail > c.ring_bytes) {
-        failConnection(c, ErrorKind::kPeer,
-                       strFormat("the ring to rank %d is corrupt (written %llu, read %llu): protocol error or "
-                                 "memory corruption", c.peer, static_cast<unsigned long long>(c.out_pos),
-                                 static_cast<unsigned long long>(tail)));
+        failConnection(
+            c, ErrorKind::kPeer,
+            strFormat("the ring to rank %d is corrupt (written %llu, read %llu): protocol error or "
+                      "memory corruption",
+                      c.peer, static_cast<unsigned long long>(c.out_pos), static_cast<unsigned long long>(tail)));
         return true;
       }
       const uint64_t room = c.ring_bytes - (c.out_pos - tail);
@@ -394,10 +393,11 @@ bool ShmTransport::driveRecvs(Connection& c) {
   while (!c.recvs.empty()) {
     const uint64_t head = c.in_head->load(std::memory_order_acquire);
     if (head < c.in_pos || head - c.in_pos > c.ring_bytes) {
-      failConnection(c, ErrorKind::kPeer,
-                     strFormat("the ring from rank %d is corrupt (written %llu, read %llu): protocol error or "
-                               "memory corruption", c.peer, static_cast<unsigned long long>(head),
-                               static_cast<unsigned long long>(c.in_pos)));
+      failConnection(
+          c, ErrorKind::kPeer,
+          strFormat("the ring from rank %d is corrupt (written %llu, read %llu): protocol error or "
+                    "memory corruption",
+                    c.peer, static_cast<unsigned long long>(head), static_cast<unsigned long long>(c.in_pos)));
       return true;
     }
     uint64_t avail = head - c.in_pos;
@@ -420,8 +420,7 @@ bool ShmTransport::driveRecvs(Connection& c) {
       std::string bad = checkHeader(r->header, c.in_header, info_.rank);
       const uint64_t announced = c.in_header.bytes;  // a copy: the packed field may be misaligned
       if (bad.empty() && c.in_header.src_rank != static_cast<uint32_t>(c.peer)) {
-        bad = strFormat("a message on rank %d's connection claims to come from rank %u", c.peer,
-                        c.in_header.src_rank);
+        bad = strFormat("a message on rank %d's connection claims to come from rank %u", c.peer, c.in_header.src_rank);
       }
       if (bad.empty() && announced != r->bytes) {
         bad = strFormat("rank %d sent a %llu-byte message where rank %d posted a %zu-byte receive", c.peer,
@@ -620,10 +619,10 @@ void ShmTransport::serviceSideChannel(Connection& c) {
     case SideChannelNews::Kind::kClosed:
       c.socket_broken = true;
       // A reset is a close with our own abort text unread: the same news.
-      peerClosed(c, {ErrorKind::kPeer, news.error == 0 || news.error == ECONNRESET
-                                           ? closedMessage(c.peer)
-                                           : strFormat("lost the connection to rank %d: %s", c.peer,
-                                                       errnoText(news.error).c_str())});
+      peerClosed(c, {ErrorKind::kPeer,
+                     news.error == 0 || news.error == ECONNRESET
+                         ? closedMessage(c.peer)
+                         : strFormat("lost the connection to rank %d: %s", c.peer, errnoText(news.error).c_str())});
       return;
     case SideChannelNews::Kind::kAbort:
       c.socket_broken = true;  // the peer has stopped: no point in answering it

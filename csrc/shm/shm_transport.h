@@ -129,7 +129,7 @@ class ShmTransport : public Transport {
   bool canMove(Connection& c);
   void publishTail(Connection& c);
   void wakePeer(Connection& c, uint32_t wanted);
-  bool sleep(Deadline deadline);  // true if interrupted
+  bool sleep(Deadline deadline);                            // true if interrupted
   void appendWakeSources(std::vector<pollfd>* fds);         // doorbell + side channels, for poll()
   void handleWakeSources(const pollfd* fds, size_t count);  // drain the doorbell, read side channels
   void takeInterrupt();
@@ -142,8 +142,8 @@ class ShmTransport : public Transport {
   Config config_;
   size_t ring_bytes_;
   std::unique_ptr<PeerListener> listener_;
-  int wake_fd_ = -1;      // interrupt()
-  int doorbell_fd_ = -1;  // peers wake this rank here
+  int wake_fd_ = -1;                      // interrupt()
+  int doorbell_fd_ = -1;                  // peers wake this rank here
   std::unique_ptr<shm::Segment> window_;  // this rank's shared window (null when off)
   int window_fd_ = -1;                    // its memfd, handed to each peer; closed with the listener
   size_t window_slot_bytes_ = 0;

@@ -40,7 +40,7 @@ namespace rcoll {
 namespace shm {
 
 constexpr uint64_t kWindowMagic = 0x314e57444c4f4352ull;  // "RCOLDWN1"
-constexpr uint32_t kWindowVersion = 2;  // 2: StepDesc.memory, the device window fields
+constexpr uint32_t kWindowVersion = 2;                    // 2: StepDesc.memory, the device window fields
 constexpr size_t kWindowControlBytes = 4096;
 constexpr size_t kMinWindowSlotBytes = 4096;
 constexpr size_t kMaxWindowSlotBytes = size_t{1} << 30;
@@ -48,10 +48,10 @@ constexpr size_t kMaxWindowSlotBytes = size_t{1} << 30;
 // What a rank runs in a step: checked by every peer before it reads the slot,
 // so ranks that called different collectives fail with a mismatch, not garbage.
 struct StepDesc {
-  uint64_t seq;     // the op's sequence number
-  uint64_t count;   // the op's element count (not the step's)
-  uint32_t kind;    // OpKind
-  uint32_t dtype;   // DataType
+  uint64_t seq;    // the op's sequence number
+  uint64_t count;  // the op's element count (not the step's)
+  uint32_t kind;   // OpKind
+  uint32_t dtype;  // DataType
   uint32_t reduce_op;
   uint32_t root;
   uint32_t memory;  // kHostMemory or kDeviceMemory: where this rank's buffers live
@@ -91,7 +91,7 @@ struct WindowControl {
   SharedIndex device_published;
   SharedIndex device_opened;
   alignas(64) uint64_t device_slot_bytes;
-  int64_t device;                    // the owner's ordinal (its own numbering: for messages)
+  int64_t device;                         // the owner's ordinal (its own numbering: for messages)
   char device_id[RCOLL_DEVICE_ID_BYTES];  // the GPU's identity on the host (PCI bus id)
   unsigned char ipc_handle[RCOLL_IPC_HANDLE_BYTES];
 };

@@ -32,8 +32,7 @@ void check(bool ok, const std::string& what, int rank) {
 }
 
 // Runs body(rank, communicator) on `world` threads that rendezvous through one store.
-void runWorld(int world, const std::string& name, int port,
-              const std::function<void(int, Communicator&)>& body) {
+void runWorld(int world, const std::string& name, int port, const std::function<void(int, Communicator&)>& body) {
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
@@ -168,7 +167,8 @@ void abortRace(int rank, Communicator& comm) {
   auto work = comm.allreduce(x.data(), x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
   auto p2p = comm.recv(x.data(), 4, DataType::kFloat32, (rank + 1) % comm.size(), 0);
   std::thread aborter;
-  if (rank == 0) aborter = std::thread([&] {
+  if (rank == 0)
+    aborter = std::thread([&] {
       std::this_thread::sleep_for(milliseconds(100));
       comm.abort("test abort");
     });

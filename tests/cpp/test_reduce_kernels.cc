@@ -59,8 +59,7 @@ double refHalfToDouble(uint16_t h) {
   const int mantissa = h & 0x3ff;
   double magnitude;
   if (exponent == 0x1f) {
-    magnitude = mantissa ? std::numeric_limits<double>::quiet_NaN()
-                         : std::numeric_limits<double>::infinity();
+    magnitude = mantissa ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
   } else if (exponent == 0) {
     magnitude = std::ldexp(mantissa, -24);
   } else {
@@ -74,8 +73,7 @@ double refBf16ToDouble(uint16_t h) {
   const int mantissa = h & 0x7f;
   double magnitude;
   if (exponent == 0xff) {
-    magnitude = mantissa ? std::numeric_limits<double>::quiet_NaN()
-                         : std::numeric_limits<double>::infinity();
+    magnitude = mantissa ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
   } else if (exponent == 0) {
     magnitude = std::ldexp(mantissa, -133);
   } else {
@@ -98,12 +96,11 @@ uint32_t refRoundMagnitude(double a, int mantissaBits, int bias) {
     return static_cast<uint32_t>(std::nearbyint(std::ldexp(a, mantissaBits - minNormalExp)));
   }
   int e2;
-  std::frexp(a, &e2);  // a = m * 2^e2, m in [0.5, 1)
+  std::frexp(a, &e2);    // a = m * 2^e2, m in [0.5, 1)
   const int e = e2 - 1;  // a in [2^e, 2^(e+1))
   // q in [2^mb, 2^(mb+1)]; q == 2^(mb+1) carries into the exponent.
   const double q = std::nearbyint(std::ldexp(a, mantissaBits - e));
-  const uint64_t bits = (static_cast<uint64_t>(e + bias - 1) << mantissaBits) +
-                        static_cast<uint64_t>(q);
+  const uint64_t bits = (static_cast<uint64_t>(e + bias - 1) << mantissaBits) + static_cast<uint64_t>(q);
   return bits >= infBits ? infBits : static_cast<uint32_t>(bits);
 }
 
@@ -121,9 +118,7 @@ uint16_t refFloatToBf16(float f) {
 
 uint32_t bitsOf(float f) { return floatToBits(f); }
 
-bool sameFloat(float x, float y) {
-  return (std::isnan(x) && std::isnan(y)) || bitsOf(x) == bitsOf(y);
-}
+bool sameFloat(float x, float y) { return (std::isnan(x) && std::isnan(y)) || bitsOf(x) == bitsOf(y); }
 
 bool floatIsQuietNan(float f) { return std::isnan(f) && (bitsOf(f) & 0x00400000u); }
 
@@ -142,16 +137,14 @@ void testHalfExhaustive() {
     const float f = halfToFloat(h);
     const double ref = refHalfToDouble(h);
     if (halfIsNan(h)) {
-      check(floatIsQuietNan(f) && std::signbit(f) == bool(h & 0x8000u),
-            "halfToFloat NaN " + hex(h));
+      check(floatIsQuietNan(f) && std::signbit(f) == bool(h & 0x8000u), "halfToFloat NaN " + hex(h));
       const uint16_t back = floatToHalf(f);
       check(halfIsNan(back) && (back & 0x0200u) && (back & 0x8000u) == (h & 0x8000u),
             "half NaN round trip " + hex(h) + " -> " + hex(back));
       // The top payload bits survive (quiet bit forced on).
       check((back & 0x01ffu) == (h & 0x01ffu), "half NaN payload " + hex(h));
     } else {
-      check(double(f) == ref && std::signbit(f) == std::signbit(ref),
-            "halfToFloat " + hex(h));
+      check(double(f) == ref && std::signbit(f) == std::signbit(ref), "halfToFloat " + hex(h));
       check(floatToHalf(f) == h, "half round trip " + hex(h));
     }
   }
@@ -168,8 +161,7 @@ void testBf16Exhaustive() {
             "bf16 NaN round trip " + hex(h) + " -> " + hex(back));
     } else {
       const double ref = refBf16ToDouble(h);
-      check(double(f) == ref && std::signbit(f) == std::signbit(ref),
-            "bfloat16ToFloat " + hex(h));
+      check(double(f) == ref && std::signbit(f) == std::signbit(ref), "bfloat16ToFloat " + hex(h));
       check(floatToBfloat16(f) == h, "bf16 round trip " + hex(h));
     }
   }
@@ -181,8 +173,7 @@ void checkFloatToHalf(float f) {
     check(halfIsNan(got) && (got & 0x0200u), "floatToHalf NaN " + hex(bitsOf(f)));
   } else {
     const uint16_t want = refFloatToHalf(f);
-    check(got == want, "floatToHalf " + hex(bitsOf(f)) + " got " + hex(got) + " want " +
-                           hex(want));
+    check(got == want, "floatToHalf " + hex(bitsOf(f)) + " got " + hex(got) + " want " + hex(want));
   }
 }
 
@@ -192,8 +183,7 @@ void checkFloatToBf16(float f) {
     check(bf16IsNan(got) && (got & 0x0040u), "floatToBfloat16 NaN " + hex(bitsOf(f)));
   } else {
     const uint16_t want = refFloatToBf16(f);
-    check(got == want, "floatToBfloat16 " + hex(bitsOf(f)) + " got " + hex(got) + " want " +
-                           hex(want));
+    check(got == want, "floatToBfloat16 " + hex(bitsOf(f)) + " got " + hex(got) + " want " + hex(want));
   }
 }
 
@@ -229,9 +219,8 @@ void testFloatToHalfRounding() {
     checkAroundMidpoint(lo, hi, checkFloatToHalf);
   }
   for (float f : {0.0f, -0.0f, INFINITY, -INFINITY, 65504.0f, 65519.99f, 65520.0f, 1e-8f,
-                  2.98023224e-8f /* 2^-25: ties to 0 */, 2.98023259e-8f, 5.96046448e-8f,
-                  6.10351562e-5f, std::numeric_limits<float>::denorm_min(),
-                  std::numeric_limits<float>::max()}) {
+                  2.98023224e-8f /* 2^-25: ties to 0 */, 2.98023259e-8f, 5.96046448e-8f, 6.10351562e-5f,
+                  std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::max()}) {
     checkFloatToHalf(f);
     checkFloatToHalf(-f);
   }
@@ -248,8 +237,7 @@ void testFloatToBf16Rounding() {
   }
   for (uint32_t h = 0; h < 0x7f80u; ++h) {
     const double lo = refBf16ToDouble(static_cast<uint16_t>(h));
-    const double hi = h + 1 == 0x7f80u ? std::ldexp(1.0, 128)
-                                       : refBf16ToDouble(static_cast<uint16_t>(h + 1));
+    const double hi = h + 1 == 0x7f80u ? std::ldexp(1.0, 128) : refBf16ToDouble(static_cast<uint16_t>(h + 1));
     if (h + 1 == 0x7f80u) {
       // The midpoint to "2^128" is not a float; FLT_MAX rounds up to inf.
       checkFloatToBf16(std::numeric_limits<float>::max());
@@ -289,15 +277,18 @@ template <typename F>
 F refFloatOp(ReduceOp op, F x, F y) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return x + y;
-    case ReduceOp::kProd: return x * y;
+    case ReduceOp::kAvg:
+      return x + y;
+    case ReduceOp::kProd:
+      return x * y;
     case ReduceOp::kMin:
       if (std::isnan(x) || std::isnan(y)) return std::numeric_limits<F>::quiet_NaN();
       return std::min(x, y);
     case ReduceOp::kMax:
       if (std::isnan(x) || std::isnan(y)) return std::numeric_limits<F>::quiet_NaN();
       return std::max(x, y);
-    default: break;
+    default:
+      break;
   }
   std::abort();
 }
@@ -309,14 +300,22 @@ T refIntOp(ReduceOp op, T x, T y) {
   using U = std::make_unsigned_t<T>;
   const uint64_t ux = static_cast<U>(x), uy = static_cast<U>(y);
   switch (op) {
-    case ReduceOp::kSum: return static_cast<T>(static_cast<U>(ux + uy));
-    case ReduceOp::kProd: return static_cast<T>(static_cast<U>(ux * uy));
-    case ReduceOp::kMin: return x < y ? x : y;
-    case ReduceOp::kMax: return x > y ? x : y;
-    case ReduceOp::kBand: return static_cast<T>(static_cast<U>(ux & uy));
-    case ReduceOp::kBor: return static_cast<T>(static_cast<U>(ux | uy));
-    case ReduceOp::kBxor: return static_cast<T>(static_cast<U>(ux ^ uy));
-    default: break;
+    case ReduceOp::kSum:
+      return static_cast<T>(static_cast<U>(ux + uy));
+    case ReduceOp::kProd:
+      return static_cast<T>(static_cast<U>(ux * uy));
+    case ReduceOp::kMin:
+      return x < y ? x : y;
+    case ReduceOp::kMax:
+      return x > y ? x : y;
+    case ReduceOp::kBand:
+      return static_cast<T>(static_cast<U>(ux & uy));
+    case ReduceOp::kBor:
+      return static_cast<T>(static_cast<U>(ux | uy));
+    case ReduceOp::kBxor:
+      return static_cast<T>(static_cast<U>(ux ^ uy));
+    default:
+      break;
   }
   std::abort();
 }
@@ -326,12 +325,16 @@ uint8_t refBoolOp(ReduceOp op, uint8_t x, uint8_t y) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kMax:
-    case ReduceOp::kBor: return bx || by;
+    case ReduceOp::kBor:
+      return bx || by;
     case ReduceOp::kProd:
     case ReduceOp::kMin:
-    case ReduceOp::kBand: return bx && by;
-    case ReduceOp::kBxor: return bx != by;
-    default: break;
+    case ReduceOp::kBand:
+      return bx && by;
+    case ReduceOp::kBxor:
+      return bx != by;
+    default:
+      break;
   }
   std::abort();
 }
@@ -390,18 +393,15 @@ float refBf16ToFloat(uint16_t h) { return static_cast<float>(refBf16ToDouble(h))
 
 // Writes the expected element and returns whether `got` matches it (NaN
 // matches any NaN of the same type).
-bool refElement(DataType dtype, ReduceOp op, const uint8_t* a, const uint8_t* b,
-                const uint8_t* got) {
+bool refElement(DataType dtype, ReduceOp op, const uint8_t* a, const uint8_t* b, const uint8_t* got) {
   switch (dtype) {
     case DataType::kFloat16: {
-      const float r = refFloatOp(op, refHalfToFloat(load<uint16_t>(a)),
-                                 refHalfToFloat(load<uint16_t>(b)));
+      const float r = refFloatOp(op, refHalfToFloat(load<uint16_t>(a)), refHalfToFloat(load<uint16_t>(b)));
       const uint16_t g = load<uint16_t>(got);
       return std::isnan(r) ? halfIsNan(g) : g == refFloatToHalf(r);
     }
     case DataType::kBFloat16: {
-      const float r = refFloatOp(op, refBf16ToFloat(load<uint16_t>(a)),
-                                 refBf16ToFloat(load<uint16_t>(b)));
+      const float r = refFloatOp(op, refBf16ToFloat(load<uint16_t>(a)), refBf16ToFloat(load<uint16_t>(b)));
       const uint16_t g = load<uint16_t>(got);
       return std::isnan(r) ? bf16IsNan(g) : g == refFloatToBf16(r);
     }
@@ -430,8 +430,10 @@ bool refElement(DataType dtype, ReduceOp op, const uint8_t* a, const uint8_t* b,
       return refIntOp(op, load<uint32_t>(a), load<uint32_t>(b)) == load<uint32_t>(got);
     case DataType::kUInt64:
       return refIntOp(op, load<uint64_t>(a), load<uint64_t>(b)) == load<uint64_t>(got);
-    case DataType::kFloat8E4M3FN: return refFloat8Element(kRefE4M3FN, op, a, b, got);
-    case DataType::kFloat8E5M2: return refFloat8Element(kRefE5M2, op, a, b, got);
+    case DataType::kFloat8E4M3FN:
+      return refFloat8Element(kRefE4M3FN, op, a, b, got);
+    case DataType::kFloat8E5M2:
+      return refFloat8Element(kRefE5M2, op, a, b, got);
   }
   return false;
 }
@@ -443,10 +445,14 @@ bool refElement(DataType dtype, ReduceOp op, const uint8_t* a, const uint8_t* b,
 float randomFloatValue() {
   const uint64_t r = randomBits();
   switch (r % 16) {
-    case 0: return std::numeric_limits<float>::quiet_NaN();
-    case 1: return (r & 16) ? INFINITY : -INFINITY;
-    case 2: return (r & 16) ? 0.0f : -0.0f;
-    case 3: return bitsToFloat(static_cast<uint32_t>(r >> 20));  // any bit pattern
+    case 0:
+      return std::numeric_limits<float>::quiet_NaN();
+    case 1:
+      return (r & 16) ? INFINITY : -INFINITY;
+    case 2:
+      return (r & 16) ? 0.0f : -0.0f;
+    case 3:
+      return bitsToFloat(static_cast<uint32_t>(r >> 20));  // any bit pattern
     default: {
       std::uniform_real_distribution<float> dist(-100.0f, 100.0f);
       return dist(gRng);
@@ -459,17 +465,17 @@ void fillRandom(DataType dtype, uint8_t* p, size_t count) {
     switch (dtype) {
       case DataType::kFloat16: {
         const uint64_t r = randomBits();
-        store<uint16_t>(p + 2 * i, (r & 3) == 0 ? static_cast<uint16_t>(r >> 16)
-                                                : floatToHalf(randomFloatValue()));
+        store<uint16_t>(p + 2 * i, (r & 3) == 0 ? static_cast<uint16_t>(r >> 16) : floatToHalf(randomFloatValue()));
         break;
       }
       case DataType::kBFloat16: {
         const uint64_t r = randomBits();
-        store<uint16_t>(p + 2 * i, (r & 3) == 0 ? static_cast<uint16_t>(r >> 16)
-                                                : floatToBfloat16(randomFloatValue()));
+        store<uint16_t>(p + 2 * i, (r & 3) == 0 ? static_cast<uint16_t>(r >> 16) : floatToBfloat16(randomFloatValue()));
         break;
       }
-      case DataType::kFloat32: store<float>(p + 4 * i, randomFloatValue()); break;
+      case DataType::kFloat32:
+        store<float>(p + 4 * i, randomFloatValue());
+        break;
       case DataType::kFloat64: {
         const uint64_t r = randomBits();
         store<double>(p + 8 * i, (r & 7) == 0 ? load<double>(reinterpret_cast<const uint8_t*>(&r))
@@ -491,8 +497,7 @@ void fillRandom(DataType dtype, uint8_t* p, size_t count) {
 }
 
 std::string comboName(DataType dtype, ReduceOp op, size_t count) {
-  return std::string(dataTypeName(dtype)) + "/" + reduceOpName(op) + "/n=" +
-         std::to_string(count);
+  return std::string(dataTypeName(dtype)) + "/" + reduceOpName(op) + "/n=" + std::to_string(count);
 }
 
 bool throwsInvalidArgument(DataType dtype, ReduceOp op) {
@@ -524,11 +529,10 @@ void checkCombo(DataType dtype, ReduceOp op, size_t count) {
     size_t bad = 0;
     for (size_t i = 0; i < count; ++i) {
       const size_t at = i * es;
-      const bool ok = refElement(dtype, op, a + at, b + at, out + at) &&
-                      refElement(dtype, op, a + at, b + at, io + at);
+      const bool ok = refElement(dtype, op, a + at, b + at, out + at) && refElement(dtype, op, a + at, b + at, io + at);
       if (!ok && ++bad == 1) {
-        check(false, comboName(dtype, op, count) + " offset " + std::to_string(offset) +
-                         " first mismatch at " + std::to_string(i));
+        check(false, comboName(dtype, op, count) + " offset " + std::to_string(offset) + " first mismatch at " +
+                         std::to_string(i));
       }
     }
   }
@@ -547,18 +551,15 @@ void testAllCombos() {
     }
   }
   // Out-of-range enum values are refused too (they may come off the wire).
-  check(throwsInvalidArgument(static_cast<DataType>(kNumDataTypes), ReduceOp::kSum),
-        "bad dtype throws");
-  check(throwsInvalidArgument(DataType::kFloat32, static_cast<ReduceOp>(kNumReduceOps)),
-        "bad op throws");
+  check(throwsInvalidArgument(static_cast<DataType>(kNumDataTypes), ReduceOp::kSum), "bad dtype throws");
+  check(throwsInvalidArgument(DataType::kFloat32, static_cast<ReduceOp>(kNumReduceOps)), "bad op throws");
 }
 
 // ---------------------------------------------------------------------------
 // Targeted cases.
 
 template <typename T>
-std::vector<T> reduceVec(const std::vector<T>& a, const std::vector<T>& b, DataType dtype,
-                         ReduceOp op) {
+std::vector<T> reduceVec(const std::vector<T>& a, const std::vector<T>& b, DataType dtype, ReduceOp op) {
   std::vector<T> out(a.size());
   reduceInto(out.data(), a.data(), b.data(), a.size(), dtype, op);
   return out;
@@ -653,8 +654,7 @@ void testScaleDivide() {
       scaleDivide(d.data(), count, DataType::kFloat64, divisor);
       for (size_t i = 0; i < count; ++i) {
         const double want = load<double>(&buf[8 * i]) / double(divisor);
-        check((std::isnan(want) && std::isnan(d[i])) || std::memcmp(&want, &d[i], 8) == 0,
-              "scale f64" + what);
+        check((std::isnan(want) && std::isnan(d[i])) || std::memcmp(&want, &d[i], 8) == 0, "scale f64" + what);
       }
 
       for (DataType dt : {DataType::kFloat16, DataType::kBFloat16}) {
@@ -689,8 +689,7 @@ void testScaleDivide() {
     }
     return false;
   };
-  for (DataType dt : {DataType::kInt8, DataType::kUInt8, DataType::kInt32, DataType::kInt64,
-                      DataType::kBool}) {
+  for (DataType dt : {DataType::kInt8, DataType::kUInt8, DataType::kInt32, DataType::kInt64, DataType::kBool}) {
     check(throwsOn(dt, 2), std::string("scaleDivide refuses ") + dataTypeName(dt));
   }
   check(throwsOn(DataType::kFloat32, 0), "scaleDivide refuses divisor 0");
@@ -724,7 +723,8 @@ void testHalfPathsAgree() {
         if (portable[i] == fast[i]) continue;
         if (isNan(a[i]) && isNan(b[i]) && isNan(portable[i]) && isNan(fast[i])) continue;
         ++bad;
-        if (bad <= 3) std::fprintf(stderr, "  %04x op %04x: portable %04x fast %04x\n", a[i], b[i], portable[i], fast[i]);
+        if (bad <= 3)
+          std::fprintf(stderr, "  %04x op %04x: portable %04x fast %04x\n", a[i], b[i], portable[i], fast[i]);
       }
       check(bad == 0, std::string("half paths differ: ") + dataTypeName(dtype) + " " + reduceOpName(op) + ": " +
                           std::to_string(bad) + " elements");

@@ -44,12 +44,12 @@ namespace {
 
 std::atomic<int> g_failures{0};
 
-#define CHECK(cond)                                                             \
-  do {                                                                          \
-    if (!(cond)) {                                                              \
+#define CHECK(cond)                                                                 \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
       std::fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
-      g_failures++;                                                             \
-    }                                                                           \
+      g_failures++;                                                                 \
+    }                                                                               \
   } while (0)
 
 constexpr uint64_t kCommId = 0x5eed5eed12345678ull;
@@ -134,13 +134,15 @@ using World = std::vector<std::unique_ptr<ShmTransport>>;
 // accepts the higher ones, on its own thread.
 World makeWorld(int n) {
   World world;
-  for (int r = 0; r < n; ++r) world.push_back(std::make_unique<ShmTransport>(makeInfo(r, n), Config::fromEnvironment(), "127.0.0.1"));
+  for (int r = 0; r < n; ++r)
+    world.push_back(std::make_unique<ShmTransport>(makeInfo(r, n), Config::fromEnvironment(), "127.0.0.1"));
   const auto deadline = Clock::now() + std::chrono::seconds(30);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       try {
-        for (int p = 0; p < r; ++p) world[static_cast<size_t>(r)]->connect(p, world[static_cast<size_t>(p)]->listenAddress(), deadline);
+        for (int p = 0; p < r; ++p)
+          world[static_cast<size_t>(r)]->connect(p, world[static_cast<size_t>(p)]->listenAddress(), deadline);
         for (int k = r + 1; k < n; ++k) {
           int peer = world[static_cast<size_t>(r)]->accept(deadline);
           CHECK(peer > r && peer < n);
@@ -205,8 +207,7 @@ void testPeerDies(bool kill) {
   // Consume what the child writes while it lives; learn from the pipe when it dies (or kill it then).
   const auto limit = Clock::now() + std::chrono::seconds(10);
   int64_t death_ns = 0, failed_ns = 0;
-  while ((recv->state == Request::State::kPending || send->state == Request::State::kPending) &&
-         Clock::now() < limit) {
+  while ((recv->state == Request::State::kPending || send->state == Request::State::kPending) && Clock::now() < limit) {
     t0->progress(milliseconds(20));
     if (recv->state != Request::State::kPending && failed_ns == 0) failed_ns = monotonicNs();
     pollfd p{pipe_fds[0], POLLIN, 0};
@@ -376,7 +377,8 @@ void testManySmallInOrder(const World& w, const std::vector<int>& ranks, int mes
             const int i = next_send[k]++;
             Flight f{p, i, nullptr, std::vector<uint8_t>(size_of(rank, i))};
             for (size_t j = 0; j < f.buf.size(); ++j) f.buf[j] = pattern(rank, i, j);
-            f.request = t.isend(p, header(rank, static_cast<uint64_t>(i) + 1, f.buf.size()), f.buf.data(), f.buf.size());
+            f.request =
+                t.isend(p, header(rank, static_cast<uint64_t>(i) + 1, f.buf.size()), f.buf.data(), f.buf.size());
             sends[k].push_back(std::move(f));
           }
           // Every 2000 messages this rank stops receiving for a moment.
@@ -472,7 +474,9 @@ void testMismatch() {
 
 void testAbort() {
   World w = makeWorld(2);
-  const std::string text = "rank 0 saw trouble: \xC3\xBC\xC3\xB1\xC3\xAF\xC3\xA7\xC3\xB6" "d\xC3\xA9 (op #7)";
+  const std::string text =
+      "rank 0 saw trouble: \xC3\xBC\xC3\xB1\xC3\xAF\xC3\xA7\xC3\xB6"
+      "d\xC3\xA9 (op #7)";
   std::vector<uint8_t> dst(1000);
   TransportFailure seen;
   double waited = 0;
@@ -539,8 +543,10 @@ void testInterruptAndIdle() {
   w[0]->interrupt();
   sleeper.join();
   CHECK(r->state == Request::State::kPending);
-  std::printf("idle progress(1000 ms): returned after %.0f ms, %.2f ms of CPU; interrupted progress(): woke after "
-              "%.0f ms, %.2f ms of CPU\n", idle_wall * 1e3, idle_cpu * 1e3, slept * 1e3, cpu * 1e3);
+  std::printf(
+      "idle progress(1000 ms): returned after %.0f ms, %.2f ms of CPU; interrupted progress(): woke after "
+      "%.0f ms, %.2f ms of CPU\n",
+      idle_wall * 1e3, idle_cpu * 1e3, slept * 1e3, cpu * 1e3);
   CHECK(idle_wall >= 0.99 && idle_wall < 3.0);
   CHECK(idle_cpu < 0.05);  // asleep, not spinning
   CHECK(slept < 5.0);
@@ -660,10 +666,11 @@ void timing(bool sanitized) {
     best_seg = std::max(best_seg, transfer(size_t{1} << 20));
   }
   CHECK(std::memcmp(src.data(), dst.data(), total) == 0);
-  std::printf("timing%s (ring %zu KiB per direction): 8-byte ping-pong %.2f us round trip; 64 MiB one way: "
-              "%.2f GB/s as one message, %.2f GB/s as 1 MiB segments\n",
-              sanitized ? " under a sanitizer (not representative)" : "", w[0]->ringBytes() >> 10, rtt * 1e6,
-              best_whole, best_seg);
+  std::printf(
+      "timing%s (ring %zu KiB per direction): 8-byte ping-pong %.2f us round trip; 64 MiB one way: "
+      "%.2f GB/s as one message, %.2f GB/s as 1 MiB segments\n",
+      sanitized ? " under a sanitizer (not representative)" : "", w[0]->ringBytes() >> 10, rtt * 1e6, best_whole,
+      best_seg);
 }
 
 }  // namespace

@@ -35,12 +35,12 @@ namespace {
 
 std::atomic<int> g_failures{0};
 
-#define EXPECT(cond)                                                          \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
+#define EXPECT(cond)                                                                 \
+  do {                                                                               \
+    if (!(cond)) {                                                                   \
       std::fprintf(stderr, "%s:%d: EXPECT failed: %s\n", __FILE__, __LINE__, #cond); \
-      g_failures++;                                                           \
-    }                                                                         \
+      g_failures++;                                                                  \
+    }                                                                                \
   } while (0)
 
 const char* kHost = "127.0.0.1";
@@ -110,8 +110,7 @@ void rawSend(int fd, const std::vector<uint8_t>& data) {
 bool closedByPeer(int fd, std::chrono::milliseconds timeout) {
   auto deadline = Clock::now() + timeout;
   for (;;) {
-    int left = static_cast<int>(
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+    int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
     if (left <= 0) return false;
     pollfd pfd{fd, POLLIN, 0};
     if (::poll(&pfd, 1, left) <= 0) continue;
@@ -144,8 +143,7 @@ void testConcurrentClients(int port) {
           client.add("conc/counter", 1);
           // A key another thread sets: wait for it (bounded).
           std::string other = "conc/" + std::to_string((t + 1) % kThreads) + "/" + std::to_string(i);
-          EXPECT(text(client.get(other, 5000ms)) ==
-                 "v" + std::to_string(((t + 1) % kThreads) * 1000 + i));
+          EXPECT(text(client.get(other, 5000ms)) == "v" + std::to_string(((t + 1) % kThreads) * 1000 + i));
         }
       } catch (const std::exception& e) {
         std::fprintf(stderr, "thread %d: %s\n", t, e.what());
@@ -503,8 +501,7 @@ int main() {
       std::fprintf(stderr, "%s: uncaught exception: %s\n", t.name, e.what());
       g_failures++;
     }
-    std::printf("%s %s (%.0f ms)\n", g_failures.load() == before ? "PASS" : "FAIL", t.name,
-                msSince(start));
+    std::printf("%s %s (%.0f ms)\n", g_failures.load() == before ? "PASS" : "FAIL", t.name, msSince(start));
   }
   server.reset();
   if (g_failures.load() != 0) {

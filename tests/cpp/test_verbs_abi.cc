@@ -21,34 +21,34 @@ int checked = 0;
 }  // namespace
 
 // The same value for a constant.
-#define SAME_VALUE(name)                                                                    \
-  static_assert(static_cast<long long>(::name) == static_cast<long long>(rcoll::name),      \
-                "verbs_abi.h: " #name " differs from rdma-core's");                         \
+#define SAME_VALUE(name)                                                               \
+  static_assert(static_cast<long long>(::name) == static_cast<long long>(rcoll::name), \
+                "verbs_abi.h: " #name " differs from rdma-core's");                    \
   ++checked
 
 // The same size for a structure rcoll allocates and the library reads.
-#define SAME_SIZE(type)                                                                     \
-  static_assert(sizeof(::type) == sizeof(rcoll::type), "verbs_abi.h: sizeof " #type " differs"); \
+#define SAME_SIZE(type)                                                                             \
+  static_assert(sizeof(::type) == sizeof(rcoll::type), "verbs_abi.h: sizeof " #type " differs");    \
   static_assert(alignof(::type) == alignof(rcoll::type), "verbs_abi.h: alignof " #type " differs"); \
   ++checked
 
 // Room for at least what the library writes (structures it only fills).
-#define ROOM_FOR(type)                                                                      \
+#define ROOM_FOR(type)                                                                                        \
   static_assert(sizeof(::type) <= sizeof(rcoll::type), "verbs_abi.h: " #type " is smaller than rdma-core's"); \
   ++checked
 
 // The same offset and size for a field.
-#define SAME_FIELD(type, field)                                                             \
-  static_assert(offsetof(::type, field) == offsetof(rcoll::type, field),                    \
-                "verbs_abi.h: offset of " #type "::" #field " differs");                    \
+#define SAME_FIELD(type, field)                                                                    \
+  static_assert(offsetof(::type, field) == offsetof(rcoll::type, field),                           \
+                "verbs_abi.h: offset of " #type "::" #field " differs");                           \
   static_assert(sizeof(std::declval<::type>().field) == sizeof(std::declval<rcoll::type>().field), \
-                "verbs_abi.h: size of " #type "::" #field " differs");                     \
+                "verbs_abi.h: size of " #type "::" #field " differs");                             \
   ++checked
 
 // The same offset only: a table rcoll declares the leading entries of.
-#define SAME_OFFSET(type, field)                                                            \
-  static_assert(offsetof(::type, field) == offsetof(rcoll::type, field),                    \
-                "verbs_abi.h: offset of " #type "::" #field " differs");                    \
+#define SAME_OFFSET(type, field)                                         \
+  static_assert(offsetof(::type, field) == offsetof(rcoll::type, field), \
+                "verbs_abi.h: offset of " #type "::" #field " differs"); \
   ++checked
 
 int main() {

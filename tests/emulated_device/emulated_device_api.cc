@@ -214,7 +214,8 @@ int ipcHandle(void* ptr, void* handle) {
   {
     std::lock_guard<std::mutex> lock(g_mappings_mutex);
     auto it = g_mappings.find(ptr);
-    if (it == g_mappings.end() || it->second.fd < 0) return failWith("ipc_handle of an address device_alloc did not return");
+    if (it == g_mappings.end() || it->second.fd < 0)
+      return failWith("ipc_handle of an address device_alloc did not return");
     h.fd = it->second.fd;
     h.bytes = it->second.bytes;
   }

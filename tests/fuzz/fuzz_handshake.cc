@@ -61,7 +61,7 @@ struct Hello {
 };
 #pragma pack(pop)
 static_assert(sizeof(Hello) == 44, "the handshake is 44 bytes");
-constexpr size_t kIdentityBytes = 40;  // everything before lane and lanes
+constexpr size_t kIdentityBytes = 40;         // everything before lane and lanes
 constexpr uint32_t kHelloMagic = 0x53484352;  // "RCHS"
 
 Hello validHello() {
@@ -90,8 +90,7 @@ bool countsSocketsDifferently(const uint8_t* bytes, size_t n) {
   Hello valid = validHello();
   Hello got;
   std::memcpy(&got, bytes, sizeof(got));
-  return std::memcmp(bytes, &valid, kIdentityBytes) == 0 && got.lanes >= 2 && got.lanes <= 64 &&
-         got.lane < got.lanes;
+  return std::memcmp(bytes, &valid, kIdentityBytes) == 0 && got.lanes >= 2 && got.lanes <= 64 && got.lane < got.lanes;
 }
 
 int connectTo(int port) {
@@ -200,8 +199,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   TcpTransport transport(rcoll_fuzz::connectInfo(), Config(), "127.0.0.1");
   std::string host;
   int port = 0;
-  FUZZ_CHECK(splitHostPort(transport.listenAddress(), &host, &port) && host == "127.0.0.1",
-             "listenAddress() = '%s'", transport.listenAddress().c_str());
+  FUZZ_CHECK(splitHostPort(transport.listenAddress(), &host, &port) && host == "127.0.0.1", "listenAddress() = '%s'",
+             transport.listenAddress().c_str());
 
   int client = connectTo(port);
   size_t sent = sendSome(client, out.data(), out.size());

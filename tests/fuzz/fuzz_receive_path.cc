@@ -48,10 +48,9 @@ constexpr uint8_t kSpinCheck = 0x10;      // with nothing posted, progress() mus
 constexpr uint8_t kReleaseOne = 0x20;     // release the last early receive while it is pending
 constexpr int kChunkShift = 6;            // bits 6-7: bytes per write(): all, 1, 7, 64
 
-constexpr OpKind kKinds[] = {OpKind::kAllreduce, OpKind::kAllgather,     OpKind::kBroadcast,
-                             OpKind::kReduceScatter, OpKind::kBarrier,   OpKind::kReduce,
-                             OpKind::kGather,    OpKind::kScatter,       OpKind::kAllToAll,
-                             OpKind::kPointToPoint};
+constexpr OpKind kKinds[] = {OpKind::kAllreduce, OpKind::kAllgather,   OpKind::kBroadcast, OpKind::kReduceScatter,
+                             OpKind::kBarrier,   OpKind::kReduce,      OpKind::kGather,    OpKind::kScatter,
+                             OpKind::kAllToAll,  OpKind::kPointToPoint};
 constexpr size_t kNumKinds = sizeof(kKinds) / sizeof(kKinds[0]);
 constexpr size_t kHeader = sizeof(WireHeader);
 constexpr size_t kMaxAbortText = 4096;  // tcp_transport.cc: kMaxAbortMessage
@@ -67,14 +66,22 @@ bool isValidUtf8(const std::string& s) {
   while (i < n) {
     const unsigned b = static_cast<uint8_t>(s[i]);
     size_t len = 0;
-    if (b <= 0x7F) len = 1;
-    else if (b >= 0xC2 && b <= 0xDF && in(1, 0x80, 0xBF)) len = 2;
-    else if (b == 0xE0 && in(1, 0xA0, 0xBF) && in(2, 0x80, 0xBF)) len = 3;
-    else if (((b >= 0xE1 && b <= 0xEC) || b == 0xEE || b == 0xEF) && in(1, 0x80, 0xBF) && in(2, 0x80, 0xBF)) len = 3;
-    else if (b == 0xED && in(1, 0x80, 0x9F) && in(2, 0x80, 0xBF)) len = 3;
-    else if (b == 0xF0 && in(1, 0x90, 0xBF) && in(2, 0x80, 0xBF) && in(3, 0x80, 0xBF)) len = 4;
-    else if (b >= 0xF1 && b <= 0xF3 && in(1, 0x80, 0xBF) && in(2, 0x80, 0xBF) && in(3, 0x80, 0xBF)) len = 4;
-    else if (b == 0xF4 && in(1, 0x80, 0x8F) && in(2, 0x80, 0xBF) && in(3, 0x80, 0xBF)) len = 4;
+    if (b <= 0x7F)
+      len = 1;
+    else if (b >= 0xC2 && b <= 0xDF && in(1, 0x80, 0xBF))
+      len = 2;
+    else if (b == 0xE0 && in(1, 0xA0, 0xBF) && in(2, 0x80, 0xBF))
+      len = 3;
+    else if (((b >= 0xE1 && b <= 0xEC) || b == 0xEE || b == 0xEF) && in(1, 0x80, 0xBF) && in(2, 0x80, 0xBF))
+      len = 3;
+    else if (b == 0xED && in(1, 0x80, 0x9F) && in(2, 0x80, 0xBF))
+      len = 3;
+    else if (b == 0xF0 && in(1, 0x90, 0xBF) && in(2, 0x80, 0xBF) && in(3, 0x80, 0xBF))
+      len = 4;
+    else if (b >= 0xF1 && b <= 0xF3 && in(1, 0x80, 0xBF) && in(2, 0x80, 0xBF) && in(3, 0x80, 0xBF))
+      len = 4;
+    else if (b == 0xF4 && in(1, 0x80, 0x8F) && in(2, 0x80, 0xBF) && in(3, 0x80, 0xBF))
+      len = 4;
     if (len == 0) return false;
     i += len;
   }
@@ -95,10 +102,10 @@ WireHeader expectedHeader(const uint8_t* cfg, uint64_t seq) {
 struct Outcome {
   bool done = false;
   ErrorKind kind = ErrorKind::kPeer;
-  std::string message;      // exact, unless `contains` is set
-  bool contains = false;    // message must contain `message`
-  bool prefix = false;      // message must start with `message` (an abort text that is not UTF-8)
-  size_t payload_at = 0;    // done: where its payload starts in the stream
+  std::string message;    // exact, unless `contains` is set
+  bool contains = false;  // message must contain `message`
+  bool prefix = false;    // message must start with `message` (an abort text that is not UTF-8)
+  size_t payload_at = 0;  // done: where its payload starts in the stream
 };
 
 // What the protocol says must happen to each receive, in posting order, when
@@ -126,8 +133,8 @@ std::vector<Outcome> model(const std::vector<WireHeader>& expected, const uint8_
       const uint64_t announced = h.bytes;  // a copy: std::min must not bind to a packed field
       size_t len = static_cast<size_t>(std::min<uint64_t>(std::min<uint64_t>(announced, kMaxAbortText), avail));
       std::string text(reinterpret_cast<const char*>(s + pos + kHeader), len);
-      failure.kind = h.error_kind == static_cast<uint8_t>(ErrorKind::kMismatch) ? ErrorKind::kMismatch
-                                                                                 : ErrorKind::kPeer;
+      failure.kind =
+          h.error_kind == static_cast<uint8_t>(ErrorKind::kMismatch) ? ErrorKind::kMismatch : ErrorKind::kPeer;
       text = text.c_str();  // the message is built with %s
       failure.message = "rank 1 failed: ";
       // Valid UTF-8 arrives as sent; anything else is made valid (replaced), which isValidUtf8 checks below.
@@ -192,8 +199,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t* stream = data + cfg_bytes;
   const size_t stream_len = size - cfg_bytes;
   static const size_t kChunks[] = {0, 1, 7, 64};
-  const size_t chunk = kChunks[flags >> kChunkShift] == 0 ? std::max<size_t>(stream_len, 1)
-                                                          : kChunks[flags >> kChunkShift];
+  const size_t chunk =
+      kChunks[flags >> kChunkShift] == 0 ? std::max<size_t>(stream_len, 1) : kChunks[flags >> kChunkShift];
 
   std::vector<Posted> posted(n_early + 1);
   std::vector<WireHeader> expected;
@@ -280,8 +287,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Phase 2: one more receive, posted late, then everything must finish.
   post(n_early);
   for (size_t iter = 0; iter < max_iters && pending(n_early + 1); ++iter) pump();
-  FUZZ_CHECK(!pending(n_early + 1), "a receive is still pending after the whole stream and EOF (%zu of %zu bytes written)",
-             written, stream_len);
+  FUZZ_CHECK(!pending(n_early + 1),
+             "a receive is still pending after the whole stream and EOF (%zu of %zu bytes written)", written,
+             stream_len);
 
   static const bool verbose = std::getenv("RCOLL_FUZZ_VERBOSE") != nullptr;
   for (size_t i = 0; i <= n_early; ++i) {
@@ -295,8 +303,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     if (w.done) {
       std::string why = state == Request::State::kFailed ? transport->failure(p.request).message : "";
-      FUZZ_CHECK(state == Request::State::kDone, "receive %zu: the model says done, the transport says failed: %s",
-                 i, why.c_str());
+      FUZZ_CHECK(state == Request::State::kDone, "receive %zu: the model says done, the transport says failed: %s", i,
+                 why.c_str());
       FUZZ_CHECK(std::memcmp(p.buffer.get(), stream + w.payload_at, p.expected.bytes) == 0,
                  "receive %zu: payload differs from the stream's bytes", i);
     } else {
@@ -312,7 +320,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                          : w.prefix ? f.message.compare(0, w.message.size(), w.message) == 0
                                     : f.message == w.message;
       FUZZ_CHECK(as_expected, "receive %zu failed with\n  '%s'\nexpected %s\n  '%s'", i, f.message.c_str(),
-                 w.contains ? "a message containing" : w.prefix ? "a message starting with" : "", w.message.c_str());
+                 w.contains ? "a message containing"
+                 : w.prefix ? "a message starting with"
+                            : "",
+                 w.message.c_str());
     }
     transport->release(p.request);
   }

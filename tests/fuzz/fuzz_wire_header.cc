@@ -39,8 +39,8 @@ bool hasRoot(uint8_t kind) {
 
 // A header makeHeader() could have produced for a collective.
 bool wellFormed(const WireHeader& h) {
-  bool kind_ok = h.kind >= static_cast<uint8_t>(OpKind::kAllreduce) &&
-                 h.kind <= static_cast<uint8_t>(OpKind::kPointToPoint);
+  bool kind_ok =
+      h.kind >= static_cast<uint8_t>(OpKind::kAllreduce) && h.kind <= static_cast<uint8_t>(OpKind::kPointToPoint);
   if (!kind_ok || !isValidDataType(h.dtype)) return false;
   if (reduces(h.kind) ? !isValidReduceOp(h.reduce_op) : h.reduce_op != 0) return false;
   if (!hasRoot(h.kind) && h.root != 0) return false;
@@ -114,13 +114,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (got.magic == kWireMagic && got.version == kWireVersion && got.comm_id == expected.comm_id &&
       !sameOp(expected, got) && wellFormed(expected) && wellFormed(got)) {
     // Two real ops that differ: the message must let a reader tell them apart.
-    std::string mine = describeOp(opFromHeader(expected)) + strFormat(" as op #%llu",
-                                                                       static_cast<unsigned long long>(expected.seq));
+    std::string mine =
+        describeOp(opFromHeader(expected)) + strFormat(" as op #%llu", static_cast<unsigned long long>(expected.seq));
     std::string theirs = got_desc + strFormat(" as op #%llu", static_cast<unsigned long long>(got.seq));
-    bool alltoall_counts = got.kind == static_cast<uint8_t>(OpKind::kAllToAll) && got.kind == expected.kind &&
-                           got.count != expected.count;
-    FUZZ_CHECK(mine != theirs || alltoall_counts,
-               "different ops described identically ('%s'): '%s'", mine.c_str(), msg.c_str());
+    bool alltoall_counts =
+        got.kind == static_cast<uint8_t>(OpKind::kAllToAll) && got.kind == expected.kind && got.count != expected.count;
+    FUZZ_CHECK(mine != theirs || alltoall_counts, "different ops described identically ('%s'): '%s'", mine.c_str(),
+               msg.c_str());
   }
   return 0;
 }

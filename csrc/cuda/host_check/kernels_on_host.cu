@@ -63,9 +63,12 @@ bool isNanBits(DataType dtype, const uint8_t* p) {
       std::memcpy(&v, p, 8);
       return std::isnan(v);
     }
-    case DataType::kFloat8E4M3FN: return (p[0] & 0x7fu) == 0x7fu;
-    case DataType::kFloat8E5M2: return (p[0] & 0x7fu) > 0x7cu;
-    default: return false;
+    case DataType::kFloat8E4M3FN:
+      return (p[0] & 0x7fu) == 0x7fu;
+    case DataType::kFloat8E5M2:
+      return (p[0] & 0x7fu) > 0x7cu;
+    default:
+      return false;
   }
 }
 
@@ -142,16 +145,13 @@ void checkReduce(DataType dtype, ReduceOp op, std::mt19937_64& rng) {
         uint8_t* b = bufB.at(kSlack + layout.b * size);
         if (bytes) std::memcpy(a, inA.data(), bytes);
         if (bytes) std::memcpy(b, inB.data(), bytes);
-        uint8_t* out = layout.out == kAliasA   ? a
-                       : layout.out == kAliasB ? b
-                                               : bufOut.at(kSlack + layout.out * size);
+        uint8_t* out = layout.out == kAliasA ? a : layout.out == kAliasB ? b : bufOut.at(kSlack + layout.out * size);
         auto run = [&](auto type, auto f) {
           using T = typename decltype(type)::type;
           const Split split = splitForPacks(count, sizeof(T), {out, a, b});
-          const bool same = reinterpret_cast<uintptr_t>(out) % kPackBytes ==
-                                reinterpret_cast<uintptr_t>(a) % kPackBytes &&
-                            reinterpret_cast<uintptr_t>(a) % kPackBytes ==
-                                reinterpret_cast<uintptr_t>(b) % kPackBytes;
+          const bool same =
+              reinterpret_cast<uintptr_t>(out) % kPackBytes == reinterpret_cast<uintptr_t>(a) % kPackBytes &&
+              reinterpret_cast<uintptr_t>(a) % kPackBytes == reinterpret_cast<uintptr_t>(b) % kPackBytes;
           if (!splitIsSound(split, count, perPack, same)) return false;
           for (size_t t = 0; t < threads; ++t) {
             binaryRange<T>(t, threads, reinterpret_cast<T*>(out), reinterpret_cast<const T*>(a),
@@ -159,23 +159,21 @@ void checkReduce(DataType dtype, ReduceOp op, std::mt19937_64& rng) {
           }
           return true;
         };
-        const bool ran = floating ? visitFloatingReduce(dtype, op, run, false)
-                                  : visitIntegralReduce(dtype, op, run, false);
+        const bool ran =
+            floating ? visitFloatingReduce(dtype, op, run, false) : visitIntegralReduce(dtype, op, run, false);
         ++g_cases;
         const long bad = ran ? firstMismatch(dtype, out, want.data(), count) : -2;
         if (bad != -1) {
           if (++g_failures <= 20) {
-            std::printf("FAIL reduce %s %s count=%zu layout=%s (%zd,%zd,%zd) threads=%zu: %s\n",
-                        dataTypeName(dtype), reduceOpName(op), count, layout.name,
-                        static_cast<ssize_t>(layout.out), static_cast<ssize_t>(layout.a),
-                        static_cast<ssize_t>(layout.b), threads,
-                        bad == -2 ? "bad split or not in the table"
-                                  : ("element " + std::to_string(bad) + ": a=" +
-                                     hexBytes(inA.data() + bad * size, size) + " b=" +
-                                     hexBytes(inB.data() + bad * size, size) + " got=" +
-                                     hexBytes(out + bad * size, size) + " want=" +
-                                     hexBytes(want.data() + bad * size, size))
-                                        .c_str());
+            std::printf("FAIL reduce %s %s count=%zu layout=%s (%zd,%zd,%zd) threads=%zu: %s\n", dataTypeName(dtype),
+                        reduceOpName(op), count, layout.name, static_cast<ssize_t>(layout.out),
+                        static_cast<ssize_t>(layout.a), static_cast<ssize_t>(layout.b), threads,
+                        bad == -2
+                            ? "bad split or not in the table"
+                            : ("element " + std::to_string(bad) + ": a=" + hexBytes(inA.data() + bad * size, size) +
+                               " b=" + hexBytes(inB.data() + bad * size, size) + " got=" +
+                               hexBytes(out + bad * size, size) + " want=" + hexBytes(want.data() + bad * size, size))
+                                  .c_str());
           }
         }
       }
@@ -206,8 +204,8 @@ void checkScaleDivide(DataType dtype, std::mt19937_64& rng) {
             return true;
           };
           ++g_cases;
-          const long bad = visitScaleDivide(dtype, divisor, run, false) ? firstMismatch(dtype, p, want.data(), count)
-                                                                        : -2;
+          const long bad =
+              visitScaleDivide(dtype, divisor, run, false) ? firstMismatch(dtype, p, want.data(), count) : -2;
           if (bad != -1 && ++g_failures <= 20) {
             std::printf("FAIL scale_divide %s /%zu count=%zu offset=%zu threads=%zu: element %ld\n",
                         dataTypeName(dtype), divisor, count, offset, threads, bad);
