@@ -109,11 +109,11 @@ def kernels(torch, byte_sizes, iters):
             # Two timings: "kernel" is the GPU's own time (a replayed CUDA
             # graph), what the kernels cost inside a collective; "call" is
             # one Python call after another, host launch cost included.
-            copy = time_graph(torch, lambda: dst.copy_(a), iters)
+            copy = time_graph(torch, lambda dst=dst, a=a: dst.copy_(a), iters)
             copy_bw = 2 * n * es / copy
-            for op, torch_fn in (("sum", lambda: torch.add(a, b, out=dst)),
-                                 ("max", lambda: torch.maximum(a, b, out=dst))):
-                ours_fn = lambda: rcoll.cuda.reduce(dst, a, b, op)  # noqa: E731
+            for op, torch_fn in (("sum", lambda a=a, b=b, dst=dst: torch.add(a, b, out=dst)),
+                                 ("max", lambda a=a, b=b, dst=dst: torch.maximum(a, b, out=dst))):
+                ours_fn = lambda dst=dst, a=a, b=b, op=op: rcoll.cuda.reduce(dst, a, b, op)  # noqa: E731
                 ours, theirs = time_graph(torch, ours_fn, iters), time_graph(torch, torch_fn, iters)
                 ours_call, theirs_call = time_gpu(torch, ours_fn, iters), time_gpu(torch, torch_fn, iters)
                 bw, torch_bw = 3 * n * es / ours, 3 * n * es / theirs

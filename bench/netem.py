@@ -329,7 +329,8 @@ def run_backend(cluster, backend, world, cfg, timeout, base_env, port):
             per_rank = sweep.collect_rank_files(tmp, world, f"{backend} world {world}")
         except sweep.LauncherFailed as exc:
             if timed_out and failed_at is None:
-                raise sweep.LauncherFailed(f"{backend} world {world} did not finish within {timeout} s\n{exc}") from None
+                raise sweep.LauncherFailed(
+                    f"{backend} world {world} did not finish within {timeout} s\n{exc}") from None
             raise
     moved = {r: (after[r][0] - before[r][0], after[r][1] - before[r][1]) for r in range(world)}
     return sweep.merge(per_rank, world), moved
@@ -410,7 +411,8 @@ def main(argv=None):
     p.add_argument("--min-bytes", default="1M")
     p.add_argument("--max-bytes", default="64M")
     p.add_argument("--factor", type=float, default=4.0)
-    p.add_argument("--iters", type=int, default=0, help="timed iterations (default: adaptive, as in python -m rcoll bench)")
+    p.add_argument("--iters", type=int, default=0,
+                   help="timed iterations (default: adaptive, as in python -m rcoll bench)")
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--dtype", default="float32", help="float32 (default), float64, float16, bfloat16, int32, int64")
     p.add_argument("--link-seconds", type=float, default=1.0, help="length of the link check (0: skip it)")
@@ -429,7 +431,8 @@ def main(argv=None):
         cleanup_leftovers()
         return 0
     if sweep is None:
-        print(f"error: cannot import rcoll.sweep ({_SWEEP_IMPORT_ERROR}); install rcoll or set PYTHONPATH=<checkout>/python",
+        print(f"error: cannot import rcoll.sweep ({_SWEEP_IMPORT_ERROR}); "
+              "install rcoll or set PYTHONPATH=<checkout>/python",
               file=sys.stderr)
         return 2
     if args.dtype not in sweep.DTYPES:

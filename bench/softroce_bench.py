@@ -66,11 +66,11 @@ def rank_main(rank, world, sizes, iters, ops):
             n = size // 4
             if op == "allreduce":
                 buf = np.full(n, rank + 1, np.float32)
-                call = lambda: comm.allreduce(buf)  # noqa: E731
+                call = lambda buf=buf: comm.allreduce(buf)  # noqa: E731
             else:
                 src = np.full(n // world, rank + 1, np.float32)
                 dst = np.empty(world * (n // world), np.float32)
-                call = lambda: comm.allgather(src, out=dst)  # noqa: E731
+                call = lambda src=src, dst=dst: comm.allgather(src, out=dst)  # noqa: E731
             call()  # warm-up: connections, registrations
             comm.barrier()
             start = time.perf_counter()

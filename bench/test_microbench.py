@@ -139,9 +139,9 @@ class PeerPair:
                 msg = self.replies.get(timeout=0.5)
             except queue.Empty:
                 if not self.proc.is_alive():
-                    raise RuntimeError(f"the rank-1 peer died (exit code {self.proc.exitcode})")
+                    raise RuntimeError(f"the rank-1 peer died (exit code {self.proc.exitcode})") from None
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"the rank-1 peer did not answer within {REPLY_TIMEOUT} s")
+                    raise RuntimeError(f"the rank-1 peer did not answer within {REPLY_TIMEOUT} s") from None
                 continue
             if msg[0] == "error":
                 raise RuntimeError(msg[1])

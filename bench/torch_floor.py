@@ -100,7 +100,7 @@ def _rank_main(rank, world, sizes, iters, warmup):
         for nbytes in sizes:
             t = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
             dist.barrier() if backend != "noop" else None
-            med, p10 = _time(lambda: dist.all_reduce(t), iters if backend != "gloo" else max(500, iters // 20),
+            med, p10 = _time(lambda t=t: dist.all_reduce(t), iters if backend != "gloo" else max(500, iters // 20),
                              warmup)
             results.append({"path": f"torch {backend}", "bytes": nbytes, "median_us": med, "p10_us": p10})
         dist.destroy_process_group()
@@ -109,7 +109,7 @@ def _rank_main(rank, world, sizes, iters, warmup):
     for nbytes in sizes:
         x = np.ones(max(1, nbytes // 4), np.float32)
         comm.barrier()
-        med, p10 = _time(lambda: comm.allreduce(x), iters, warmup)
+        med, p10 = _time(lambda x=x: comm.allreduce(x), iters, warmup)
         results.append({"path": "rcoll numpy", "bytes": nbytes, "median_us": med, "p10_us": p10})
     comm.shutdown()
     return results

@@ -305,6 +305,7 @@ def main(argv=None):
     try:
         import torch  # noqa: F401
         import torch.distributed as dist  # noqa: F401
+
         from rcoll import spawn
     except ImportError as exc:
         print(f"error: needs torch and rcoll ({exc}); run with PYTHONPATH=<repo>/python", file=sys.stderr)

@@ -45,10 +45,10 @@ except ImportError:  # running from a source checkout without PYTHONPATH
     sys.path.insert(0, os.path.join(ROOT, "python"))
 
 import numpy as np  # noqa: E402
+from reference import DTYPES, OPS, differences, make_input, reduce_reference, same, supported  # noqa: E402
 
 import rcoll  # noqa: E402,F811
 from rcoll import spawn  # noqa: E402
-from reference import DTYPES, OPS, differences, make_input, reduce_reference, same, supported  # noqa: E402
 
 SMALL_MAX = 4096                      # elements
 LARGE_MIN, LARGE_MAX = 256 << 10, 8 << 20  # bytes

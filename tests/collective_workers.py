@@ -7,9 +7,9 @@ import os
 import time
 
 import numpy as np
+from reference import DTYPES, OPS, differences, make_input, reduce_reference, same, supported
 
 import rcoll
-from reference import DTYPES, OPS, differences, make_input, reduce_reference, same, supported
 
 
 def sizes_for(world):
@@ -181,7 +181,7 @@ def streamed_messages(rank, world, n_ops=300):
         n = sizes[i % len(sizes)]
         a = np.full(n, i if rank == 0 else -1, dtype=np.float32)
         handles.append((i, a, comm.broadcast(a, 0, async_op=True)))
-    for i, a, h in handles:
+    for i, _a, h in handles:
         got = h.wait(timeout=60)
         if got.size and not (got == i).all():
             failures.append(f"broadcast {i} ({got.size} elements): got {got[:3]} expected {i}")

@@ -29,3 +29,14 @@ def emulated_device_runtime():
     if directory not in sys.path:
         sys.path.insert(0, directory)
     return EMULATED_DEVICE
+
+
+def every_rank_passed(results) -> int:
+    """Checks the (cases, failures) every rank of a sweep returned: each rank
+    ran cases and none failed. Returns the number of cases checked."""
+    total = 0
+    for rank, (cases, failures) in enumerate(results):
+        assert cases > 0, f"rank {rank} checked nothing"
+        assert failures == [], f"rank {rank}: {len(failures)} failures, first: {failures[:5]}"
+        total += cases
+    return total

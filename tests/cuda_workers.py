@@ -7,10 +7,10 @@ back to the CPU only to be compared exactly.
 """
 import torch
 import torch.distributed as dist
-
-import rcoll.torch_backend  # noqa: F401
 from device_workers import expected_path
 from torch_workers import DTYPES, OPS, _input, _reference, _same, _supported
+
+import rcoll.torch_backend  # noqa: F401
 
 
 def _check_path(world, failures):

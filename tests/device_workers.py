@@ -12,11 +12,11 @@ import os
 import time
 
 import numpy as np
+from collective_workers import _a2a_block
+from reference import DTYPES, OPS, differences, make_input, reduce_reference, same, supported
 
 import rcoll
 from rcoll import _core
-from collective_workers import _a2a_block
-from reference import DTYPES, OPS, differences, make_input, reduce_reference, same, supported
 
 
 class HostBackedDeviceArray:

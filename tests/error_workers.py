@@ -4,9 +4,9 @@ import threading
 import time
 
 import numpy as np
+from collective_workers import open_sockets
 
 import rcoll
-from collective_workers import open_sockets
 
 
 def _outcome(fn):

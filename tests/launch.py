@@ -8,9 +8,9 @@ by how every one of its processes ended.
 from __future__ import annotations
 
 import contextlib
-import socket
 import os
 import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -46,7 +46,8 @@ def write_script(tmp_path: Path, body: str, name: str = "job.py") -> Path:
 
 def check_rank_output(label: str, stdout: str, stderr: str, allow: Sequence[str] = ()) -> None:
     """Fails unless the rank printed DONE and nothing but allowed lines on stderr."""
-    assert DONE in stdout, f"{label} did not reach the end of its script\nstdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-3000:]}"
+    assert DONE in stdout, (f"{label} did not reach the end of its script\n"
+                            f"stdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-3000:]}")
     allowed = [re.compile(a) for a in allow]
     bad = [line for line in stderr.splitlines()
            if line.strip() and not any(a.search(line) for a in allowed)]

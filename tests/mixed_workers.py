@@ -5,9 +5,9 @@ import signal
 import time
 
 import numpy as np
+from reference import DTYPES, make_input, same
 
 import rcoll
-from reference import DTYPES, make_input, same
 
 
 def report(rank, world):

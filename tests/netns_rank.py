@@ -9,8 +9,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import rcoll  # noqa: E402
 from reference import DTYPES, make_input, reduce_reference, same  # noqa: E402
+
+import rcoll  # noqa: E402
 
 
 def main():

@@ -21,6 +21,7 @@ def run_bench(args, tmp_path):
                           text=True, timeout=400, env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
 
+@pytest.mark.slow  # a full bench sweep beside Gloo
 @pytest.mark.timeout(450)
 def test_bench_runs_every_backend_and_checks_every_result(tmp_path):
     pytest.importorskip("torch")

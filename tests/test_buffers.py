@@ -1,11 +1,10 @@
 """The numpy-facing helpers of the small-op path (python/rcoll/_buffers.py)."""
 import numpy as np
 import pytest
+from reference import BFLOAT16, DTYPES
 
 from rcoll import _core
 from rcoll._buffers import address, dtype_code
-
-from reference import BFLOAT16, DTYPES
 
 
 class _Subclass(np.ndarray):
@@ -55,7 +54,8 @@ def test_allreduce_array_fast_path_takes_plain_arrays_and_declines_the_rest():
     comm = rcoll.Communicator(0, 1, master_addr="127.0.0.1", master_port=spawn.free_port(), timeout=30)
     try:
         for dtype in DTYPES:
-            builtin = dtype.num < 256  # extension dtypes (bfloat16, float8; NPY_USERDEF on): the full path finds them by name
+            # extension dtypes (bfloat16, float8; NPY_USERDEF on): the full path finds them by name
+            builtin = dtype.num < 256
             for shape in [(0,), (1,), (7,), (3, 5), ()]:
                 a = np.ones(shape, dtype)
                 assert comm._comm.allreduce_array(a, "sum", None) == builtin, (dtype, shape)

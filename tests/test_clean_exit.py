@@ -13,9 +13,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 import launch
+import pytest
 
 REPEATS = 20
 
@@ -87,6 +86,7 @@ torch = pytest.importorskip("torch")
 JOURNEYS = Path(__file__).parent / "journeys"
 
 
+@pytest.mark.slow  # 20 torchrun jobs
 @pytest.mark.parametrize("destroy", [True, False], ids=["destroy_process_group", "no_destroy"])
 def test_ddp_job_under_torchrun_exits_cleanly_with_busy_cpus(destroy, tmp_path):
     # 10 jobs each, 20 in all: an exit race that shows 1 time in 20 fails this.

@@ -1,10 +1,9 @@
 """Every collective x dtype x reduce op x size x world size (x root), exact against numpy."""
+import collective_workers as w
 import pytest
+from conftest import SMALL_CHUNKS, every_rank_passed
 
 from rcoll import spawn
-
-import collective_workers as w
-from conftest import SMALL_CHUNKS
 
 WORLDS = [1, 2, 3, 4, 8]
 
@@ -40,13 +39,6 @@ def transport(request, monkeypatch):
     return request.param
 
 
-def _check(results):
-    total = 0
-    for rank, (cases, failures) in enumerate(results):
-        assert cases > 0
-        assert failures == [], f"rank {rank}: {len(failures)} failures, first: {failures[:5]}"
-        total += cases
-    return total
 
 
 @WINDOW_OPS
@@ -54,7 +46,7 @@ def _check(results):
 @pytest.mark.parametrize("chunks", ["default", "small"])
 def test_allreduce_matrix(world, chunks):
     env = SMALL_CHUNKS if chunks == "small" else {}
-    _check(spawn.run(w.allreduce_sweep, world, timeout=240, env=env))
+    every_rank_passed(spawn.run(w.allreduce_sweep, world, timeout=240, env=env))
 
 
 # The windows' large-step path (each rank reduces one slice, the others copy it)
@@ -63,7 +55,7 @@ def test_allreduce_matrix(world, chunks):
 @pytest.mark.parametrize("world", WORLDS[1:])
 def test_allreduce_matrix_window_slices(world):
     env = dict(SMALL_CHUNKS, RCOLL_SHM_COLL_DIRECT_BYTES="0")
-    _check(spawn.run(w.allreduce_sweep, world, timeout=240, env=env))
+    every_rank_passed(spawn.run(w.allreduce_sweep, world, timeout=240, env=env))
 
 
 # Both allreduce algorithms over the whole matrix: recursive doubling forced for
@@ -77,7 +69,7 @@ ALGORITHMS = {"recursive_doubling": "1G", "ring": "0"}
                          [("ring", 3), ("ring", 8)])
 def test_allreduce_algorithms(world, algorithm):
     env = dict(SMALL_CHUNKS, RCOLL_ALLREDUCE_RD_BYTES=ALGORITHMS[algorithm])
-    _check(spawn.run(w.allreduce_sweep, world, timeout=240, env=env))
+    every_rank_passed(spawn.run(w.allreduce_sweep, world, timeout=240, env=env))
 
 
 @WINDOW_OPS
@@ -96,40 +88,40 @@ def test_allreduce_same_bits_on_every_rank(world, algorithm, transport):
 @WINDOW_OPS
 @pytest.mark.parametrize("world", WORLDS)
 def test_reduce_scatter_matrix(world):
-    _check(spawn.run(w.reduce_scatter_sweep, world, timeout=240, env=SMALL_CHUNKS))
+    every_rank_passed(spawn.run(w.reduce_scatter_sweep, world, timeout=240, env=SMALL_CHUNKS))
 
 
 @WINDOW_OPS
 @pytest.mark.parametrize("world", WORLDS)
 def test_allgather_matrix(world):
-    _check(spawn.run(w.allgather_sweep, world, timeout=240, env=SMALL_CHUNKS))
+    every_rank_passed(spawn.run(w.allgather_sweep, world, timeout=240, env=SMALL_CHUNKS))
 
 
 @WINDOW_OPS
 @pytest.mark.parametrize("world", WORLDS)
 def test_broadcast_matrix(world):
-    _check(spawn.run(w.broadcast_sweep, world, timeout=240, env=SMALL_CHUNKS))
+    every_rank_passed(spawn.run(w.broadcast_sweep, world, timeout=240, env=SMALL_CHUNKS))
 
 
 @WINDOW_OPS
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_large_buffers_default_chunks(world):
-    _check(spawn.run(w.large_sweep, world, timeout=240))
+    every_rank_passed(spawn.run(w.large_sweep, world, timeout=240))
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_large_rooted_and_alltoall_default_chunks(world):
-    _check(spawn.run(w.large_rooted_sweep, world, timeout=240))
+    every_rank_passed(spawn.run(w.large_rooted_sweep, world, timeout=240))
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_many_async_ops_in_flight(world):
-    _check(spawn.run(w.async_many, world, timeout=120))
+    every_rank_passed(spawn.run(w.async_many, world, timeout=120))
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_streamed_messages_queued_in_the_sockets(world):
-    _check(spawn.run(w.streamed_messages, world, timeout=120))
+    every_rank_passed(spawn.run(w.streamed_messages, world, timeout=120))
 
 
 # Several sockets per pair: the k-th message to a peer takes socket k mod 3 on
@@ -142,7 +134,7 @@ def test_streamed_messages_queued_in_the_sockets(world):
                                    "alltoall_sweep", "large_sweep", "streamed_messages", "async_many"])
 def test_several_sockets_per_peer(world, sweep):
     env = SMALL_CHUNKS if sweep.endswith("_sweep") and sweep != "large_sweep" else None
-    _check(spawn.run(getattr(w, sweep), world, timeout=240, env=env))
+    every_rank_passed(spawn.run(getattr(w, sweep), world, timeout=240, env=env))
 
 
 @pytest.mark.transports(["tcp"])
@@ -168,39 +160,39 @@ def test_rendezvous_through_a_caller_supplied_store(world):
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_reduce_matrix(world):
-    _check(spawn.run(w.reduce_sweep, world, timeout=240, env=SMALL_CHUNKS))
+    every_rank_passed(spawn.run(w.reduce_sweep, world, timeout=240, env=SMALL_CHUNKS))
 
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_gather_matrix(world):
-    _check(spawn.run(w.gather_sweep, world, timeout=240, env=SMALL_CHUNKS))
+    every_rank_passed(spawn.run(w.gather_sweep, world, timeout=240, env=SMALL_CHUNKS))
 
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_scatter_matrix(world):
-    _check(spawn.run(w.scatter_sweep, world, timeout=240, env=SMALL_CHUNKS))
+    every_rank_passed(spawn.run(w.scatter_sweep, world, timeout=240, env=SMALL_CHUNKS))
 
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_alltoall_matrix(world):
-    _check(spawn.run(w.alltoall_sweep, world, timeout=240, env=SMALL_CHUNKS))
+    every_rank_passed(spawn.run(w.alltoall_sweep, world, timeout=240, env=SMALL_CHUNKS))
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_point_to_point(world):
-    _check(spawn.run(w.point_to_point, world, timeout=180))
+    every_rank_passed(spawn.run(w.point_to_point, world, timeout=180))
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_recv_from_any_source(world):
-    _check(spawn.run(w.recv_from_any, world, timeout=180))
+    every_rank_passed(spawn.run(w.recv_from_any, world, timeout=180))
 
 
 @pytest.mark.transports(["shm"])
 def test_recv_from_any_source_across_emulated_hosts():
     """Shared memory inside each host, TCP between them: one composite transport."""
     env = {"RCOLL_TRANSPORT": "auto", "RCOLL_HOSTID": ["a", "a", "b", "b"]}
-    _check(spawn.run(w.recv_from_any, 4, timeout=180, env=env))
+    every_rank_passed(spawn.run(w.recv_from_any, 4, timeout=180, env=env))
 
 
 @pytest.mark.transports(["shm"])

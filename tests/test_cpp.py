@@ -4,9 +4,8 @@ import os
 import shutil
 import subprocess
 
-import pytest
-
 import optional
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(ROOT, "csrc")
@@ -39,6 +38,7 @@ CASES = [(name, "asan+ubsan") for name in sorted(UNITS)] + [
     ("test_tcp_store", "tsan"), ("test_communicator", "tsan"), ("test_mr_cache", "tsan")]
 
 
+@pytest.mark.slow  # each unit built and run under ASan/UBSan and TSan
 @pytest.mark.skipif(shutil.which(CXX) is None, reason=f"no C++ compiler ({CXX}) on PATH")
 @pytest.mark.parametrize("name,sanitizer", CASES)
 def test_cpp_unit(name, sanitizer, tmp_path):

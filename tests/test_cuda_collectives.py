@@ -6,6 +6,7 @@ missing otherwise. Two ranks may share one GPU. The same data path without a
 GPU (its orchestration, on an emulated device) is tests/test_device_collectives.py.
 """
 import pytest
+from conftest import every_rank_passed
 
 from rcoll import spawn
 
@@ -43,27 +44,23 @@ def transport(request, monkeypatch):
     return request.param
 
 
-def _ok(results):
-    for rank, (cases, failures) in enumerate(results):
-        assert cases > 0
-        assert failures == [], f"rank {rank}: {failures[:5]}"
 
 
 def test_all_reduce_every_dtype_and_op_against_torch():
     import cuda_workers as w
-    _ok(spawn.run(w.all_reduce_matrix, 2, timeout=300))
+    every_rank_passed(spawn.run(w.all_reduce_matrix, 2, timeout=300))
 
 
 def test_all_gather_broadcast_reduce_scatter():
     import cuda_workers as w
-    _ok(spawn.run(w.other_collectives, 2, timeout=300))
+    every_rank_passed(spawn.run(w.other_collectives, 2, timeout=300))
 
 
 def test_stream_semantics_without_device_synchronize():
     import cuda_workers as w
-    _ok(spawn.run(w.stream_semantics, 2, timeout=300))
+    every_rank_passed(spawn.run(w.stream_semantics, 2, timeout=300))
 
 
 def test_numpy_level_api_on_torch_cuda_tensors():
     import cuda_workers as w
-    _ok(spawn.run(w.numpy_api_with_torch_tensors, 2, timeout=300))
+    every_rank_passed(spawn.run(w.numpy_api_with_torch_tensors, 2, timeout=300))

@@ -13,13 +13,12 @@ What this does NOT check is CUDA: the kernels (tests/test_cuda.py), real
 copies, real streams and torch CUDA tensors (tests/test_cuda_collectives.py,
 which needs a GPU).
 """
+import device_workers as w
 import pytest
+from conftest import EMULATED_DEVICE as EMULATE
+from conftest import SMALL_CHUNKS, every_rank_passed
 
 from rcoll import spawn
-
-import device_workers as w
-from conftest import EMULATED_DEVICE as EMULATE
-from conftest import SMALL_CHUNKS
 
 pytestmark = pytest.mark.usefixtures("emulated_device_runtime")
 OPS_CALLED = ("allreduce", "allgather", "broadcast")
@@ -36,10 +35,6 @@ def transport(request, monkeypatch):
     return request.param
 
 
-def _check(results):
-    for rank, (cases, failures) in enumerate(results):
-        assert cases > 0
-        assert failures == [], f"rank {rank}: {len(failures)} failures, first: {failures[:5]}"
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -48,40 +43,40 @@ def test_allreduce_every_dtype_and_op(world, chunks):
     # small: many segments and steps, and the sliced IPC allreduce (direct 0).
     small = dict(SMALL_CHUNKS, RCOLL_CUDA_IPC_DIRECT_BYTES="0")
     env = dict(EMULATE, **(small if chunks == "small" else {}))
-    _check(spawn.run(w.allreduce_sweep, world, timeout=240, env=env))
+    every_rank_passed(spawn.run(w.allreduce_sweep, world, timeout=240, env=env))
 
 
 def test_world_of_one_copies_and_divides_on_the_device(transport):
     if transport == "tcp":
         pytest.skip("a world of one has no transport")
-    _check(spawn.run(w.allreduce_sweep, 1, timeout=120, env=EMULATE))
+    every_rank_passed(spawn.run(w.allreduce_sweep, 1, timeout=120, env=EMULATE))
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_allgather(world):
-    _check(spawn.run(w.allgather_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
+    every_rank_passed(spawn.run(w.allgather_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_broadcast_from_every_root(world):
-    _check(spawn.run(w.broadcast_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
+    every_rank_passed(spawn.run(w.broadcast_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_reduce_scatter(world):
-    _check(spawn.run(w.reduce_scatter_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
+    every_rank_passed(spawn.run(w.reduce_scatter_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_reduce_gather_scatter_from_every_root(world):
-    _check(spawn.run(w.rooted_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
+    every_rank_passed(spawn.run(w.rooted_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_alltoall(world, transport):
     if world == 1 and transport == "tcp":
         pytest.skip("a world of one has no transport")
-    _check(spawn.run(w.alltoall_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
+    every_rank_passed(spawn.run(w.alltoall_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
 
 
 def test_alltoall_argument_errors_name_the_rank(transport):
@@ -97,17 +92,17 @@ def test_alltoall_argument_errors_name_the_rank(transport):
 @pytest.mark.parametrize("world", [2, 3])
 def test_one_staging_slot_per_direction_cannot_deadlock(world):
     env = dict(EMULATE, **SMALL_CHUNKS, RCOLL_PIPELINE_SLOTS="1")
-    _check(spawn.run(w.every_collective_once, world, timeout=120, env=env))
+    every_rank_passed(spawn.run(w.every_collective_once, world, timeout=120, env=env))
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_the_op_waits_for_work_queued_on_the_callers_stream(world):
-    _check(spawn.run(w.waits_for_the_callers_stream, world, timeout=120, env=dict(EMULATE, **SMALL_CHUNKS)))
+    every_rank_passed(spawn.run(w.waits_for_the_callers_stream, world, timeout=120, env=dict(EMULATE, **SMALL_CHUNKS)))
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_device_and_host_ops_in_flight_together(world):
-    _check(spawn.run(w.many_async, world, timeout=120, env=dict(EMULATE, **SMALL_CHUNKS)))
+    every_rank_passed(spawn.run(w.many_async, world, timeout=120, env=dict(EMULATE, **SMALL_CHUNKS)))
 
 
 @pytest.mark.parametrize("world", [2, 3])

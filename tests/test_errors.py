@@ -7,13 +7,11 @@ import sys
 import threading
 import time
 
+import error_workers as w
 import pytest
 
 import rcoll
 from rcoll import _core, spawn
-
-import error_workers as w
-
 
 # The local ranks of these tests share memory: "windows" is the default path
 # there (csrc/shm/shm_collectives.h: the ranks compare step descriptors),

@@ -1,12 +1,11 @@
 """float8_e4m3fn and float8_e5m2 (csrc/float8.h): every pair of values, every
 reduce op, bit for bit against ml_dtypes, which rounds as torch's Tensor.to()
 does (nearest-even; not saturating: e4m3fn overflows to NaN, e5m2 to inf)."""
+import float8_workers as w
 import numpy as np
 import pytest
 
 from rcoll import spawn
-
-import float8_workers as w
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 

@@ -15,9 +15,8 @@ import re
 import shutil
 import subprocess
 
-import pytest
-
 import optional
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(ROOT, "csrc")
@@ -26,8 +25,10 @@ SECONDS = int(os.environ.get("RCOLL_FUZZ_SECONDS", "60"))
 
 # target -> the core sources it links (no Python, no pybind11)
 TARGETS = {
-    "fuzz_receive_path": ["tcp_transport.cc", "peer_listener.cc", "socket_util.cc", "wire.cc", "dtype.cc", "error.cc", "log.cc", "config.cc"],
-    "fuzz_handshake": ["tcp_transport.cc", "peer_listener.cc", "socket_util.cc", "wire.cc", "dtype.cc", "error.cc", "log.cc", "config.cc"],
+    "fuzz_receive_path": ["tcp_transport.cc", "peer_listener.cc", "socket_util.cc", "wire.cc", "dtype.cc", "error.cc",
+                          "log.cc", "config.cc"],
+    "fuzz_handshake": ["tcp_transport.cc", "peer_listener.cc", "socket_util.cc", "wire.cc", "dtype.cc", "error.cc",
+                       "log.cc", "config.cc"],
     "fuzz_wire_header": ["wire.cc", "dtype.cc", "error.cc"],
 }
 # extra libFuzzer options per target
@@ -40,7 +41,8 @@ INSTALL_HINT = ("the fuzz tests need clang with its sanitizer and libFuzzer runt
                 "`sudo apt-get install clang libclang-rt-14-dev` (Debian 12; or the libclang-rt-NN-dev matching "
                 "your clang), or set RCOLL_FUZZ_CXX to a clang++")
 
-pytestmark = pytest.mark.skipif(SECONDS <= 0, reason="RCOLL_FUZZ_SECONDS=0: fuzzing disabled")
+pytestmark = [pytest.mark.slow,  # each target runs RCOLL_FUZZ_SECONDS
+              pytest.mark.skipif(SECONDS <= 0, reason="RCOLL_FUZZ_SECONDS=0: fuzzing disabled")]
 
 
 def fuzzing_compiler():

@@ -6,9 +6,12 @@ import re
 import statistics
 import time
 
+import kill_workers as w
+import pytest
+
 from rcoll import spawn
 
-import kill_workers as w
+pytestmark = pytest.mark.slow  # kill -9 mid-collective, then waits out the detection
 
 WORLD = 4
 TRIALS = 20

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # rebuilds the core under ASan/UBSan, reruns three suites (~10 min)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -3,10 +3,9 @@ matrices run over it in test_collectives.py, DDP in test_torch.py."""
 import os
 
 import pytest
+import shm_workers as w
 
 from rcoll import spawn
-
-import shm_workers as w
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

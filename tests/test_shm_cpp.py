@@ -11,12 +11,14 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # builds the transport under ASan/UBSan and TSan
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(ROOT, "csrc")
 CXX = os.environ.get("CXX", "g++")
 
-SOURCES = ["shm/shm_transport.cc", "shm/shm_setup.cc", "side_channel.cc", "peer_listener.cc", "socket_util.cc", "wire.cc",
-           "dtype.cc", "error.cc", "log.cc", "config.cc"]
+SOURCES = ["shm/shm_transport.cc", "shm/shm_setup.cc", "side_channel.cc", "peer_listener.cc", "socket_util.cc",
+           "wire.cc", "dtype.cc", "error.cc", "log.cc", "config.cc"]
 SANITIZERS = {
     "asan+ubsan": ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"],
     "tsan": ["-fsanitize=thread"],

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "soak.py")
 
@@ -21,6 +23,7 @@ def _load_soak():
     return module
 
 
+@pytest.mark.slow  # a reduced soak: many jobs in a row
 def test_soak_reduced(tmp_path, capsys):
     out = tmp_path / "soak.json"
     cmd = [sys.executable, SCRIPT, "--world", "3", "--small-ops", "3000", "--large-ops", "20", "--seed", "7",

@@ -1,10 +1,11 @@
 """The Soft-RoCE guest boots and has working ibverbs (scripts/softroce/guest.py)."""
 
 
-import pytest
-
 import optional
+import pytest
 from softroce import SOFTROCE_HINT, guest_available, run_guest_check
+
+pytestmark = pytest.mark.slow  # boots a QEMU guest
 
 # Boot + setup + checks take ~30 s on an idle 2-core machine, several times that
 # when it is busy; the guest itself is bounded by GUEST_TIMEOUT_S.

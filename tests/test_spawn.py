@@ -2,10 +2,9 @@
 import time
 
 import pytest
+import spawn_workers as w
 
 from rcoll import spawn
-
-import spawn_workers as w
 
 
 def test_returns_every_ranks_result():

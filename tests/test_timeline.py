@@ -2,10 +2,9 @@
 import json
 
 import pytest
+import timeline_workers as w
 
 from rcoll import spawn
-
-import timeline_workers as w
 
 
 # RCOLL_SHM_COLL=1: the shared-window collectives (each rank reduces from every

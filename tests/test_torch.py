@@ -8,25 +8,20 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from rcoll import spawn  # noqa: E402
-
 import torch_workers as w  # noqa: E402
+from conftest import every_rank_passed  # noqa: E402
 
-
-def _ok(results):
-    for rank, (cases, failures) in enumerate(results):
-        assert cases > 0
-        assert failures == [], f"rank {rank}: {failures[:5]}"
+from rcoll import spawn  # noqa: E402
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_all_reduce_every_dtype_and_op(world):
-    _ok(spawn.run(w.all_reduce_matrix, world, timeout=180))
+    every_rank_passed(spawn.run(w.all_reduce_matrix, world, timeout=180))
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_every_other_collective(world):
-    _ok(spawn.run(w.collectives_tour, world, timeout=180))
+    every_rank_passed(spawn.run(w.collectives_tour, world, timeout=180))
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -124,7 +119,7 @@ def test_import_torch_stays_working_and_cheap_with_rcoll_installed():
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_point_to_point(world):
-    _ok(spawn.run(w.p2p_tour, world, timeout=180))
+    every_rank_passed(spawn.run(w.p2p_tour, world, timeout=180))
 
 
 def test_fsdp2_fully_shard_matches_gloo_bit_for_bit_at_world_2():

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # torch's own DistributedTest selection
+
 pytest.importorskip("torch")
 pytest.importorskip("expecttest")  # torch's test utilities need it (the `test` extra installs it)
 

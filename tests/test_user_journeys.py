@@ -8,9 +8,10 @@ numpy-API launcher jobs 20 each (they are quick); the other torch jobs a few
 times each (each costs seconds of torch start-up per rank)."""
 from pathlib import Path
 
+import launch
 import pytest
 
-import launch
+pytestmark = pytest.mark.slow  # whole jobs under torchrun and launchers, beside busy CPUs
 
 JOURNEYS = Path(__file__).parent / "journeys"
 

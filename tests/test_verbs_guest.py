@@ -9,10 +9,11 @@ a guest that cannot start is a failure: CI must not pass by skipping it.
 import re
 import sys
 
-import pytest
-
 import optional
+import pytest
 from softroce import SOFTROCE_HINT, guest_available, in_guest, run_in_guest
+
+pytestmark = pytest.mark.slow  # the verbs suite in a QEMU guest (~15 min)
 
 GUEST_TIMEOUT_S = 3600  # TCG emulation: the suite takes ~25 min on a busy 2-core machine
 

@@ -151,8 +151,8 @@ def collectives_tour(rank, world):
     inp = torch.arange(world * 2, dtype=torch.float64) * (rank + 1)
     out = torch.empty(2, dtype=torch.float64)
     dist.reduce_scatter_tensor(out, inp, op=dist.ReduceOp.MAX)
-    check("reduce_scatter_tensor max", torch.equal(out, torch.arange(world * 2, dtype=torch.float64)[rank * 2:
-                                                                                                   rank * 2 + 2] * world))
+    check("reduce_scatter_tensor max",
+          torch.equal(out, torch.arange(world * 2, dtype=torch.float64)[rank * 2:rank * 2 + 2] * world))
     # ... into non-contiguous outputs (copied back; the elements in between untouched)
     backing = torch.full((world * 6,), -1.0)
     dist.all_gather_into_tensor(backing[::2], torch.full((3,), float(rank)))
@@ -307,6 +307,7 @@ def mismatch(rank, world):
 def ddp_training(rank, world, backend, steps, hook, bucket_view, seed=0):
     """Trains a small model with DDP over `backend`; returns the final parameters."""
     from datetime import timedelta
+
     from torch.nn.parallel import DistributedDataParallel as DDP
     dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=60))
     torch.manual_seed(seed)
@@ -338,6 +339,7 @@ def ddp_training(rank, world, backend, steps, hook, bucket_view, seed=0):
 def ddp_peer_dies(rank, world):
     """A DDP job whose last rank dies: the survivors get a Python error, not a crash or a hang."""
     from datetime import timedelta
+
     from torch.nn.parallel import DistributedDataParallel as DDP
     dist.init_process_group("rcoll", init_method="env://", timeout=timedelta(seconds=30))
     model = DDP(torch.nn.Linear(256, 256))
@@ -416,6 +418,7 @@ def p2p_tour(rank, world):
 def fsdp_training(rank, world, backend, steps=3):
     """fully_shard (FSDP2) on CPU: sharded parameters, all-gather and reduce-scatter every step."""
     from datetime import timedelta
+
     from torch.distributed.fsdp import fully_shard
     dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=60))
     torch.manual_seed(0)
@@ -547,7 +550,7 @@ def any_dtype_tour(rank, world):
         mine = _pattern(rank, dtype, n)
         every = [_pattern(r, dtype, n) for r in range(world)]
 
-        def check(name, got, want):
+        def check(name, got, want, dtype=dtype):
             if not torch.equal(_bytes(got), _bytes(want)):
                 failures.append(f"{dtype} {name}")
 
@@ -572,7 +575,8 @@ def any_dtype_tour(rank, world):
         a2a_in = torch.cat([_bytes(_pattern(10 * rank + r, dtype, 2)) for r in range(world)]).view(dtype)
         a2a_out = torch.empty_like(a2a_in)
         dist.all_to_all_single(a2a_out, a2a_in)
-        check("all_to_all_single", a2a_out, torch.cat([_bytes(_pattern(10 * r + rank, dtype, 2)) for r in range(world)]).view(dtype))
+        check("all_to_all_single", a2a_out,
+              torch.cat([_bytes(_pattern(10 * r + rank, dtype, 2)) for r in range(world)]).view(dtype))
         if world > 1:
             if rank == 0:
                 dist.send(mine, dst=1)

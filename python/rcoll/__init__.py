@@ -10,6 +10,7 @@ With torch: torch.distributed.init_process_group(backend="rcoll") (no import nee
 Errors are rcoll.RcollError subclasses: TimeoutError, PeerError, MismatchError,
 ConfigError, InvalidArgumentError (also a ValueError) and AbortedError.
 """
+from . import _core
 from ._core import (  # noqa: F401
     AbortedError,
     ConfigError,
@@ -19,7 +20,6 @@ from ._core import (  # noqa: F401
     RcollError,
     TimeoutError,
 )
-from . import _core
 
 __version__ = "0.1.0"
 

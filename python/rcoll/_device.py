@@ -35,7 +35,8 @@ def ensure_runtime(rank: int, opname: str) -> str:
             runtime = importlib.import_module(module)
         except ImportError as error:
             built_without = ("rcoll was built without its CUDA module (nvcc was not found at build time)"
-                             if module == "rcoll._cuda" else "RCOLL_DEVICE_RUNTIME names a module that cannot be imported")
+                             if module == "rcoll._cuda"
+                             else "RCOLL_DEVICE_RUNTIME names a module that cannot be imported")
             raise _core.InvalidArgumentError(
                 f"rank {rank}: {opname}: the buffer is in GPU memory but the device runtime {module} is not "
                 f"available: {built_without}: {error}") from None

@@ -7,9 +7,9 @@ from typing import Optional
 import numpy as np
 
 from . import _core, _device
-from ._registrations import RegistrationTracker
 from ._buffers import address, as_array, dtype_code, reduce_op_code
 from ._environment import launcher_store, resolve
+from ._registrations import RegistrationTracker
 
 
 class Handle:

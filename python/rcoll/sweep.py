@@ -517,7 +517,7 @@ def run_mpi(backend, world, cfg, timeout, extra=()):
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-            raise LauncherFailed(f"mpirun did not finish within {timeout} s (killed)")
+            raise LauncherFailed(f"mpirun did not finish within {timeout} s (killed)") from None
         try:
             per_rank = collect_rank_files(tmp, world, f"mpirun ({backend})")
         except LauncherFailed as exc:
@@ -706,7 +706,8 @@ def fmt_table(results, backends, world, args, ceiling):
                 line += f" | {'-':>{w}}"
         lines.append(line)
     # peak busbw per op and backend, as a fraction of the socket ceiling
-    lines.append("# peak busbw per op (GB/s)" + (" and (% of the socket ceiling both ways at once per direction / % of one way)" if ceiling else ""))
+    lines.append("# peak busbw per op (GB/s)"
+                 + (" and (% of the socket ceiling both ways at once per direction / % of one way)" if ceiling else ""))
     for op in OPS:
         parts = []
         for b in backends:
@@ -867,7 +868,8 @@ def main(argv=None):
     cfg = {"ops": ops, "sizes": sizes, "iters": args.iters, "warmup": args.warmup, "dtype": args.dtype,
            "async": args.async_ops, "op_timeout": args.op_timeout}
     results, errors, durations = {}, {}, {}
-    rank_env = {} if "RCOLL_CONNECT_TIMEOUT" in os.environ else {"RCOLL_CONNECT_TIMEOUT": str(int(args.connect_timeout))}
+    rank_env = ({} if "RCOLL_CONNECT_TIMEOUT" in os.environ
+                else {"RCOLL_CONNECT_TIMEOUT": str(int(args.connect_timeout))})
     info["rank_env"] = rank_env
     # With --repeats R the backends take turns R times (a, b, a, b, ...), so that
     # a slow spell of the machine hits every backend alike; each row is then the

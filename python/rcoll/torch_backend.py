@@ -306,7 +306,7 @@ class _FinishedWork(RcollWork):
     _finished = True
     _core_works = ()
 
-    def __init__(self, result):  # noqa: super-init of RcollWork skipped on purpose
+    def __init__(self, result):  # noqa: PLW0231 - super-init of RcollWork skipped on purpose
         dist._Work.__init__(self)
         self._result = result
         self._lock = threading.Lock()  # get_future() takes it
@@ -591,8 +591,8 @@ class RcollProcessGroup(dist.ProcessGroup):
             s = _Staged(t)
             staged.append(s)
             calls = self._on(s.buffer)
-            works.append(calls.allreduce(self._addr(s.buffer), self._addr(s.buffer), s.buffer.numel(), code, op, timeout,
-                                         **self._inline(opts, calls)))
+            works.append(calls.allreduce(self._addr(s.buffer), self._addr(s.buffer), s.buffer.numel(), code, op,
+                                         timeout, **self._inline(opts, calls)))
         return RcollWork(works, list(tensors), _copy_backs(staged), staged)
 
     def _sparse_allreduce(self, tensors, opts, timeout):
@@ -661,7 +661,8 @@ class RcollProcessGroup(dist.ProcessGroup):
         op = self._op(opts, "allreduce_coalesced")
         # One fused op over a flat copy: far fewer messages for many small tensors.
         flat = _flat(tensors)
-        work = self._on(flat).allreduce(self._addr(flat), self._addr(flat), flat.numel(), code, op, _timeout_seconds(opts))
+        work = self._on(flat).allreduce(self._addr(flat), self._addr(flat), flat.numel(), code, op,
+                                        _timeout_seconds(opts))
 
         def finish():
             offset = 0
@@ -688,8 +689,8 @@ class RcollProcessGroup(dist.ProcessGroup):
             s = _Staged(t)
             staged.append(s)
             calls = self._on(s.buffer)
-            works.append(calls.broadcast(self._addr(s.buffer), self._addr(s.buffer), s.buffer.numel(), code, root, timeout,
-                                         **self._inline(opts, calls)))
+            works.append(calls.broadcast(self._addr(s.buffer), self._addr(s.buffer), s.buffer.numel(), code, root,
+                                         timeout, **self._inline(opts, calls)))
         return RcollWork(works, list(tensors), _copy_backs(staged), staged)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -719,7 +720,8 @@ class RcollProcessGroup(dist.ProcessGroup):
                 raise _core.InvalidArgumentError(f"rank {self._rank}: allgather_coalesced: inputs differ in dtype")
         flat_in = _flat(input_list)
         flat_out = torch.empty(self._size * flat_in.numel(), dtype=flat_in.dtype, device=flat_in.device)
-        work = self._on(flat_in, flat_out).allgather(self._addr(flat_in), self._addr(flat_out), flat_in.numel(), code, _timeout_seconds(opts))
+        work = self._on(flat_in, flat_out).allgather(self._addr(flat_in), self._addr(flat_out), flat_in.numel(), code,
+                                                     _timeout_seconds(opts))
 
         def finish():
             offset = 0
@@ -822,7 +824,8 @@ class RcollProcessGroup(dist.ProcessGroup):
             staged.append(s)
             # Only the root's tensor receives the result; the others stay as they were.
             recv = self._addr(s.buffer) if self._rank == root else 0
-            works.append(self._on(s.buffer).reduce(self._addr(s.buffer), recv, s.buffer.numel(), code, op, root, timeout))
+            works.append(self._on(s.buffer).reduce(self._addr(s.buffer), recv, s.buffer.numel(), code, op, root,
+                                                   timeout))
         return RcollWork(works, list(tensors), _copy_backs(staged), staged)
 
     @_complex_as_real
@@ -839,8 +842,8 @@ class RcollProcessGroup(dist.ProcessGroup):
             self._check_outputs(outs, inp, "gather")
             flat = torch.empty(self._size * src.numel(), dtype=src.dtype, device=src.device)
             finish = self._scatter_into(flat, outs)
-        work = self._on(src, flat).gather(self._addr(src), self._addr(flat) if flat is not None else 0, src.numel(), code, root,
-                                 _timeout_seconds(opts))
+        work = self._on(src, flat).gather(self._addr(src), self._addr(flat) if flat is not None else 0, src.numel(),
+                                          code, root, _timeout_seconds(opts))
         return RcollWork([work], output_tensors, finish, (src, flat))
 
     @_complex_as_real
@@ -855,8 +858,8 @@ class RcollProcessGroup(dist.ProcessGroup):
             self._check_outputs(ins, out, "scatter")
             flat = _flat(ins)
         dst = _Staged(out)
-        work = self._on(flat, dst.buffer).scatter(self._addr(flat) if flat is not None else 0, self._addr(dst.buffer), out.numel(), code,
-                                  root, _timeout_seconds(opts))
+        work = self._on(flat, dst.buffer).scatter(self._addr(flat) if flat is not None else 0, self._addr(dst.buffer),
+                                                  out.numel(), code, root, _timeout_seconds(opts))
         return RcollWork([work], output_tensors, _copy_backs([dst]), (flat, dst))
 
     # -- all-to-all ---------------------------------------------------------------
@@ -874,8 +877,9 @@ class RcollProcessGroup(dist.ProcessGroup):
         recv_counts = [t.numel() for t in output_tensors]
         flat_in = _flat(input_tensors)
         flat_out = torch.empty(sum(recv_counts), dtype=flat_in.dtype, device=flat_in.device)
-        work = self._on(flat_in, flat_out).alltoall(self._addr(flat_in), self._addr(flat_out), send_counts, _prefix(send_counts), recv_counts,
-                                   _prefix(recv_counts), code, _timeout_seconds(opts))
+        work = self._on(flat_in, flat_out).alltoall(self._addr(flat_in), self._addr(flat_out), send_counts,
+                                                    _prefix(send_counts), recv_counts, _prefix(recv_counts), code,
+                                                    _timeout_seconds(opts))
 
         def finish():
             offset = 0
@@ -894,8 +898,9 @@ class RcollProcessGroup(dist.ProcessGroup):
         recv_counts = self._split_counts(output, output_split_sizes, "output")
         src = input.contiguous()
         dst = _Staged(output)
-        work = self._on(src, dst.buffer).alltoall(self._addr(src), self._addr(dst.buffer), send_counts, _prefix(send_counts), recv_counts,
-                                   _prefix(recv_counts), code, _timeout_seconds(opts))
+        work = self._on(src, dst.buffer).alltoall(self._addr(src), self._addr(dst.buffer), send_counts,
+                                                  _prefix(send_counts), recv_counts, _prefix(recv_counts), code,
+                                                  _timeout_seconds(opts))
         return RcollWork([work], [output], _copy_backs([dst]), (src, dst))
 
     alltoall_base = all_to_all_single

@@ -30,7 +30,7 @@ def _train_rank(rank, world, backend, steps, hidden, batch):
     inputs = torch.randn(batch, 256, generator=gen)
     labels = torch.randint(0, 10, (batch,), generator=gen)
     losses, times = [], []
-    for step in range(steps):
+    for _step in range(steps):
         dist.barrier()
         t0 = time.perf_counter()
         opt.zero_grad()

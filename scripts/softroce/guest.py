@@ -322,8 +322,8 @@ def boot_modules(moddir: Path) -> List[Path]:
         name = norm(os.path.basename(target).split(".ko")[0])
         path_of[name] = target
         deps[name] = [norm(os.path.basename(d).split(".ko")[0]) for d in rest.split()]
-    builtin = {norm(os.path.basename(l).split(".ko")[0])
-               for l in (moddir / "modules.builtin").read_text().split()}
+    builtin = {norm(os.path.basename(line).split(".ko")[0])
+               for line in (moddir / "modules.builtin").read_text().split()}
     order: List[str] = []
 
     def visit(name: str) -> None:
@@ -514,7 +514,8 @@ mount_share() {
     overlay)
         mkdir -p "/mnt/lower/$tag" "/mnt/upper/$tag/u" "/mnt/upper/$tag/w" "$dst" &&
         mount -t 9p -o "ro,$ninep,cache=loose" "$tag" "/mnt/lower/$tag" &&
-        mount -t overlay -o "lowerdir=/mnt/lower/$tag,upperdir=/mnt/upper/$tag/u,workdir=/mnt/upper/$tag/w" overlay "$dst" ;;
+        mount -t overlay \
+            -o "lowerdir=/mnt/lower/$tag,upperdir=/mnt/upper/$tag/u,workdir=/mnt/upper/$tag/w" overlay "$dst" ;;
     ro)
         mkdir -p "$dst" && mount -t 9p -o "ro,$ninep,cache=loose" "$tag" "$dst" ;;
     rw)
@@ -708,7 +709,8 @@ else
 fi
 
 section "pyverbs (/usr/bin/python3)"
-out=$(/usr/bin/python3 -c 'import pyverbs.device as d; print(" ".join(sorted(x.name.decode() for x in d.get_device_list())))' 2>&1)
+out=$(/usr/bin/python3 -c \
+    'import pyverbs.device as d; print(" ".join(sorted(x.name.decode() for x in d.get_device_list())))' 2>&1)
 echo "$out"
 if [ "$out" = "rxe0 rxe1" ]; then ok "pyverbs lists rxe0 and rxe1"; else bad "pyverbs device list"; fi
 
@@ -765,7 +767,7 @@ def plan_mounts(project: str, modules_dir: Path, ver: str,
     for d in extra_ro:
         shares.append((d, d, "ro"))
     shares.append((project, project, "rw"))
-    for host, guest, _ in shares:
+    for host, _guest, _ in shares:
         check_share_path(host, "shared directory")
     # Mount order: a path must come after every share containing it.
     return sorted(shares, key=lambda s: s[1].rstrip("/").count("/"))

@@ -58,7 +58,8 @@ def receive_path():
     two = recv_cfg("allreduce", f32, 0, 0, 4) + recv_cfg("allreduce", f32, 0, 0, 2)
     return {
         # 1 early receive + the probe, both satisfied, then EOF
-        "two_messages": bytes([0x01]) + two + message("allreduce", 1, f32, count=4) + message("allreduce", 2, f32, count=2),
+        "two_messages": bytes([0x01]) + two + message("allreduce", 1, f32, count=4)
+        + message("allreduce", 2, f32, count=2),
         # the same, written one byte at a time, receives posted halfway
         "two_messages_bytewise": bytes([0x01 | 0x04 | 0x40]) + two + message("allreduce", 1, f32, count=4)
         + message("allreduce", 2, f32, count=2),
@@ -125,7 +126,8 @@ def wire_header():
     return {
         "equal": bytes([0x01]) + ar + bytes(64),
         "count_differs": bytes([0x01]) + ar + bytes(32) + b"\x01" + bytes(31),
-        "alltoall_counts": bytes([0x00]) + header("alltoall", 2, count=7, seq=3) + header("alltoall", 2, count=8, seq=3),
+        "alltoall_counts": bytes([0x00]) + header("alltoall", 2, count=7, seq=3)
+        + header("alltoall", 2, count=8, seq=3),
         "abort_vs_reduce": bytes([0x02]) + abort_message("x")[:64] + header("reduce", 3, 1, 2, 5, 10),
         "bad_enums": bytes([0x00]) + header(200, dtype=77, reduce_op=9, count=3, nbytes=12) + ar,
         "segment": bytes([0x00]) + header("broadcast", 4, root=1, count=100, offset=64, nbytes=36)

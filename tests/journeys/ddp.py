@@ -3,9 +3,10 @@ model trained with Gloo in the same job is the reference.
 
 Usage (under torchrun): ddp.py [--hook none|allreduce|fp16] [--no-sync]
 [--static-graph] [--sparse] [--no-destroy]. --sparse: the model starts with an
-nn.Embedding(sparse=True), whose gradients DDP allreduces as sparse COO tensors. Every rank checks its parameters against the
-Gloo replica's (bit for bit at world 2 without compression: a + b has one
-order) and prints the job-done marker last (tests/launch.py)."""
+nn.Embedding(sparse=True), whose gradients DDP allreduces as sparse COO tensors.
+Every rank checks its parameters against the Gloo replica's (bit for bit at
+world 2 without compression: a + b has one order) and prints the job-done
+marker last (tests/launch.py)."""
 import argparse
 
 import torch
@@ -55,7 +56,7 @@ def wrap(group):
 
 models = {"rcoll": wrap(None), "gloo": wrap(gloo)}
 data = torch.Generator().manual_seed(1000 + rank)
-for step in range(4):
+for _step in range(4):
     batches = [torch.randint(0, 50, (8, 6), generator=data) if args.sparse else torch.randn(8, 16, generator=data)
                for _ in range(2 if args.no_sync else 1)]
     for model, opt in models.values():

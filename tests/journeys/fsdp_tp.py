@@ -54,6 +54,7 @@ for step in range(3):
     ref_opt.step()
 
 for (name, p), q in zip(model.named_parameters(), reference.parameters()):
-    torch.testing.assert_close(p.full_tensor(), q.detach(), rtol=1e-4, atol=1e-5, msg=lambda m: f"rank {rank}: {name}: {m}")
+    torch.testing.assert_close(p.full_tensor(), q.detach(), rtol=1e-4, atol=1e-5,
+                               msg=lambda m, name=name: f"rank {rank}: {name}: {m}")
 dist.destroy_process_group()
 print("RCOLL-JOB-DONE", flush=True)  # the last line every rank prints (tests/launch.py)
