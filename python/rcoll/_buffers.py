@@ -66,3 +66,12 @@ def reduce_op_code(op, rank: int, opname: str) -> int:
 
 
 address = _core.array_address  # the data pointer of an ndarray (as_array() made every input one)
+
+
+def displacements(counts):
+    """Where each rank's block starts: the running sum of the counts before it."""
+    out, total = [], 0
+    for n in counts:
+        out.append(total)
+        total += n
+    return out

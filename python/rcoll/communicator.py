@@ -7,7 +7,7 @@ from typing import Optional
 import numpy as np
 
 from . import _core, _device
-from ._buffers import address, as_array, dtype_code, reduce_op_code
+from ._buffers import address, as_array, displacements, dtype_code, reduce_op_code
 from ._environment import launcher_store, resolve
 from ._registrations import RegistrationTracker
 
@@ -58,11 +58,6 @@ class Handle:
         """recv: the rank the message came from (for recv(src=None), known once it
         completed); -1 for other ops."""
         return self._work.source_rank
-
-
-def _displacements(counts):
-    """Where each block starts: the running sum of the counts before it."""
-    return [0] + np.cumsum(counts[:-1], dtype=np.int64).tolist()
 
 
 class Communicator:
@@ -471,8 +466,8 @@ class Communicator:
         if src.size > 0 and dst.size > 0 and np.may_share_memory(src, dst):
             raise _core.InvalidArgumentError(
                 f"rank {self.rank}: {name}: out overlaps the input; alltoall cannot run in place")
-        work = self._comm.alltoall(address(src), address(dst), send_counts, _displacements(send_counts), recv_counts,
-                                   _displacements(recv_counts),
+        work = self._comm.alltoall(address(src), address(dst), send_counts, displacements(send_counts), recv_counts,
+                                   displacements(recv_counts),
                                    dtype_code(src, self.rank, name), float(timeout or 0), not async_op)
         return self._run(work, out, (src, dst), async_op)
 
@@ -510,8 +505,8 @@ class Communicator:
                 f"rank {self.rank}: {name}: out overlaps the input; alltoall cannot run in place")
         stream = src.stream or dst.stream
         device = _device.device_of((src, dst), self.rank, name)
-        work = self._comm.device_alltoall(src.address, dst.address, send_counts, _displacements(send_counts),
-                                          recv_counts, _displacements(recv_counts), src.code, float(timeout or 0),
+        work = self._comm.device_alltoall(src.address, dst.address, send_counts, displacements(send_counts),
+                                          recv_counts, displacements(recv_counts), src.code, float(timeout or 0),
                                           device, stream)
         return self._run_device(work, out, (src.obj, dst.obj), async_op)
 

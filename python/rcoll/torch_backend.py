@@ -11,33 +11,24 @@ C++ consumers such as DDP's reducer). This layer only translates arguments:
 tensors reach the core as (address, element count, dtype code); queueing,
 ordering, the algorithms and completion live in the C++ core.
 
-Work objects follow torch's contract:
-- wait() blocks until the op is done (copy-back of non-contiguous tensors
-  included) and raises the op's rcoll error;
-- get_future() returns a future whose value is the list of output tensors and
-  whose error reaches C++ consumers: the future is a `.then()` child of a base
-  future, and the callback raises the op's error, which marks the C++ future
-  failed (Future.set_exception from Python would not);
-- futures are completed on a dedicated completion thread, never on the
-  progress thread, so a callback that issues another collective and waits on
-  it does not deadlock.
+Work objects and the thread that completes their futures are in _torch_work.py;
+this file maps torch's calls onto the core's ops.
 """
 from __future__ import annotations
 
-import atexit
 import functools
-import itertools
 import os
-import threading
 from datetime import timedelta
-from typing import List, Optional
+from typing import List
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions
 
 from . import _core, _device
+from ._buffers import displacements
 from ._registrations import RegistrationTracker
+from ._torch_work import RcollWork, _combined, _done_work, _FinishedWork
 
 BACKEND_NAME = "rcoll"
 
@@ -62,261 +53,6 @@ _OP_NAMES = {
 # The same, keyed by the enum's integer value: hashing and comparing torch's
 # pybind enums costs about a microsecond per op, an int key a few nanoseconds.
 _OP_CODES_BY_VALUE = {int(op.value): _core.REDUCE_OPS[name] for op, name in _OP_NAMES.items()}
-
-
-# ---------------------------------------------------------------------------------------
-# Completion thread: completes torch futures once their op is done.
-# ---------------------------------------------------------------------------------------
-class _Completer:
-    """One daemon thread per process that completes futures of finished works.
-
-    Works register a token with the C++ CompletionQueue; the progress thread
-    pushes the token when the op ends; this thread pops it and completes the
-    future (running its callbacks) outside the progress thread.
-
-    The thread is stopped and joined at exit (stop(), an atexit hook): a daemon
-    thread still waiting in the core when the interpreter finalizes is ended by
-    CPython with a forced unwind, and no rcoll thread is to be in the core then.
-    atexit hooks run after threading has joined the non-daemon threads (which
-    may still wait on futures this thread completes) and before finalization.
-    """
-
-    _STOP_JOIN_SECONDS = 10.0  # a callback still running at exit gets this long
-
-    def __init__(self):
-        self.queue = _core.CompletionQueue()
-        self._pending = {}
-        self._lock = threading.Lock()
-        self._tokens = itertools.count(1)
-        self._thread = None
-
-    def keep_until_done(self, core_work, objects) -> None:
-        """Holds `objects` (GPU tensors an op reads or writes) until core_work ends,
-        however early its Work is dropped: their memory must not go back to
-        torch's caching allocator while rcoll's streams still use it."""
-        keeper = _Keeper(objects)
-        if not self.watch(core_work, keeper):
-            keeper.objects = None
-
-    def watch(self, core_work, work: "RcollWork") -> bool:
-        """Arranges for work._fire() when core_work ends; False if it already has."""
-        token = next(self._tokens)
-        with self._lock:
-            self._pending[token] = work
-            if (self._thread is None or not self._thread.is_alive()) and not self.queue.closed:
-                self._thread = threading.Thread(target=self._run, name="rcoll-completion", daemon=True)
-                self._thread.start()
-        if core_work.notify(self.queue, token):
-            return True
-        with self._lock:
-            self._pending.pop(token, None)
-        return False
-
-    def stop(self) -> None:
-        """Ends the thread (at exit): works that finish later complete no future."""
-        self.queue.close()
-        with self._lock:
-            thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(self._STOP_JOIN_SECONDS)
-
-    def _run(self):
-        queue = self.queue
-        while True:
-            token = queue.pop(1.0)
-            if token is None:
-                if queue.closed:
-                    return
-                continue
-            with self._lock:
-                work = self._pending.pop(token, None)
-            if work is not None:
-                work._on_core_done()
-
-
-class _Keeper:
-    __slots__ = ("objects",)
-
-    def __init__(self, objects):
-        self.objects = objects
-
-    def _on_core_done(self):
-        self.objects = None
-
-
-_COMPLETER = _Completer()
-atexit.register(_COMPLETER.stop)
-
-
-# ---------------------------------------------------------------------------------------
-# Work
-# ---------------------------------------------------------------------------------------
-class RcollWork(dist._Work):
-    """A torch Work over one or more core ops, with an optional finishing step
-    (copying results into non-contiguous or list outputs) run exactly once."""
-
-    # Defaults as class attributes: a small synchronous op (the common torch
-    # call) then sets only what it needs; every attribute set on this pybind
-    # subclass costs about 0.1 us.
-    _finished = False
-    _error: Optional[BaseException] = None
-    _base_future = None
-    _future = None
-    _device = -1
-    _stream = None
-
-    def __init__(self, core_works, result, finish=None, keepalive=None):
-        super().__init__()
-        works = [w for w in core_works if w is not None]
-        self._core_works = works
-        self._result = result
-        self._finish = finish
-        self._keepalive = keepalive
-        self._lock = threading.Lock()
-        self._remaining = len(works)
-        for w in works:
-            if w.device >= 0:
-                # GPU ops: the caller's stream at issue time. The core orders the
-                # op after it; wait() orders the caller's current stream after the op.
-                self._device = w.device
-                self._stream = torch.cuda.current_stream(self._device)
-                for w2 in works:
-                    _COMPLETER.keep_until_done(w2, keepalive)
-                break
-
-    # -- completion -----------------------------------------------------------------
-    def _settle(self) -> None:
-        """Runs once all core works have ended: records the error or finishes."""
-        with self._lock:
-            if self._finished:
-                return
-            self._finished = True
-            try:
-                for w in self._core_works:
-                    w.wait(0)  # raises the op's error, if any
-                if self._finish is not None:
-                    if self._stream is not None:
-                        # Copies into the caller's tensors go on the caller's
-                        # issue-time stream, after the op's completion event.
-                        with torch.cuda.stream(self._stream):
-                            for w in self._core_works:
-                                w.stream_wait(self._stream.cuda_stream)
-                            self._finish()
-                    else:
-                        self._finish()
-            except BaseException as exc:  # noqa: BLE001 - handed to wait()/the future
-                self._error = exc
-            if self._keepalive is not None:
-                self._keepalive = None
-            if self._finish is not None:
-                self._finish = None
-
-    def _on_core_done(self) -> None:
-        """Completion thread: one of the core works ended."""
-        with self._lock:
-            self._remaining -= 1
-            if self._remaining > 0:
-                return
-        self._settle()
-        if self._base_future is not None:
-            self._base_future.set_result(None)
-
-    def _value(self, _base):
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-    # -- torch Work API -----------------------------------------------------------
-    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
-        if not self._finished:
-            seconds = timeout.total_seconds() if timeout else 0
-            for w in self._core_works:
-                if not w.wait(seconds if seconds > 0 else None):
-                    raise _core.TimeoutError(f"Work.wait timed out: the timeout of {seconds} s passed "
-                                             f"(op #{w.seq} is still running)")
-            self._settle()
-        if self._error is not None:
-            raise self._error
-        if self._stream is not None:
-            # As with NCCL: the caller's current stream waits for the op's
-            # completion event (and for copy-backs on the issue stream); the
-            # host never synchronises the device here.
-            current = torch.cuda.current_stream(self._device)
-            for w in self._core_works:
-                w.stream_wait(current.cuda_stream)
-            if current != self._stream:
-                current.wait_stream(self._stream)
-        return True
-
-    def is_completed(self) -> bool:
-        if all(w.is_completed() for w in self._core_works):
-            self._settle()
-            return True
-        return False
-
-    def is_success(self) -> bool:
-        return self.is_completed() and self._error is None
-
-    def exception(self):
-        return self._error if self.is_completed() else None
-
-    def result(self):
-        self.wait()
-        return self._result
-
-    def _source_rank(self) -> int:
-        """recv: the sender (torch's dist.recv(src=None) returns it); -1 for other ops."""
-        return self._core_works[0].source_rank if len(self._core_works) == 1 else -1
-
-    source_rank = _source_rank
-
-    def get_future(self) -> torch.futures.Future:
-        with self._lock:
-            if self._future is not None:
-                return self._future
-            # A CUDA-aware future for GPU results (torch refuses CUDA values otherwise).
-            base = (torch.futures.Future(devices=[torch.device("cuda", self._device)]) if self._device >= 0
-                    else torch.futures.Future())
-            self._base_future = base
-            self._future = base.then(self._value)
-            future = self._future
-        pending = [w for w in self._core_works if not w.is_completed()]
-        watched = 0
-        for w in pending:
-            if _COMPLETER.watch(w, self):
-                watched += 1
-        with self._lock:
-            # Works that ended between the check and watch() count as done now.
-            self._remaining = watched
-            ready = watched == 0
-        if ready:
-            self._settle()
-            base.set_result(None)
-        return future
-
-    def synchronize(self):
-        self.wait()
-
-
-class _FinishedWork(RcollWork):
-    """The Work of a blocking op that already ran to completion on the caller's
-    thread (the small-op path): nothing to wait for, no lock, no core work.
-    Building an RcollWork and waiting on it cost ~7 us of a ~15 us op."""
-
-    _finished = True
-    _core_works = ()
-
-    def __init__(self, result):  # noqa: PLW0231 - super-init of RcollWork skipped on purpose
-        dist._Work.__init__(self)
-        self._result = result
-        self._lock = threading.Lock()  # get_future() takes it
-
-
-def _done_work(result, finish=None) -> RcollWork:
-    """A Work for an op that needed no communication (world size 1, empty input)."""
-    work = RcollWork([], result, finish)
-    work._settle()
-    return work
 
 
 # ---------------------------------------------------------------------------------------
@@ -878,8 +614,8 @@ class RcollProcessGroup(dist.ProcessGroup):
         flat_in = _flat(input_tensors)
         flat_out = torch.empty(sum(recv_counts), dtype=flat_in.dtype, device=flat_in.device)
         work = self._on(flat_in, flat_out).alltoall(self._addr(flat_in), self._addr(flat_out), send_counts,
-                                                    _prefix(send_counts), recv_counts, _prefix(recv_counts), code,
-                                                    _timeout_seconds(opts))
+                                                    displacements(send_counts), recv_counts,
+                                                    displacements(recv_counts), code, _timeout_seconds(opts))
 
         def finish():
             offset = 0
@@ -899,8 +635,8 @@ class RcollProcessGroup(dist.ProcessGroup):
         src = input.contiguous()
         dst = _Staged(output)
         work = self._on(src, dst.buffer).alltoall(self._addr(src), self._addr(dst.buffer), send_counts,
-                                                  _prefix(send_counts), recv_counts, _prefix(recv_counts), code,
-                                                  _timeout_seconds(opts))
+                                                  displacements(send_counts), recv_counts,
+                                                  displacements(recv_counts), code, _timeout_seconds(opts))
         return RcollWork([work], [output], _copy_backs([dst]), (src, dst))
 
     alltoall_base = all_to_all_single
@@ -982,29 +718,6 @@ class RcollProcessGroup(dist.ProcessGroup):
 
     def shutdown(self):
         self._comm.shutdown()
-
-
-def _prefix(counts):
-    """Displacements (exclusive prefix sums) of per-rank element counts."""
-    out, total = [], 0
-    for n in counts:
-        out.append(total)
-        total += n
-    return out
-
-
-def _combined(works: List[RcollWork], result) -> RcollWork:
-    """One Work over several: done when all are, the first error wins."""
-    core = [w for work in works for w in work._core_works]
-    finishes = [work._settle for work in works]
-
-    def finish():
-        for f in finishes:
-            f()
-        for work in works:
-            if work._error is not None:
-                raise work._error
-    return RcollWork(core, result, finish, works)
 
 
 # ---------------------------------------------------------------------------------------
