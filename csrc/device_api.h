@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 #define RCOLL_DEVICE_API_VERSION 3
-#define RCOLL_DEVICE_API_CAPSULE "rcoll_device_api_v1"
+#define RCOLL_DEVICE_API_CAPSULE "rcoll_device_api"
 
 /* Bytes of an inter-process memory handle (cudaIpcMemHandle_t is 64). */
 #define RCOLL_IPC_HANDLE_BYTES 64
@@ -49,7 +49,7 @@ enum {
   RCOLL_EVENT_FAILED = 2   /* the runtime failed (last_error() says why) */
 };
 
-typedef struct rcoll_device_api_v1 {
+typedef struct rcoll_device_api {
   int version;      /* RCOLL_DEVICE_API_VERSION */
   const char* name; /* "cuda", "emulated (host memory, for tests)" */
 
@@ -120,7 +120,7 @@ typedef struct rcoll_device_api_v1 {
   int (*gdr_support)(int device, int* supported);
   int (*dmabuf_export)(void* ptr, size_t bytes, int* fd, unsigned long long* offset);
   int (*flush_rdma_writes)(int device);
-} rcoll_device_api_v1;
+} rcoll_device_api;
 
 #ifdef __cplusplus
 } /* extern "C" */

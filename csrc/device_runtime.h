@@ -12,7 +12,7 @@
 
 namespace rcoll {
 
-using DeviceApi = rcoll_device_api_v1;
+using DeviceApi = rcoll_device_api;
 
 // Installs `api` for the whole process (it must stay valid for the process's
 // lifetime: a static table in the module that provides it). Throws

@@ -61,8 +61,8 @@ const char* rcollCudaBuiltArchs(void);
 
 /* The device API table (csrc/device_api.h) over the CUDA runtime, static:
  * rcoll._cuda hands it to rcoll._core, which stages GPU buffers through it. */
-struct rcoll_device_api_v1;
-const struct rcoll_device_api_v1* rcollCudaDeviceApi(void);
+struct rcoll_device_api;
+const struct rcoll_device_api* rcollCudaDeviceApi(void);
 
 /* Message of the calling thread's last failed call ("" if none yet). */
 const char* rcollCudaLastError(void);

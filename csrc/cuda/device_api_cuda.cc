@@ -227,7 +227,7 @@ int flushRdmaWrites(int device) {
   });
 }
 
-const rcoll_device_api_v1 kCudaApi = {
+const rcoll_device_api kCudaApi = {
     RCOLL_DEVICE_API_VERSION,
     "cuda",
     setDevice,
@@ -264,4 +264,4 @@ const rcoll_device_api_v1 kCudaApi = {
 }  // namespace cuda
 }  // namespace rcoll
 
-extern "C" const rcoll_device_api_v1* rcollCudaDeviceApi(void) { return &rcoll::cuda::kCudaApi; }
+extern "C" const rcoll_device_api* rcollCudaDeviceApi(void) { return &rcoll::cuda::kCudaApi; }

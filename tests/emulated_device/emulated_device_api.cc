@@ -367,7 +367,7 @@ int streamWaitEvent(void* stream, void* event) {
 }
 const char* lastError() { return t_last_error.c_str(); }
 
-const rcoll_device_api_v1 kEmulatedApi = {
+const rcoll_device_api kEmulatedApi = {
     RCOLL_DEVICE_API_VERSION,
     "emulated (host memory, for tests)",
     setDevice,
@@ -402,7 +402,7 @@ const rcoll_device_api_v1 kEmulatedApi = {
 
 }  // namespace
 
-const rcoll_device_api_v1* emulatedDeviceApi() { return &kEmulatedApi; }
+const rcoll_device_api* emulatedDeviceApi() { return &kEmulatedApi; }
 
 int emulatedDelayedCopy(void* stream, void* dst, const void* src, size_t bytes, double delay_seconds) {
   if (isDefaultStream(stream)) return failWith("the delayed copy needs an emulated stream");

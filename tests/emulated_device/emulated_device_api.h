@@ -23,7 +23,7 @@
 namespace rcoll {
 namespace testing {
 
-const rcoll_device_api_v1* emulatedDeviceApi();
+const rcoll_device_api* emulatedDeviceApi();
 
 // Test hook: after `delay_seconds`, on emulated `stream`, copy `bytes` from src
 // to dst: work the caller queued before a collective, which the collective
