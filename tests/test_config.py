@@ -86,3 +86,32 @@ def test_a_bad_value_is_a_config_error_naming_the_variable(monkeypatch, name, va
         _core.settings()
     with pytest.raises(rcoll.ConfigError, match=says):
         rcoll.init(rank=0, world_size=1, master_port=spawn.free_port())
+
+
+def test_a_device_runtime_that_cannot_be_imported_is_a_clear_error():
+    """RCOLL_DEVICE_RUNTIME naming a missing module: the first GPU-buffer op
+    fails naming the rank, the op and the module, in a fresh process (the
+    runtime is installed once per process)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import rcoll\n"
+        "class Fake:\n"
+        "    __cuda_array_interface__ = {'version': 3, 'shape': (4,), 'typestr': '<f4', 'data': (4096, False),\n"
+        "                                'strides': None, 'stream': None}\n"
+        "comm = rcoll.init(rank=0, world_size=1, master_port=int(__import__('sys').argv[1]))\n"
+        "try:\n"
+        "    comm.allreduce(Fake())\n"
+        "    raise SystemExit('a device op ran without a device runtime')\n"
+        "except rcoll.InvalidArgumentError as e:\n"
+        "    print(e)\n"
+        "comm.shutdown()\n"
+    )
+    env = dict(os.environ, RCOLL_DEVICE_RUNTIME="no_such_runtime_module")
+    run = subprocess.run([sys.executable, "-c", code, str(spawn.free_port())], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    message = run.stdout.strip()
+    assert message.startswith("rank 0: allreduce"), message
+    assert "no_such_runtime_module" in message and "RCOLL_DEVICE_RUNTIME" in message, message
