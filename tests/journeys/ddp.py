@@ -8,6 +8,7 @@ Every rank checks its parameters against the Gloo replica's (bit for bit at
 world 2 without compression: a + b has one order) and prints the job-done
 marker last (tests/launch.py)."""
 import argparse
+import gc
 
 import torch
 import torch.distributed as dist
@@ -78,14 +79,20 @@ flat = torch.cat([p.detach().flatten() for p in models["rcoll"][0].parameters()]
 gathered = [torch.empty_like(flat) for _ in range(world)]
 dist.all_gather(gathered, flat)
 assert all(torch.equal(g, gathered[0]) for g in gathered), f"rank {rank}: replicas diverged"
-if args.no_destroy:
-    # rcoll's group is left for the interpreter's exit to tear down: that is
-    # what this mode tests. The Gloo reference group is destroyed, because
-    # torch's Gloo backend itself aborts at such an exit now and then (seen 1
-    # job in ~40 with busy CPUs: its pt_gloo_runloop thread destroys a work
-    # whose destructor takes the GIL while the interpreter finalizes, the same
-    # forced unwind through a destructor that csrc/python/gil.h keeps out of rcoll).
-    dist.destroy_process_group(gloo)
-else:
+# The Gloo reference is torn down here, before exit, in both modes: its DDP
+# replica first (the reducer holds the group), then the group, so that
+# ProcessGroupGloo's destructor joins its worker threads now. Left to the
+# interpreter's exit, torch's Gloo backend aborts the job now and then (1 job in
+# ~20 with busy CPUs; a core dump shows why): a pt_gloo_runloop thread drops the
+# last reference to a finished AsyncWork while the interpreter finalizes, the
+# work's ThreadLocalState takes the GIL to release a Python object, CPython ends
+# the thread with a forced unwind, and the unwind through that destructor is
+# std::terminate ("terminate called without an active exception").
+del models["gloo"], model, opt
+dist.destroy_process_group(gloo)
+del gloo
+gc.collect()
+if not args.no_destroy:
     dist.destroy_process_group()
+# --no-destroy: rcoll's group is left for the interpreter's exit to tear down.
 print("RCOLL-JOB-DONE", flush=True)  # the last line every rank prints (tests/launch.py)
