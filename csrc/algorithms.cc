@@ -30,7 +30,7 @@ size_t numSegments(size_t len, size_t seg) { return (len + seg - 1) / seg; }
 // is written on this rank. Returns, for the last step, the index of the first
 // receive (block `rank`), so that the allgather phase can depend on it.
 template <typename StartFn, typename LenFn, typename AccFn>
-int appendReduceScatterPhase(Schedule& s, const RingContext& ctx, const char* send, StartFn block_start,
+int appendReduceScatterPhase(Schedule& s, const AlgorithmContext& ctx, const char* send, StartFn block_start,
                              LenFn block_len, AccFn acc) {
   const int P = ctx.size, r = ctx.rank;
   const int next = mod(r + 1, P), prev = mod(r - 1, P);
@@ -71,7 +71,7 @@ int appendReduceScatterPhase(Schedule& s, const RingContext& ctx, const char* se
 
 }  // namespace
 
-void buildRingAllreduce(Schedule& s, const RingContext& ctx, const char* send, char* recv, size_t count) {
+void buildRingAllreduce(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv, size_t count) {
   const int P = ctx.size, r = ctx.rank;
   const size_t es = s.elem_size;
   Blocks blocks{count / static_cast<size_t>(P), count % static_cast<size_t>(P)};
@@ -105,7 +105,8 @@ void buildRingAllreduce(Schedule& s, const RingContext& ctx, const char* send, c
   }
 }
 
-void buildRecursiveDoublingAllreduce(Schedule& s, const RingContext& ctx, const char* send, char* recv, size_t count) {
+void buildRecursiveDoublingAllreduce(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv,
+                                     size_t count) {
   const int P = ctx.size, r = ctx.rank;
   const size_t es = s.elem_size;
   const bool avg = s.op.reduce_op == ReduceOp::kAvg;
@@ -167,7 +168,7 @@ void buildRecursiveDoublingAllreduce(Schedule& s, const RingContext& ctx, const 
   }
 }
 
-void buildRingReduceScatter(Schedule& s, const RingContext& ctx, const char* send, char* recv, char* scratch,
+void buildRingReduceScatter(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv, char* scratch,
                             size_t count) {
   const size_t es = s.elem_size;
   auto start = [&](int b) { return static_cast<size_t>(b) * count; };
@@ -176,7 +177,7 @@ void buildRingReduceScatter(Schedule& s, const RingContext& ctx, const char* sen
   appendReduceScatterPhase(s, ctx, send, start, len, acc);
 }
 
-void buildRingAllgather(Schedule& s, const RingContext& ctx, char* recv, size_t count) {
+void buildRingAllgather(Schedule& s, const AlgorithmContext& ctx, char* recv, size_t count) {
   const int P = ctx.size, r = ctx.rank;
   const int next = mod(r + 1, P), prev = mod(r - 1, P);
   const size_t es = s.elem_size;
@@ -198,7 +199,7 @@ void buildRingAllgather(Schedule& s, const RingContext& ctx, char* recv, size_t 
   }
 }
 
-void buildChainBroadcast(Schedule& s, const RingContext& ctx, char* buf, size_t count, int root) {
+void buildChainBroadcast(Schedule& s, const AlgorithmContext& ctx, char* buf, size_t count, int root) {
   const int P = ctx.size, r = ctx.rank;
   const int distance = mod(r - root, P);  // position along the chain; the root is 0
   const int next = mod(r + 1, P), prev = mod(r - 1, P);
@@ -216,7 +217,7 @@ void buildChainBroadcast(Schedule& s, const RingContext& ctx, char* buf, size_t 
   }
 }
 
-void buildDisseminationBarrier(Schedule& s, const RingContext& ctx) {
+void buildDisseminationBarrier(Schedule& s, const AlgorithmContext& ctx) {
   const int P = ctx.size, r = ctx.rank;
   int round = 0;
   for (int dist = 1; dist < P; dist *= 2, ++round) {
@@ -228,8 +229,8 @@ void buildDisseminationBarrier(Schedule& s, const RingContext& ctx) {
   }
 }
 
-void buildChainReduce(Schedule& s, const RingContext& ctx, const char* send, char* recv, char* partial, size_t count,
-                      int root) {
+void buildChainReduce(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv, char* partial,
+                      size_t count, int root) {
   const int P = ctx.size, r = ctx.rank;
   const int distance = mod(r - root, P);                 // the root is 0, the far end (root-1) is P-1
   const int next = mod(r + 1, P), prev = mod(r - 1, P);  // data flows next -> this rank -> prev
@@ -253,7 +254,7 @@ void buildChainReduce(Schedule& s, const RingContext& ctx, const char* send, cha
   }
 }
 
-void buildDirectGather(Schedule& s, const RingContext& ctx, const char* send, char* recv, size_t count, int root) {
+void buildDirectGather(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv, size_t count, int root) {
   const int P = ctx.size, r = ctx.rank;
   const size_t es = s.elem_size;
   const size_t seg = ctx.segmenter.segmentElems(count);
@@ -277,7 +278,8 @@ void buildDirectGather(Schedule& s, const RingContext& ctx, const char* send, ch
   }
 }
 
-void buildDirectScatter(Schedule& s, const RingContext& ctx, const char* send, char* recv, size_t count, int root) {
+void buildDirectScatter(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv, size_t count,
+                        int root) {
   const int P = ctx.size, r = ctx.rank;
   const size_t es = s.elem_size;
   const size_t seg = ctx.segmenter.segmentElems(count);
@@ -300,7 +302,7 @@ void buildDirectScatter(Schedule& s, const RingContext& ctx, const char* send, c
   }
 }
 
-void buildPairwiseAllToAll(Schedule& s, const RingContext& ctx, const char* send, char* recv,
+void buildPairwiseAllToAll(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv,
                            const uint64_t* send_counts, const uint64_t* send_displs, const uint64_t* recv_counts,
                            const uint64_t* recv_displs) {
   const int P = ctx.size, r = ctx.rank;

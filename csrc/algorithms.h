@@ -2,7 +2,7 @@
 //
 // Each builder appends the segment transfers of one rank's part of a collective.
 // They work on element offsets and raw pointers; world size 1 and local copies
-// (out-of-place inputs) are the communicator's business, not theirs.
+// (out-of-place inputs) are the op table's business (op_table.h), not theirs.
 #pragma once
 
 #include <cstddef>
@@ -24,7 +24,8 @@ struct Segmenter {
   size_t segmentElems(size_t block_elems) const;
 };
 
-struct RingContext {
+// Who runs a builder and how it cuts blocks: every algorithm takes one (ring or not).
+struct AlgorithmContext {
   int rank;
   int size;
   Segmenter segmenter;
@@ -33,7 +34,7 @@ struct RingContext {
 // Ring allreduce: a reduce-scatter then an allgather, each P-1 steps, every step
 // pipelined by segments. `send` may equal `recv` (in place). For kAvg the rank
 // that completes a block divides it before passing it on.
-void buildRingAllreduce(Schedule& s, const RingContext& ctx, const char* send, char* recv, size_t count);
+void buildRingAllreduce(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv, size_t count);
 
 // Recursive-doubling allreduce for small buffers: log2(P) exchanges of the
 // whole buffer instead of the ring's 2(P-1) steps, so latency, not bandwidth,
@@ -42,25 +43,26 @@ void buildRingAllreduce(Schedule& s, const RingContext& ctx, const char* send, c
 // and receives the result at the end (MPICH's scheme). Messages are segmented
 // like the ring's. Partial results are always combined lower ranks first, so
 // every rank ends with the same bits. `send` may equal `recv`.
-void buildRecursiveDoublingAllreduce(Schedule& s, const RingContext& ctx, const char* send, char* recv, size_t count);
+void buildRecursiveDoublingAllreduce(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv,
+                                     size_t count);
 
 // Ring reduce-scatter: `send` holds size*count elements, rank r ends with block r
 // in `recv` (count elements). Partial sums of other blocks go to `scratch`
 // (size*count elements; only the blocks of other ranks are touched).
-void buildRingReduceScatter(Schedule& s, const RingContext& ctx, const char* send, char* recv, char* scratch,
+void buildRingReduceScatter(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv, char* scratch,
                             size_t count);
 
 // Ring allgather: `recv` holds size*count elements and already contains this
 // rank's block at rank*count (the communicator copies it there).
-void buildRingAllgather(Schedule& s, const RingContext& ctx, char* recv, size_t count);
+void buildRingAllgather(Schedule& s, const AlgorithmContext& ctx, char* recv, size_t count);
 
 // Pipelined chain broadcast from `root` along the ring: segments stream through
 // every rank, each forwarding a segment as soon as it has it. `buf` holds the
 // data on the root and receives it elsewhere.
-void buildChainBroadcast(Schedule& s, const RingContext& ctx, char* buf, size_t count, int root);
+void buildChainBroadcast(Schedule& s, const AlgorithmContext& ctx, char* buf, size_t count, int root);
 
 // Dissemination barrier: ceil(log2 P) rounds of zero-byte messages.
-void buildDisseminationBarrier(Schedule& s, const RingContext& ctx);
+void buildDisseminationBarrier(Schedule& s, const AlgorithmContext& ctx);
 
 // The rooted ops below also carry one zero-byte message per pair that would
 // otherwise only ever talk in one direction (the root's "go" to the chain's
@@ -76,25 +78,25 @@ void buildDisseminationBarrier(Schedule& s, const RingContext& ctx);
 // sums land in `partial` (count elements; used on ranks other than the root and
 // root-1), the final result in the root's `recv` (which may equal `send`). For
 // kAvg the root divides once.
-void buildChainReduce(Schedule& s, const RingContext& ctx, const char* send, char* recv, char* partial, size_t count,
-                      int root);
+void buildChainReduce(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv, char* partial,
+                      size_t count, int root);
 
 // Direct gather: every rank sends its `count` elements, segmented, straight to
 // the root, which receives block r at recv + r*count (interleaving the peers'
 // segments). The root's own block is the communicator's business.
-void buildDirectGather(Schedule& s, const RingContext& ctx, const char* send, char* recv, size_t count, int root);
+void buildDirectGather(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv, size_t count, int root);
 
 // Direct scatter: the root sends block r of `send` (size*count elements) to
 // rank r, segmented; rank r receives it into `recv`. The root's own block is
 // the communicator's business.
-void buildDirectScatter(Schedule& s, const RingContext& ctx, const char* send, char* recv, size_t count, int root);
+void buildDirectScatter(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv, size_t count, int root);
 
 // Pairwise alltoallv: in step j = 1..P-1 rank r sends its block for (r+j) % P
 // and receives the block of (r-j) % P, segmented; a pair with nothing to move
 // still exchanges one zero-byte message so that a disagreement on its count is
 // caught (wire.h). Counts and displacements are in elements, one per rank; the
 // block to self is the communicator's business. Fills the schedule's pair counts.
-void buildPairwiseAllToAll(Schedule& s, const RingContext& ctx, const char* send, char* recv,
+void buildPairwiseAllToAll(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv,
                            const uint64_t* send_counts, const uint64_t* send_displs, const uint64_t* recv_counts,
                            const uint64_t* recv_displs);
 

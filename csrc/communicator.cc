@@ -13,6 +13,7 @@
 #include "edge_plan.h"
 #include "error.h"
 #include "log.h"
+#include "op_table.h"
 #include "op_errors.h"
 #include "reduce_kernels.h"
 #include "socket_util.h"
@@ -27,19 +28,6 @@ namespace rcoll {
 namespace {
 
 constexpr uint64_t kPointToPointIdSalt = 0x7032707032703270ull;  // "p2p" mesh id = comm id ^ salt
-
-// An alltoall's counts and displacements, as allToAll() packs them into
-// Op::counts: four runs of one entry per rank, in elements.
-struct AllToAllLayout {
-  const uint64_t* send_counts;
-  const uint64_t* send_displs;
-  const uint64_t* recv_counts;
-  const uint64_t* recv_displs;
-};
-AllToAllLayout allToAllLayout(const std::vector<uint64_t>& packed, int size) {
-  const size_t P = static_cast<size_t>(size);
-  return {packed.data(), packed.data() + P, packed.data() + 2 * P, packed.data() + 3 * P};
-}
 
 void fillRandom(void* out, size_t bytes) {
   auto* p = static_cast<uint8_t*>(out);
@@ -421,60 +409,19 @@ bool Communicator::agreeOnVerbs(Store& store, const std::string& prefix, Deadlin
   return true;
 }
 
-std::shared_ptr<Work> Communicator::enqueue(OpKind kind, DataType dtype, ReduceOp op, int root, size_t count,
+std::shared_ptr<Work> Communicator::enqueue(OpKind kind, DataType dtype, ReduceOp reduce_op, int root, size_t count,
                                             const void* send, void* recv, std::chrono::milliseconds timeout,
                                             Launch launch, std::vector<uint64_t> counts, const DeviceOpArgs* device) {
   OpDesc desc;
   desc.kind = kind;
   desc.dtype = dtype;
-  desc.reduce_op = op;
+  desc.reduce_op = reduce_op;
   desc.root = static_cast<uint32_t>(root);
   desc.count = count;
-  const bool is_root = rank_ == root;
-  const size_t es = elementSize(dtype);
-  // Blocks of size*count elements: allgather's and gather's output, reduce-scatter's and scatter's input.
-  const bool per_rank_blocks = kind == OpKind::kAllgather || kind == OpKind::kReduceScatter ||
-                               kind == OpKind::kGather || kind == OpKind::kScatter;
-  if (root < 0 || root >= size_) {  // named without describeOp(), which cannot show a negative root
-    throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: %s: root %d is not a rank of this communicator "
-                                                      "(size %d)",
-                                                      rank_, opKindName(kind), root, size_));
-  }
-  std::string bad;
-  if ((kind == OpKind::kAllreduce || kind == OpKind::kReduceScatter || kind == OpKind::kReduce)) {
-    bad = reduceUnsupportedReason(dtype, op);
-  }
-  if (bad.empty() &&
-      count > std::numeric_limits<size_t>::max() / es / (per_rank_blocks ? static_cast<size_t>(size_) : 1)) {
-    bad = strFormat("count %zu is too large: the buffers would not fit in memory", count);
-  }
-  if (bad.empty() && count > 0) {
-    // Which buffers the op touches on this rank (alltoall checks its own in allToAll()).
-    bool need_send = true, need_recv = true;
-    switch (kind) {
-      case OpKind::kReduce:
-      case OpKind::kGather:
-        need_recv = is_root;
-        break;
-      case OpKind::kScatter:
-        need_send = is_root;
-        break;
-      case OpKind::kBarrier:
-      case OpKind::kAllToAll:
-        need_send = need_recv = false;
-        break;
-      default:
-        break;
-    }
-    if ((need_send && send == nullptr) || (need_recv && recv == nullptr)) bad = "null buffer";
-  }
-  if (!bad.empty()) {
-    desc.seq = next_seq_;
-    throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: %s: %s", rank_, describeOp(desc).c_str(), bad.c_str()));
-  }
+  desc.seq = next_seq_;  // for the messages; taken for real below
+  checkOpArgs(desc, rank_, size_, send, recv);
   std::shared_ptr<DeviceEvent> ready, completion;
   if (device != nullptr) {
-    desc.seq = next_seq_;  // for the messages; taken for real below
     const std::string what = strFormat("rank %d: %s on device %d", rank_, describeOp(desc).c_str(), device->device);
     const DeviceApi* api = installedDeviceApi();
     if (api == nullptr) {
@@ -572,22 +519,14 @@ std::shared_ptr<Work> Communicator::broadcast(const void* send, void* recv, size
 std::shared_ptr<Work> Communicator::deviceCollective(OpKind kind, const void* send, void* recv, size_t count,
                                                      DataType dtype, ReduceOp op, int root, const DeviceOpArgs& device,
                                                      std::chrono::milliseconds timeout) {
-  switch (kind) {
-    case OpKind::kAllreduce:
-    case OpKind::kAllgather:
-    case OpKind::kReduceScatter:
-    case OpKind::kBroadcast:
-    case OpKind::kReduce:
-    case OpKind::kGather:
-    case OpKind::kScatter:
-      break;
-    default:
-      throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: %s is not supported on device buffers (copy "
-                                                        "them to the host)",
-                                                        rank_, opKindName(kind)));
+  const OpTraits& traits = opTraits(kind);
+  if (!traits.on_device || kind == OpKind::kAllToAll) {  // alltoall takes its counts through allToAll()
+    throwError(
+        ErrorKind::kInvalidArgument,
+        strFormat("rank %d: %s is not supported on device buffers (copy them to the host)", rank_, opKindName(kind)));
   }
-  if (kind != OpKind::kAllreduce && kind != OpKind::kReduceScatter && kind != OpKind::kReduce) op = ReduceOp::kSum;
-  if (kind == OpKind::kAllreduce || kind == OpKind::kAllgather || kind == OpKind::kReduceScatter) root = 0;
+  if (!traits.reduces) op = ReduceOp::kSum;
+  if (!traits.rooted) root = 0;
   return enqueue(kind, dtype, op, root, count, send, recv, timeout, Launch::kQueued, {}, &device);
 }
 
@@ -616,66 +555,17 @@ std::shared_ptr<Work> Communicator::allToAll(const void* send, void* recv, const
                                              const std::vector<int64_t>& recv_displs, DataType dtype,
                                              std::chrono::milliseconds timeout, Launch launch,
                                              const DeviceOpArgs* device) {
-  const size_t P = static_cast<size_t>(size_);
-  const uint64_t es = elementSize(dtype);
-  auto invalid = [&](const std::string& why) {
-    throwError(ErrorKind::kInvalidArgument,
-               strFormat("rank %d: alltoall(%s): %s", rank_, dataTypeName(dtype), why.c_str()));
-  };
-  const std::vector<int64_t>* vectors[4] = {&send_counts, &send_displs, &recv_counts, &recv_displs};
-  static const char* const kNames[4] = {"send_counts", "send_displs", "recv_counts", "recv_displs"};
-  for (int i = 0; i < 4; ++i) {
-    if (vectors[i]->size() != P) {
-      invalid(strFormat("%s has %zu entries, expected one per rank (%zu)", kNames[i], vectors[i]->size(), P));
-    }
-  }
-  // Every byte offset must fit in a signed 64-bit integer (and so in size_t and ptrdiff_t).
-  const uint64_t max_elems = static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / es;
-  std::vector<uint64_t> packed(4 * P);
-  uint64_t totals[2] = {0, 0};
-  uint64_t lo[2] = {max_elems, max_elems}, hi[2] = {0, 0};  // elements touched: [lo, hi)
-  for (int side = 0; side < 2; ++side) {
-    const std::vector<int64_t>& counts = *vectors[2 * side];
-    const std::vector<int64_t>& displs = *vectors[2 * side + 1];
-    const char* cname = kNames[2 * side];
-    const char* dname = kNames[2 * side + 1];
-    for (size_t p = 0; p < P; ++p) {
-      if (counts[p] < 0) invalid(strFormat("%s[%zu] = %lld is negative", cname, p, static_cast<long long>(counts[p])));
-      if (displs[p] < 0) invalid(strFormat("%s[%zu] = %lld is negative", dname, p, static_cast<long long>(displs[p])));
-      uint64_t c = static_cast<uint64_t>(counts[p]), d = static_cast<uint64_t>(displs[p]);
-      if (c > max_elems || d > max_elems - c) {
-        invalid(strFormat("%s[%zu] + %s[%zu] = %lld + %lld elements overflows the address space", dname, p, cname, p,
-                          static_cast<long long>(displs[p]), static_cast<long long>(counts[p])));
-      }
-      if (totals[side] > max_elems - c)
-        invalid(
-            strFormat("the %s add up to more than %llu elements", cname, static_cast<unsigned long long>(max_elems)));
-      totals[side] += c;
-      if (c > 0) {
-        lo[side] = std::min(lo[side], d);
-        hi[side] = std::max(hi[side], d + c);
-      }
-      packed[2 * side * P + p] = c;
-      packed[(2 * side + 1) * P + p] = d;
-    }
-  }
-  if (totals[0] > 0 && send == nullptr) invalid("null send buffer with elements to send");
-  if (totals[1] > 0 && recv == nullptr) invalid("null receive buffer with elements to receive");
-  const size_t me = static_cast<size_t>(rank_);
-  if (send_counts[me] != recv_counts[me]) {
-    invalid(
-        strFormat("send_counts[%d] = %lld but recv_counts[%d] = %lld: the block a rank sends itself must have "
-                  "the same size on both sides",
-                  rank_, static_cast<long long>(send_counts[me]), rank_, static_cast<long long>(recv_counts[me])));
-  }
-  if (totals[0] > 0 && totals[1] > 0) {
-    uintptr_t s0 = reinterpret_cast<uintptr_t>(send) + lo[0] * es, s1 = reinterpret_cast<uintptr_t>(send) + hi[0] * es;
-    uintptr_t r0 = reinterpret_cast<uintptr_t>(recv) + lo[1] * es, r1 = reinterpret_cast<uintptr_t>(recv) + hi[1] * es;
-    if (s0 < r1 && r0 < s1) invalid("the send and receive buffers overlap: alltoall cannot run in place");
-  }
+  AllToAllArgs args =
+      checkAllToAllArgs(rank_, size_, dtype, send, recv, send_counts, send_displs, recv_counts, recv_displs);
   // Device ops always go through the progress thread, which holds the device's context.
-  return enqueue(OpKind::kAllToAll, dtype, ReduceOp::kSum, 0, static_cast<size_t>(totals[0]), send, recv, timeout,
-                 device != nullptr ? Launch::kQueued : launch, std::move(packed), device);
+  return enqueue(OpKind::kAllToAll, dtype, ReduceOp::kSum, 0, static_cast<size_t>(args.send_total), send, recv, timeout,
+                 device != nullptr ? Launch::kQueued : launch, std::move(args.packed), device);
+}
+
+AlgorithmContext Communicator::algorithmContext(size_t element_size) const {
+  return AlgorithmContext{rank_, size_,
+                          Segmenter{std::max<size_t>(1, config_.chunk_bytes / element_size),
+                                    std::max<size_t>(1, config_.min_chunk_bytes / element_size)}};
 }
 
 void Communicator::runOp(const Op& op) {
@@ -683,104 +573,14 @@ void Communicator::runOp(const Op& op) {
   if (op.device >= 0) return runDeviceOp(op);
   const OpDesc& d = op.desc;
   const size_t es = elementSize(d.dtype);
-  const size_t bytes = d.count * es;
   const auto deadline = std::chrono::steady_clock::now() + op.timeout;
   if (shm_coll_ && ShmCollectives::handles(d.kind)) {
     return shm_coll_->run(d, op.send, op.recv, deadline, op.timeout, abort_flag_);
   }
-  const RingContext ctx{
-      rank_, size_,
-      Segmenter{std::max<size_t>(1, config_.chunk_bytes / es), std::max<size_t>(1, config_.min_chunk_bytes / es)}};
   schedule_.reset(d, es);
-  // Local part first: out-of-place inputs are copied where the algorithm
-  // expects them (memmove: callers may pass overlapping views).
-  switch (d.kind) {
-    case OpKind::kAllreduce:
-      if (size_ == 1) {
-        if (op.send != op.recv) std::memmove(op.recv, op.send, bytes);
-        if (d.reduce_op == ReduceOp::kAvg) scaleDivide(op.recv, d.count, d.dtype, 1);
-        return;
-      }
-      // Below the switch-over (measured: bench/sweep.py) latency dominates,
-      // and recursive doubling needs log2(P) message latencies to the ring's 2(P-1).
-      if (d.count > 0 && bytes <= config_.allreduce_rd_bytes) {
-        buildRecursiveDoublingAllreduce(schedule_, ctx, op.send, op.recv, d.count);
-      } else {
-        buildRingAllreduce(schedule_, ctx, op.send, op.recv, d.count);
-      }
-      break;
-    case OpKind::kAllgather: {
-      char* own = op.recv + static_cast<size_t>(rank_) * bytes;
-      if (op.send != own) std::memmove(own, op.send, bytes);
-      if (size_ == 1) return;
-      buildRingAllgather(schedule_, ctx, op.recv, d.count);
-      break;
-    }
-    case OpKind::kReduceScatter:
-      if (size_ == 1) {
-        if (op.send != op.recv) std::memmove(op.recv, op.send, bytes);
-        if (d.reduce_op == ReduceOp::kAvg) scaleDivide(op.recv, d.count, d.dtype, 1);
-        return;
-      }
-      if (scratch_.size() < bytes * static_cast<size_t>(size_)) scratch_.resize(bytes * static_cast<size_t>(size_));
-      buildRingReduceScatter(schedule_, ctx, op.send, op.recv, scratch_.data(), d.count);
-      break;
-    case OpKind::kBroadcast:
-      if (rank_ == static_cast<int>(d.root) && op.send != op.recv) std::memmove(op.recv, op.send, bytes);
-      if (size_ == 1) return;
-      buildChainBroadcast(schedule_, ctx, op.recv, d.count, static_cast<int>(d.root));
-      break;
-    case OpKind::kBarrier:
-      if (size_ == 1) return;
-      buildDisseminationBarrier(schedule_, ctx);
-      break;
-    case OpKind::kReduce: {
-      const int root = static_cast<int>(d.root);
-      if (size_ == 1) {
-        if (op.send != op.recv && bytes > 0) std::memmove(op.recv, op.send, bytes);
-        if (d.reduce_op == ReduceOp::kAvg) scaleDivide(op.recv, d.count, d.dtype, 1);
-        return;
-      }
-      // Partial sums on the ranks between the far end and the root (algorithms.h).
-      if (rank_ != root && scratch_.size() < bytes) scratch_.resize(bytes);
-      buildChainReduce(schedule_, ctx, op.send, op.recv, scratch_.data(), d.count, root);
-      break;
-    }
-    case OpKind::kGather: {
-      const size_t root = d.root;
-      if (rank_ == static_cast<int>(root) && bytes > 0) {
-        char* own = op.recv + root * bytes;
-        if (op.send != own) std::memmove(own, op.send, bytes);
-      }
-      if (size_ == 1) return;
-      buildDirectGather(schedule_, ctx, op.send, op.recv, d.count, static_cast<int>(root));
-      break;
-    }
-    case OpKind::kScatter: {
-      const size_t root = d.root;
-      if (rank_ == static_cast<int>(root) && bytes > 0) {
-        const char* own = op.send + root * bytes;
-        if (op.recv != own) std::memmove(op.recv, own, bytes);
-      }
-      if (size_ == 1) return;
-      buildDirectScatter(schedule_, ctx, op.send, op.recv, d.count, static_cast<int>(root));
-      break;
-    }
-    case OpKind::kAllToAll: {
-      const AllToAllLayout a = allToAllLayout(op.counts, size_);
-      const size_t me = static_cast<size_t>(rank_);
-      if (a.send_counts[me] > 0) {
-        std::memmove(op.recv + a.recv_displs[me] * es, op.send + a.send_displs[me] * es, a.send_counts[me] * es);
-      }
-      if (size_ == 1) return;
-      buildPairwiseAllToAll(schedule_, ctx, op.send, op.recv, a.send_counts, a.send_displs, a.recv_counts,
-                            a.recv_displs);
-      break;
-    }
-    case OpKind::kPointToPoint:  // never queued here: the p2p engine runs them
-    case OpKind::kAbort:
-      return;
-  }
+  HostMemory memory(scratch_);
+  const AlgorithmChoice choice{config_.allreduce_rd_bytes};
+  if (!planOp(OpCall{d, op.send, op.recv, op.counts}, algorithmContext(es), choice, memory, schedule_)) return;
   executor_->run(schedule_, deadline, op.timeout, abort_flag_);
 }
 
@@ -790,7 +590,6 @@ void Communicator::runOp(const Op& op) {
 void Communicator::runDeviceOp(const Op& op) {
   const OpDesc& d = op.desc;
   const size_t es = elementSize(d.dtype);
-  const size_t bytes = d.count * es;
   const auto deadline = std::chrono::steady_clock::now() + op.timeout;
   const std::string context = strFormat("rank %d: %s (op #%llu) on device %d", rank_, describeOp(d).c_str(),
                                         static_cast<unsigned long long>(d.seq), op.device);
@@ -817,66 +616,12 @@ void Communicator::runDeviceOp(const Op& op) {
   }
   DeviceStagingExecutor& ex = *device_executor_;
   device_path_.store(ex.gdr() ? DevicePath::kGdr : DevicePath::kStaging, std::memory_order_relaxed);
-  const RingContext ctx{
-      rank_, size_,
-      Segmenter{std::max<size_t>(1, config_.chunk_bytes / es), std::max<size_t>(1, config_.min_chunk_bytes / es)}};
   schedule_.reset(d, es);
-  const int root = static_cast<int>(d.root);
-  const bool avg = d.reduce_op == ReduceOp::kAvg;
   try {
     ex.begin(op.ready.get(), context);
-    bool exchange = size_ > 1;
-    switch (d.kind) {
-      case OpKind::kAllreduce:
-      case OpKind::kReduceScatter:
-        if (size_ == 1) {
-          ex.localCopy(op.recv, op.send, bytes);
-          if (avg) ex.localScaleDivide(op.recv, d.count, d.dtype, 1);
-        } else if (d.kind == OpKind::kAllreduce) {
-          buildRingAllreduce(schedule_, ctx, op.send, op.recv, d.count);
-        } else {
-          buildRingReduceScatter(schedule_, ctx, op.send, op.recv, ex.scratch(bytes * static_cast<size_t>(size_)),
-                                 d.count);
-        }
-        break;
-      case OpKind::kAllgather:
-        ex.localCopy(op.recv + static_cast<size_t>(rank_) * bytes, op.send, bytes);
-        if (exchange) buildRingAllgather(schedule_, ctx, op.recv, d.count);
-        break;
-      case OpKind::kBroadcast:
-        if (rank_ == root) ex.localCopy(op.recv, op.send, bytes);
-        if (exchange) buildChainBroadcast(schedule_, ctx, op.recv, d.count, root);
-        break;
-      case OpKind::kReduce:
-        if (size_ == 1) {
-          ex.localCopy(op.recv, op.send, bytes);
-          if (avg) ex.localScaleDivide(op.recv, d.count, d.dtype, 1);
-        } else {
-          char* partial = rank_ != root && bytes > 0 ? ex.scratch(bytes) : nullptr;
-          buildChainReduce(schedule_, ctx, op.send, op.recv, partial, d.count, root);
-        }
-        break;
-      case OpKind::kGather:
-        if (rank_ == root) ex.localCopy(op.recv + static_cast<size_t>(root) * bytes, op.send, bytes);
-        if (exchange) buildDirectGather(schedule_, ctx, op.send, op.recv, d.count, root);
-        break;
-      case OpKind::kScatter:
-        if (rank_ == root) ex.localCopy(op.recv, op.send + static_cast<size_t>(root) * bytes, bytes);
-        if (exchange) buildDirectScatter(schedule_, ctx, op.send, op.recv, d.count, root);
-        break;
-      case OpKind::kAllToAll: {
-        const AllToAllLayout a = allToAllLayout(op.counts, size_);
-        const size_t me = static_cast<size_t>(rank_);
-        ex.localCopy(op.recv + a.recv_displs[me] * es, op.send + a.send_displs[me] * es, a.send_counts[me] * es);
-        if (exchange) {
-          buildPairwiseAllToAll(schedule_, ctx, op.send, op.recv, a.send_counts, a.send_displs, a.recv_counts,
-                                a.recv_displs);
-        }
-        break;
-      }
-      default:  // refused by deviceCollective()
-        throwError(ErrorKind::kInvalidArgument, context + ": not supported on device buffers");
-    }
+    // The staging executor runs the ring for every size (AlgorithmChoice{}).
+    const bool exchange =
+        planOp(OpCall{d, op.send, op.recv, op.counts}, algorithmContext(es), AlgorithmChoice{}, ex, schedule_);
     if (exchange) ex.run(schedule_, deadline, op.timeout, abort_flag_);
     ex.finish(op.work->deviceCompletion().get(), deadline, op.timeout, abort_flag_);
   } catch (...) {

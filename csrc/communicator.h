@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "algorithms.h"
 #include "config.h"
 #include "device_runtime.h"
 #include "device_staging_executor.h"
@@ -192,6 +193,7 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
     ~ExecutorRelease();
   };
   void runDeviceOp(const Op& op);
+  AlgorithmContext algorithmContext(size_t element_size) const;
   void recordTimeline(const Op& op, std::chrono::steady_clock::time_point start, const char* outcome);
   // Thread-safe: records the first failure (sticky), fails the p2p engine with
   // it and wakes the collective thread, which tells its peers (tellPeers).

@@ -181,12 +181,12 @@ void DeviceStagingExecutor::begin(const DeviceEvent* ready, const std::string& c
   }
 }
 
-void DeviceStagingExecutor::localCopy(void* dst, const void* src, size_t bytes) {
+void DeviceStagingExecutor::copy(char* dst, const char* src, size_t bytes) {
   if (bytes == 0 || dst == src) return;
   check(api_.copy_d2d_async(dst, src, bytes, d2h_stream_), "copying within the device");
 }
 
-void DeviceStagingExecutor::localScaleDivide(void* buf, size_t count, DataType dtype, size_t divisor) {
+void DeviceStagingExecutor::scaleDivide(char* buf, size_t count, DataType dtype, size_t divisor) {
   if (count == 0) return;
   check(api_.scale_divide_async(buf, count, static_cast<int>(dtype), divisor, d2h_stream_), "dividing (avg)");
 }

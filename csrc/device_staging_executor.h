@@ -44,13 +44,16 @@
 
 #include "config.h"
 #include "device_runtime.h"
+#include "op_table.h"
 #include "schedule.h"
 #include "socket_util.h"
 #include "transport.h"
 
 namespace rcoll {
 
-class DeviceStagingExecutor {
+// The local steps of the op table (op_table.h) run here on the device: copies
+// and scaling on the executor's stream, scratch in device memory.
+class DeviceStagingExecutor final : public LocalMemory {
  public:
   // `gdr`: RCOLL_GDR. kOn throws RcollError(kConfig) naming why when GPUDirect
   // RDMA is impossible; kAuto then stages through pinned host memory.
@@ -70,10 +73,10 @@ class DeviceStagingExecutor {
   // kernel of the op has completed. `context` ("rank 0: allreduce(...) (op #3)")
   // prefixes every error. After a failure, abandon() waits for the device.
   void begin(const DeviceEvent* ready, const std::string& context);
-  void localCopy(void* dst, const void* src, size_t bytes);
-  void localScaleDivide(void* buf, size_t count, DataType dtype, size_t divisor);
+  void copy(char* dst, const char* src, size_t bytes) override;
+  void scaleDivide(char* buf, size_t count, DataType dtype, size_t divisor) override;
   // Device memory for partial results, grown on demand (between ops only).
-  char* scratch(size_t bytes);
+  char* scratch(size_t bytes) override;
   void run(const Schedule& schedule, Deadline deadline, std::chrono::milliseconds timeout,
            const std::atomic<bool>& abort_flag);
   void finish(DeviceEvent* done, Deadline deadline, std::chrono::milliseconds timeout,

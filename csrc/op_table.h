@@ -1,0 +1,103 @@
+// Every collective in one table: the buffers it touches, the checks made before
+// it is queued, its local step and the algorithm that builds its transfers.
+// Host and device dispatch both go through it (communicator.cc), so adding a
+// collective is one row in kOpTraits, one case in planOp(), a builder in
+// algorithms.cc and its bindings.
+//
+// Nothing here knows of threads, transports or devices: the local step runs
+// through LocalMemory (host memory, or a device's through its staging executor)
+// and the transfers go into a Schedule that an executor runs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "algorithms.h"
+#include "dtype.h"
+#include "schedule.h"
+#include "wire.h"
+
+namespace rcoll {
+
+// Which ranks must pass a buffer (when count > 0).
+enum class BufferUse : uint8_t { kNone, kEveryRank, kRootOnly };
+
+struct OpTraits {
+  OpKind kind;
+  bool reduces;          // takes a reduce op, checked against the dtype
+  bool rooted;           // takes a root
+  bool per_rank_blocks;  // one of its buffers holds size x count elements
+  BufferUse send;
+  BufferUse recv;
+  bool on_device;  // runs on device buffers (deviceCollective)
+};
+
+// The row of a collective; throws for kinds that are not collectives (p2p, abort).
+const OpTraits& opTraits(OpKind kind);
+
+// The checks every collective gets once, on the caller's thread, before it
+// takes a sequence number: root in range, dtype/op supported, sizes that fit in
+// memory, no null buffer where the op reads or writes. Throws
+// RcollError(kInvalidArgument) naming the rank and the op. `desc.seq` is the
+// number the op would take (for the message).
+void checkOpArgs(const OpDesc& desc, int rank, int size, const void* send, const void* recv);
+
+// alltoallv's arguments, checked (one entry per rank, nothing negative or
+// overflowing, the block to self the same size on both sides, no overlap of
+// the two buffers) and packed as the op carries them: send_counts,
+// send_displs, recv_counts, recv_displs, `size` entries each, in elements.
+struct AllToAllArgs {
+  std::vector<uint64_t> packed;
+  uint64_t send_total = 0;  // elements
+};
+AllToAllArgs checkAllToAllArgs(int rank, int size, DataType dtype, const void* send, void* recv,
+                               const std::vector<int64_t>& send_counts, const std::vector<int64_t>& send_displs,
+                               const std::vector<int64_t>& recv_counts, const std::vector<int64_t>& recv_displs);
+
+// Where an op's local step runs: host memory, or a device's.
+class LocalMemory {
+ public:
+  virtual ~LocalMemory() = default;
+  // Ranges may overlap (callers pass views of one tensor); nothing happens when
+  // dst == src or bytes == 0.
+  virtual void copy(char* dst, const char* src, size_t bytes) = 0;
+  virtual void scaleDivide(char* buf, size_t count, DataType dtype, size_t divisor) = 0;
+  // A block of at least `bytes`, valid until the next call.
+  virtual char* scratch(size_t bytes) = 0;
+};
+
+// Host memory: memmove, the CPU kernels and a scratch vector the owner keeps.
+class HostMemory final : public LocalMemory {
+ public:
+  explicit HostMemory(std::vector<char>& scratch) : scratch_(scratch) {}
+  void copy(char* dst, const char* src, size_t bytes) override;
+  void scaleDivide(char* buf, size_t count, DataType dtype, size_t divisor) override;
+  char* scratch(size_t bytes) override;
+
+ private:
+  std::vector<char>& scratch_;
+};
+
+// One op on this rank, as queued.
+struct OpCall {
+  const OpDesc& desc;
+  const char* send;
+  char* recv;
+  const std::vector<uint64_t>& alltoall_counts;  // AllToAllArgs::packed; empty for other ops
+};
+
+// Algorithm choices an executor can take.
+struct AlgorithmChoice {
+  size_t allreduce_rd_bytes = 0;  // recursive doubling for allreduces up to this size; 0: always the ring
+};
+
+// Runs the op's local step (out-of-place inputs copied where the algorithm
+// expects them, a world of one's whole op) on `memory`, then builds its
+// transfers into `schedule` (already reset for the op). Returns false when
+// nothing is left to transfer.
+bool planOp(const OpCall& op, const AlgorithmContext& ctx, const AlgorithmChoice& choice, LocalMemory& memory,
+            Schedule& schedule);
+
+}  // namespace rcoll
