@@ -237,7 +237,7 @@ class Communicator:
                 self._comm.broadcast_array(array, root, timeout):
             return array
         name = "broadcast"
-        self._check_root(root, name)
+        root = self._root_index(root, name)
         if self._on_device(array, out):
             src, dst = self._device_pair(array, out, name, writable_src=out is None and self.rank != root)
             self._same_device_layout(src, dst, name, src.size)
@@ -343,7 +343,7 @@ class Communicator:
         does their Handle's wait()).
         """
         name = "reduce"
-        self._check_root(root, name)
+        root = self._root_index(root, name)
         is_root = self.rank == root
         if self._on_device(array, out if is_root else None):
             src, dst = self._device_pair(array, out if is_root else None, name, writable_src=is_root and out is None)
@@ -370,7 +370,7 @@ class Communicator:
         ignore `out` and return None.
         """
         name = "gather"
-        self._check_root(root, name)
+        root = self._root_index(root, name)
         if self._on_device(array, out if self.rank == root else None):
             dst = None
             if self.rank == root:
@@ -405,7 +405,7 @@ class Communicator:
         array[root] (in place).
         """
         name = "scatter"
-        self._check_root(root, name)
+        root = self._root_index(root, name)
         if self._on_device(array if self.rank == root else None, out):
             if out is None:
                 raise _core.InvalidArgumentError(
@@ -528,10 +528,17 @@ class Communicator:
         self.shutdown()
         return False
 
-    def _check_root(self, root, name):
-        if not isinstance(root, (int, np.integer)) or not 0 <= root < self.size:
+    def _root_index(self, root, name):
+        """The root as the core takes it, a C int; the core checks that it is a
+        rank of this communicator (op_table.cc), as it does for every caller."""
+        try:
+            value = operator.index(root)
+        except TypeError:
+            value = None
+        if value is None or not -2**31 <= value < 2**31:
             raise _core.InvalidArgumentError(
                 f"rank {self.rank}: {name}: root {root!r} is not a rank of this communicator (size {self.size})")
+        return value
 
     def _counts(self, counts, what, name):
         """A list of `size` non-negative Python ints from a sequence of integers."""

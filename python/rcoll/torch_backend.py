@@ -296,12 +296,6 @@ class RcollProcessGroup(dist.ProcessGroup):
                 f"(supported: SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR)")
         return code
 
-    def _root(self, root, opname):
-        if not 0 <= root < self._size:
-            raise _core.InvalidArgumentError(
-                f"rank {self._rank}: {opname}: root {root} is not a rank of this group (size {self._size})")
-        return root
-
     # -- collectives --------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceOptions()
@@ -410,7 +404,7 @@ class RcollProcessGroup(dist.ProcessGroup):
 
     def broadcast(self, tensors, opts=None):
         opts = opts if opts is not None else dist.BroadcastOptions()
-        root = self._root(opts.rootRank, "broadcast")
+        root = opts.rootRank  # checked by the core
         timeout = _timeout_seconds(opts)
         if len(tensors) == 1 and not tensors[0].is_cuda and tensors[0].is_contiguous():  # the common call
             t = tensors[0]
@@ -550,7 +544,7 @@ class RcollProcessGroup(dist.ProcessGroup):
     # -- rooted ops ---------------------------------------------------------------
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
-        root = self._root(opts.rootRank, "reduce")
+        root = opts.rootRank  # checked by the core
         timeout = _timeout_seconds(opts)
         staged, works = [], []
         for t in tensors:
@@ -567,7 +561,7 @@ class RcollProcessGroup(dist.ProcessGroup):
     @_complex_as_real
     def gather(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else dist.GatherOptions()
-        root = self._root(opts.rootRank, "gather")
+        root = opts.rootRank  # checked by the core
         inp = input_tensors[0]
         code = _check_tensor(inp, self._rank, "gather", moves_only=True)
         src = inp.contiguous()
@@ -585,7 +579,7 @@ class RcollProcessGroup(dist.ProcessGroup):
     @_complex_as_real
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else dist.ScatterOptions()
-        root = self._root(opts.rootRank, "scatter")
+        root = opts.rootRank  # checked by the core
         out = output_tensors[0]
         code = _check_tensor(out, self._rank, "scatter", moves_only=True)
         flat = None
