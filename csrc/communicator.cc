@@ -1,69 +1,21 @@
 #include "communicator.h"
 
-#include <sys/random.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 
-#include "algorithms.h"
-#include "composite_transport.h"
-#include "edge_plan.h"
+#include "device_staging_executor.h"
 #include "error.h"
 #include "log.h"
-#include "op_table.h"
+#include "mesh.h"
 #include "op_errors.h"
-#include "reduce_kernels.h"
-#include "socket_util.h"
-#include "rdma/ib_device.h"
-#include "rdma/verbs_factory.h"
-#include "shm/shm_setup.h"
-#include "shm/shm_transport.h"
-#include "tcp_transport.h"
+#include "op_table.h"
+#include "p2p_engine.h"
+#include "pipeline_executor.h"
+#include "shm/shm_collectives.h"
+#include "timeline.h"
+#include "transport.h"
 
 namespace rcoll {
-
-namespace {
-
-constexpr uint64_t kPointToPointIdSalt = 0x7032707032703270ull;  // "p2p" mesh id = comm id ^ salt
-
-void fillRandom(void* out, size_t bytes) {
-  auto* p = static_cast<uint8_t*>(out);
-  while (bytes > 0) {
-    ssize_t n = getrandom(p, bytes, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throwError(ErrorKind::kGeneric, "getrandom(): " + errnoText(errno));
-    }
-    p += n;
-    bytes -= static_cast<size_t>(n);
-  }
-}
-
-// What rank 0 publishes for everyone: the job secret and the settings that must
-// be identical on every rank for the segment headers to line up.
-#pragma pack(push, 1)
-struct JobInfo {
-  uint8_t token[16];
-  uint64_t comm_id;
-  uint32_t size;
-  uint64_t chunk_bytes;
-  uint64_t min_chunk_bytes;
-  uint64_t allreduce_rd_bytes;
-  uint64_t shm_coll_slot_bytes;  // 0: RCOLL_SHM_COLL=0
-  uint64_t shm_coll_direct_bytes;
-  uint64_t cuda_ipc_slot_bytes;  // 0: RCOLL_CUDA_IPC=0
-  uint64_t cuda_ipc_direct_bytes;
-  uint32_t sockets_per_peer;  // both ends of a pair must open the same number
-};
-#pragma pack(pop)
-
-std::vector<uint8_t> toBytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
-std::string fromBytes(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
-
-}  // namespace
 
 Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, const CommunicatorOptions& options)
     : rank_(rank), size_(size), name_(options.name), config_(Config::fromEnvironment()) {
@@ -73,13 +25,22 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, con
   if (!store) throwError(ErrorKind::kInvalidArgument, "a rendezvous store is required");
   timeout_ = options.timeout.count() > 0 ? options.timeout : config_.timeout;
   setLogRank(rank);
-  info_.rank = rank;
-  info_.size = size;
-  rendezvous(*store, options.bind_hint);
+  Mesh mesh = buildMesh(*store, rank, size, name_, config_, options.bind_hint);
+  config_ = mesh.config;
+  comm_id_ = mesh.info.comm_id;
+  topology_ = std::move(mesh.topology);
+  peer_transports_ = std::move(mesh.peer_transports);
+  transport_ = std::move(mesh.transport);
+  shm_coll_ = std::move(mesh.shm_coll);
+  if (mesh.p2p_transport) {
+    p2p_ = std::make_unique<P2PEngine>(
+        std::move(mesh.p2p_transport), rank_, size_, mesh.p2p_info.comm_id,
+        [this](ErrorKind kind, const std::string& message) { recordFailure(kind, message); });
+  }
   size_t max_elem = 8;
   if (transport_) {  // none in a world of size 1, where every op is local
-    executor_ = std::make_unique<PipelineExecutor>(*transport_, rank_, size_, info_.comm_id,
-                                                   config_.chunk_bytes + max_elem, config_.pipeline_slots);
+    executor_ = std::make_unique<PipelineExecutor>(*transport_, rank_, size_, comm_id_, config_.chunk_bytes + max_elem,
+                                                   config_.pipeline_slots);
   }
   timeline_ = Timeline::open(config_.timeline, rank_);
   if (timeline_) {
@@ -107,12 +68,9 @@ Communicator::~Communicator() {
 
 const char* Communicator::transportName() const { return transport_ ? transport_->name() : "none"; }
 
-std::string Communicator::describeEdges() const {
-  const std::vector<std::string> edges = transports();
-  std::string out = "per rank:";
-  for (size_t p = 0; p < edges.size(); ++p) out += strFormat("%s %zu %s", p == 0 ? "" : ",", p, edges[p].c_str());
-  return out;
-}
+std::string Communicator::describeEdges() const { return rcoll::describeEdges(transports()); }
+
+bool Communicator::cachesRegistrations() const { return transport_ && transport_->needsRegistration(); }
 
 const char* Communicator::devicePath() const {
   switch (device_path_.load(std::memory_order_relaxed)) {
@@ -135,278 +93,6 @@ std::vector<std::string> Communicator::transports() const {
 void Communicator::invalidateMemory(const void* data, size_t bytes) {
   if (transport_) transport_->invalidateMemory(data, bytes);
   if (p2p_) p2p_->transport().invalidateMemory(data, bytes);
-}
-
-void Communicator::rendezvous(Store& store, const std::string& bind_hint) {
-  const auto deadline = std::chrono::steady_clock::now() + config_.connect_timeout;
-  // Each set of ranks that joins under this name gets its own generation, so a
-  // communicator re-created on the same store never reads stale keys.
-  std::string base = "rcoll/" + name_ + "/";
-  int64_t joined = store.add(base + "joined", 1);
-  std::string prefix = base + std::to_string((joined - 1) / size_) + "/";
-
-  JobInfo job{};
-  if (rank_ == 0) {
-    fillRandom(job.token, sizeof(job.token));
-    fillRandom(&job.comm_id, sizeof(job.comm_id));
-    job.size = static_cast<uint32_t>(size_);
-    job.chunk_bytes = config_.chunk_bytes;
-    job.min_chunk_bytes = config_.min_chunk_bytes;
-    job.allreduce_rd_bytes = config_.allreduce_rd_bytes;
-    job.shm_coll_slot_bytes = config_.shm_coll ? config_.shm_coll_slot_bytes : 0;
-    job.shm_coll_direct_bytes = config_.shm_coll_direct_bytes;
-    job.cuda_ipc_slot_bytes = config_.cuda_ipc ? config_.cuda_ipc_slot_bytes : 0;
-    job.cuda_ipc_direct_bytes = config_.cuda_ipc_direct_bytes;
-    job.sockets_per_peer = static_cast<uint32_t>(config_.sockets_per_peer);
-    std::vector<uint8_t> bytes(sizeof(job));
-    std::memcpy(bytes.data(), &job, sizeof(job));
-    store.set(prefix + "job", bytes);
-  } else {
-    std::vector<uint8_t> bytes = store.get(prefix + "job", config_.connect_timeout);
-    if (bytes.size() != sizeof(job)) {
-      throwError(ErrorKind::kConfig, strFormat("rank %d: rank 0 published job information of another rcoll "
-                                               "version (%zu bytes); install the same rcoll on every rank",
-                                               rank_, bytes.size()));
-    }
-    std::memcpy(&job, bytes.data(), sizeof(job));
-    if (job.size != static_cast<uint32_t>(size_)) {
-      throwError(ErrorKind::kConfig,
-                 strFormat("rank %d was started with world size %d but rank 0 with %u", rank_, size_, job.size));
-    }
-    if (job.chunk_bytes != config_.chunk_bytes || job.min_chunk_bytes != config_.min_chunk_bytes) {
-      RCOLL_WARN("RCOLL_CHUNK_BYTES/RCOLL_MIN_CHUNK_BYTES differ from rank 0's (%llu/%llu); using rank 0's",
-                 static_cast<unsigned long long>(job.chunk_bytes),
-                 static_cast<unsigned long long>(job.min_chunk_bytes));
-      config_.chunk_bytes = job.chunk_bytes;
-      config_.min_chunk_bytes = job.min_chunk_bytes;
-    }
-    if (job.allreduce_rd_bytes != config_.allreduce_rd_bytes) {
-      RCOLL_WARN("RCOLL_ALLREDUCE_RD_BYTES differs from rank 0's (%llu); using rank 0's",
-                 static_cast<unsigned long long>(job.allreduce_rd_bytes));
-      config_.allreduce_rd_bytes = job.allreduce_rd_bytes;
-    }
-    const uint64_t mine = config_.shm_coll ? config_.shm_coll_slot_bytes : 0;
-    if (job.shm_coll_slot_bytes != mine) {
-      RCOLL_WARN("RCOLL_SHM_COLL/RCOLL_SHM_COLL_SLOT_BYTES differ from rank 0's (%d/%llu); using rank 0's",
-                 job.shm_coll_slot_bytes > 0 ? 1 : 0, static_cast<unsigned long long>(job.shm_coll_slot_bytes));
-      config_.shm_coll = job.shm_coll_slot_bytes > 0;
-      if (config_.shm_coll) config_.shm_coll_slot_bytes = job.shm_coll_slot_bytes;
-    }
-    if (job.shm_coll_direct_bytes != config_.shm_coll_direct_bytes) {
-      RCOLL_WARN("RCOLL_SHM_COLL_DIRECT_BYTES differs from rank 0's (%llu); using rank 0's",
-                 static_cast<unsigned long long>(job.shm_coll_direct_bytes));
-      config_.shm_coll_direct_bytes = job.shm_coll_direct_bytes;
-    }
-    const uint64_t my_ipc = config_.cuda_ipc ? config_.cuda_ipc_slot_bytes : 0;
-    if (job.cuda_ipc_slot_bytes != my_ipc || job.cuda_ipc_direct_bytes != config_.cuda_ipc_direct_bytes) {
-      RCOLL_WARN(
-          "RCOLL_CUDA_IPC/RCOLL_CUDA_IPC_SLOT_BYTES/RCOLL_CUDA_IPC_DIRECT_BYTES differ from rank 0's "
-          "(%d/%llu/%llu); using rank 0's",
-          job.cuda_ipc_slot_bytes > 0 ? 1 : 0, static_cast<unsigned long long>(job.cuda_ipc_slot_bytes),
-          static_cast<unsigned long long>(job.cuda_ipc_direct_bytes));
-      config_.cuda_ipc = job.cuda_ipc_slot_bytes > 0;
-      if (config_.cuda_ipc) config_.cuda_ipc_slot_bytes = job.cuda_ipc_slot_bytes;
-      config_.cuda_ipc_direct_bytes = job.cuda_ipc_direct_bytes;
-    }
-    if (job.sockets_per_peer != static_cast<uint32_t>(config_.sockets_per_peer)) {
-      RCOLL_WARN("RCOLL_SOCKETS_PER_PEER differs from rank 0's (%u); using rank 0's", job.sockets_per_peer);
-      config_.sockets_per_peer = static_cast<int>(job.sockets_per_peer);
-    }
-  }
-  std::memcpy(info_.token, job.token, sizeof(info_.token));
-  info_.comm_id = job.comm_id;
-  if (size_ == 1) return;  // nobody to talk to: no sockets at all
-
-  std::string bind_host;
-  if (!config_.socket_ifname.empty()) {
-    bind_host = interfaceAddress(config_.socket_ifname);
-    if (bind_host.empty()) {
-      throwError(ErrorKind::kConfig, strFormat("RCOLL_SOCKET_IFNAME=%s: no such interface with an IPv4 address",
-                                               config_.socket_ifname.c_str()));
-    }
-  } else {
-    bind_host = bind_hint.empty() ? "127.0.0.1" : bind_hint;
-  }
-  const std::vector<HostEntry> hosts = exchangeHosts(store, prefix, deadline);
-  const bool need_network = needsNetwork(rank_, hosts);
-  IbPortChoice ib_port;
-  const bool use_verbs = need_network && agreeOnVerbs(store, prefix, deadline, hosts, &ib_port);
-  const char* network = use_verbs ? "ib" : "tcp";
-  // Each peer's edge: the same rule on both ends (edge_plan.h).
-  std::vector<int> route(static_cast<size_t>(size_));  // -1 self, 0 shared memory, 1 network
-  peer_transports_.assign(static_cast<size_t>(size_), "self");
-  int shm_peers = 0;
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_) {
-      route[static_cast<size_t>(p)] = -1;
-      continue;
-    }
-    const bool shm = sharesMemory(hosts[static_cast<size_t>(rank_)], hosts[static_cast<size_t>(p)]);
-    route[static_cast<size_t>(p)] = shm ? 0 : 1;
-    peer_transports_[static_cast<size_t>(p)] = shm ? "shm" : network;
-    shm_peers += shm ? 1 : 0;
-  }
-  // Point-to-point keeps one socket per peer: its messages are few and
-  // matched by tag, and one stream keeps their order simple to reason about.
-  Config p2p_network_config = config_;
-  p2p_network_config.sockets_per_peer = 1;
-  const Config* network_settings = &config_;
-  auto makeNetwork = [&](const ConnectInfo& connect_info) -> std::unique_ptr<Transport> {
-    if (use_verbs) return makeVerbsTransport(connect_info, config_, bind_host, ib_port);
-    return std::make_unique<TcpTransport>(connect_info, *network_settings, bind_host);
-  };
-  // One transport when every edge is alike (its own progress loop, nothing in
-  // between); a composite only when this rank has edges of both kinds.
-  // Shared windows only where they can serve collectives: every rank on this
-  // host, and the collective transport (point-to-point needs none).
-  Config shm_config = config_;
-  shm_config.shm_coll = config_.shm_coll && !need_network;
-  Config p2p_shm_config = config_;
-  p2p_shm_config.shm_coll = false;
-  const Config* shm_settings = &shm_config;
-  auto makeTransport = [&](const ConnectInfo& connect_info) -> std::unique_ptr<Transport> {
-    if (!need_network) return std::make_unique<ShmTransport>(connect_info, *shm_settings, bind_host);
-    if (shm_peers == 0) return makeNetwork(connect_info);
-    std::vector<std::unique_ptr<Transport>> children;
-    children.push_back(std::make_unique<ShmTransport>(connect_info, *shm_settings, bind_host));
-    children.push_back(makeNetwork(connect_info));
-    return std::make_unique<CompositeTransport>(connect_info, std::move(children), route, config_.spin);
-  };
-  transport_ = makeTransport(info_);
-  RCOLL_INFO("rank %d: transport %s; %s", rank_, transport_->name(), describeEdges().c_str());
-  // Point-to-point traffic gets its own connections (p2p_engine.h): sockets or
-  // queue pairs. Their handshakes and headers carry a different id, so a stray
-  // cross-connection is refused.
-  ConnectInfo p2p_info = info_;
-  p2p_info.comm_id = info_.comm_id ^ kPointToPointIdSalt;
-  shm_settings = &p2p_shm_config;
-  network_settings = &p2p_network_config;
-  auto p2p_transport = makeTransport(p2p_info);
-  store.set(prefix + "addr/" + std::to_string(rank_), toBytes(listenAddresses(*transport_)));
-  store.set(prefix + "p2paddr/" + std::to_string(rank_), toBytes(listenAddresses(*p2p_transport)));
-
-  // Connect to every lower rank, accept every higher one: lower ranks never wait
-  // on higher ones, so the set-up cannot deadlock (composite_transport.h: nor
-  // with one listener per transport).
-  auto connectMesh = [&](Transport& transport, const std::string& key) {
-    for (int peer = 0; peer < rank_; ++peer) {
-      int ms = millisecondsUntil(deadline);
-      std::string published = fromBytes(store.get(prefix + key + std::to_string(peer), std::chrono::milliseconds(ms)));
-      transport.connect(peer, pickAddress(published, peer_transports_[static_cast<size_t>(peer)], rank_, peer),
-                        deadline);
-    }
-    for (int accepted = 0; accepted < size_ - 1 - rank_; ++accepted) transport.accept(deadline);
-    transport.closeListener();
-  };
-  connectMesh(*transport_, "addr/");
-  connectMesh(*p2p_transport, "p2paddr/");
-  if (auto* shm = dynamic_cast<ShmTransport*>(transport_.get())) {
-    if (ShmCollectives::available(*shm, size_)) {
-      shm_coll_ = std::make_unique<ShmCollectives>(*shm, rank_, size_, config_.spin, config_.shm_coll_direct_bytes);
-      RCOLL_INFO(
-          "rank %d: allreduce, allgather, reduce_scatter, broadcast and barrier go through shared windows "
-          "(slots of %zu bytes)",
-          rank_, shm->windowSlotBytes());
-    }
-  }
-  p2p_ =
-      std::make_unique<P2PEngine>(std::move(p2p_transport), rank_, size_, p2p_info.comm_id,
-                                  [this](ErrorKind kind, const std::string& message) { recordFailure(kind, message); });
-}
-
-// Every rank publishes its host identity and whether it will use shared
-// memory (edge_plan.h), then reads every rank's: all ranks see the same table
-// and so choose alike for every edge. RCOLL_TRANSPORT=shm asks for shared
-// memory on every edge: a rank elsewhere (or one that will not) is a
-// ConfigError naming it, never a silent fallback.
-std::vector<HostEntry> Communicator::exchangeHosts(Store& store, const std::string& prefix, Deadline deadline) {
-  const HostEntry mine = thisHost(config_);
-  store.set(prefix + "host/" + std::to_string(rank_), toBytes(encodeHostEntry(mine)));
-  std::vector<HostEntry> hosts(static_cast<size_t>(size_));
-  for (int r = 0; r < size_; ++r) {
-    hosts[static_cast<size_t>(r)] =
-        r == rank_ ? mine
-                   : decodeHostEntry(fromBytes(store.get(prefix + "host/" + std::to_string(r),
-                                                         std::chrono::milliseconds(millisecondsUntil(deadline)))));
-  }
-  const std::string read_key = prefix + "hosts_read";
-  store.add(read_key, 1);
-  if (config_.transport != "shm") return hosts;
-  // A rank that refuses the table must not take the store down (rank 0 hosts
-  // it) before the others have read it: they would report a lost store
-  // instead of the real reason. So it lingers, bounded, until all have read.
-  // A store that goes away meanwhile (its host refused too, and lingered
-  // first) ends the wait: this rank's own reason is what it reports.
-  auto refuse = [&](const std::string& message) {
-    const Deadline linger = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(10));
-    try {
-      while (store.add(read_key, 0) < size_ && std::chrono::steady_clock::now() < linger) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-    } catch (const std::exception&) {
-    }
-    throwError(ErrorKind::kConfig, message);
-  };
-  if (mine.identity.empty()) {
-    refuse(
-        strFormat("rank %d: RCOLL_TRANSPORT=shm but this rank cannot tell which host it is on (no boot id); set "
-                  "RCOLL_HOSTID or use auto",
-                  rank_));
-  }
-  for (int r = 0; r < size_; ++r) {
-    const HostEntry& theirs = hosts[static_cast<size_t>(r)];
-    if (theirs.identity != mine.identity) {
-      refuse(
-          strFormat("rank %d: RCOLL_TRANSPORT=shm but rank %d runs on another host (or network namespace): "
-                    "shared memory needs every rank on one host; use auto, which takes shared memory between "
-                    "the ranks of each host and the network between hosts",
-                    rank_, r));
-    }
-    if (!sharesMemory(mine, theirs)) {
-      refuse(
-          strFormat("rank %d: RCOLL_TRANSPORT=shm but rank %d will not use shared memory (RCOLL_TRANSPORT "
-                    "or RCOLL_SHM_DISABLE=1 there)",
-                    rank_, r));
-    }
-  }
-  return hosts;
-}
-
-// The ranks that have an edge to another host publish whether they can use
-// RDMA (and why not), then read each other's, so that all reach the same
-// decision: verbs between hosts only when every one of them has a usable port,
-// otherwise TCP. Ranks set to RCOLL_TRANSPORT=tcp publish that too, so a mixed
-// setting cannot hang. Ranks whose edges are all shared memory take no part.
-bool Communicator::agreeOnVerbs(Store& store, const std::string& prefix, Deadline deadline,
-                                const std::vector<HostEntry>& hosts, IbPortChoice* port) {
-  std::string mine = "RCOLL_TRANSPORT=tcp on that rank";
-  if (config_.transport != "tcp") {
-    *port = chooseIbPort(config_);
-    mine = port->ok ? "ok" : port->why_not;
-  }
-  if (config_.transport == "ib" && !port->ok) {
-    store.set(prefix + "ib/" + std::to_string(rank_), toBytes(mine));
-    throwError(ErrorKind::kConfig,
-               strFormat("rank %d: RCOLL_TRANSPORT=ib but this rank cannot use RDMA: %s", rank_, mine.c_str()));
-  }
-  store.set(prefix + "ib/" + std::to_string(rank_), toBytes(mine));
-  for (int r = 0; r < size_; ++r) {
-    if (!needsNetwork(r, hosts)) continue;
-    std::string theirs = r == rank_ ? mine
-                                    : fromBytes(store.get(prefix + "ib/" + std::to_string(r),
-                                                          std::chrono::milliseconds(millisecondsUntil(deadline))));
-    if (theirs == "ok") continue;
-    if (config_.transport == "ib") {
-      throwError(ErrorKind::kConfig,
-                 strFormat("rank %d: RCOLL_TRANSPORT=ib but rank %d cannot use RDMA: %s", rank_, r, theirs.c_str()));
-    }
-    if (config_.transport == "auto") {
-      RCOLL_INFO("rank %d: using TCP between hosts: %s%s", rank_, r == rank_ ? "" : strFormat("rank %d: ", r).c_str(),
-                 theirs.c_str());
-    }
-    return false;
-  }
-  return true;
 }
 
 std::shared_ptr<Work> Communicator::enqueue(OpKind kind, DataType dtype, ReduceOp reduce_op, int root, size_t count,
@@ -608,7 +294,7 @@ void Communicator::runDeviceOp(const Op& op) {
   if (!device_executor_) {
     try {
       device_executor_ = std::make_unique<DeviceStagingExecutor>(transport_.get(), *installedDeviceApi(), op.device,
-                                                                 rank_, size_, info_.comm_id, config_.chunk_bytes + 8,
+                                                                 rank_, size_, comm_id_, config_.chunk_bytes + 8,
                                                                  config_.pipeline_slots, config_.gdr);
     } catch (const RcollError& e) {
       throwError(e.kind(), context + ": " + e.what());

@@ -24,22 +24,23 @@
 #include "algorithms.h"
 #include "config.h"
 #include "device_runtime.h"
-#include "device_staging_executor.h"
-#include "rdma/ib_device.h"
 #include "dtype.h"
-#include "edge_plan.h"
-#include "p2p_engine.h"
-#include "pipeline_executor.h"
 #include "schedule.h"
-#include "shm/shm_collectives.h"
 #include "store.h"
-#include "timeline.h"
-#include "socket_util.h"
-#include "transport.h"
+#include "topology.h"
 #include "wire.h"
 #include "work.h"
 
 namespace rcoll {
+
+// The parts a communicator runs ops with; it reaches them only through their
+// own headers, in communicator.cc.
+class DeviceStagingExecutor;
+class P2PEngine;
+class PipelineExecutor;
+class ShmCollectives;
+class Timeline;
+class Transport;
 
 struct CommunicatorOptions {
   std::string name = "default";          // store namespace; communicators on one store need distinct names
@@ -82,7 +83,9 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   // Thread-safe: [data, data + bytes) is being freed; drops cached RDMA registrations of it.
   void invalidateMemory(const void* data, size_t bytes);
   // Whether the transport keeps registrations (the caller should then report frees).
-  bool cachesRegistrations() const { return transport_ && transport_->needsRegistration(); }
+  bool cachesRegistrations() const;
+  // Which host each rank is on (topology.h), the same on every rank.
+  const Topology& topology() const { return topology_; }
   const Config& config() const { return config_; }
   std::chrono::milliseconds defaultTimeout() const { return timeout_; }
 
@@ -175,10 +178,6 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
     std::shared_ptr<DeviceEvent> ready;
   };
 
-  std::vector<HostEntry> exchangeHosts(Store& store, const std::string& prefix, Deadline deadline);
-  bool agreeOnVerbs(Store& store, const std::string& prefix, Deadline deadline, const std::vector<HostEntry>& hosts,
-                    IbPortChoice* port);
-  void rendezvous(Store& store, const std::string& bind_hint);
   std::shared_ptr<Work> enqueue(OpKind kind, DataType dtype, ReduceOp op, int root, size_t count, const void* send,
                                 void* recv, std::chrono::milliseconds timeout, Launch launch,
                                 std::vector<uint64_t> counts = {}, const DeviceOpArgs* device = nullptr);
@@ -206,7 +205,8 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   std::string name_;
   Config config_;
   std::chrono::milliseconds timeout_;
-  ConnectInfo info_;
+  uint64_t comm_id_ = 0;  // tells this communicator's connections from any other's (mesh.h)
+  Topology topology_;
   std::unique_ptr<Timeline> timeline_;  // RCOLL_TIMELINE; outlives the executor and p2p engine below
   std::unique_ptr<Transport> transport_;
   std::vector<std::string> peer_transports_;  // per rank, see transports(); empty in a world of 1

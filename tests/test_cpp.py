@@ -29,6 +29,8 @@ UNITS = {
     "test_reduce_kernels": ["reduce_kernels.cc", "dtype.cc", "error.cc"],
     "test_tcp_store": ["tcp_store.cc", "error.cc"],
     "test_communicator": CORE,
+    "test_setup_parts": ["topology.cc", "agreed_settings.cc", "op_table.cc", "algorithms.cc", "dtype.cc", "error.cc",
+                         "log.cc", "socket_util.cc", "wire.cc", "reduce_kernels.cc", "config.cc"],
 }
 SANITIZERS = {
     "asan+ubsan": ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"],

@@ -1,0 +1,285 @@
+#include "mesh.h"
+
+#include <cstring>
+#include <thread>
+
+#include "composite_transport.h"
+#include "error.h"
+#include "log.h"
+#include "rdma/ib_device.h"
+#include "rdma/verbs_factory.h"
+#include "shm/shm_collectives.h"
+#include "shm/shm_setup.h"
+#include "shm/shm_transport.h"
+#include "socket_util.h"
+#include "tcp_transport.h"
+#include "agreed_settings.h"
+
+namespace rcoll {
+
+namespace {
+
+constexpr uint64_t kPointToPointIdSalt = 0x7032707032703270ull;  // "p2p" mesh id = comm id ^ salt
+
+std::vector<uint8_t> toBytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+std::string fromBytes(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+
+// Builds one Mesh: the steps of the set-up share the rank, the world size and
+// the settings being agreed.
+class MeshBuilder {
+ public:
+  MeshBuilder(int rank, int size, const std::string& name, Config config) : rank_(rank), size_(size), name_(name) {
+    mesh_.config = std::move(config);
+    mesh_.info.rank = rank;
+    mesh_.info.size = size;
+  }
+  void build(Store& store, const std::string& bind_hint);
+  Mesh take() { return std::move(mesh_); }
+
+ private:
+  std::vector<HostEntry> exchangeHosts(Store& store, const std::string& prefix, Deadline deadline);
+  bool agreeOnVerbs(Store& store, const std::string& prefix, Deadline deadline, const std::vector<HostEntry>& hosts,
+                    IbPortChoice* port);
+
+  const int rank_;
+  const int size_;
+  const std::string name_;
+  Mesh mesh_;
+};
+
+void MeshBuilder::build(Store& store, const std::string& bind_hint) {
+  const auto deadline = std::chrono::steady_clock::now() + mesh_.config.connect_timeout;
+  // Each set of ranks that joins under this name gets its own generation, so a
+  // communicator re-created on the same store never reads stale keys.
+  std::string base = "rcoll/" + name_ + "/";
+  int64_t joined = store.add(base + "joined", 1);
+  std::string prefix = base + std::to_string((joined - 1) / size_) + "/";
+
+  JobInfo job{};
+  if (rank_ == 0) {
+    job = newJob(mesh_.config, size_);
+    store.set(prefix + "job", encodeJob(job));
+  } else {
+    job = decodeJob(store.get(prefix + "job", mesh_.config.connect_timeout), rank_, size_);
+    adoptAgreedSettings(job, mesh_.config);
+  }
+  std::memcpy(mesh_.info.token, job.token, sizeof(mesh_.info.token));
+  mesh_.info.comm_id = job.comm_id;
+  mesh_.topology = computeTopology(std::vector<HostEntry>(1));
+  if (size_ == 1) return;  // nobody to talk to: no sockets at all
+
+  std::string bind_host;
+  if (!mesh_.config.socket_ifname.empty()) {
+    bind_host = interfaceAddress(mesh_.config.socket_ifname);
+    if (bind_host.empty()) {
+      throwError(ErrorKind::kConfig, strFormat("RCOLL_SOCKET_IFNAME=%s: no such interface with an IPv4 address",
+                                               mesh_.config.socket_ifname.c_str()));
+    }
+  } else {
+    bind_host = bind_hint.empty() ? "127.0.0.1" : bind_hint;
+  }
+  const std::vector<HostEntry> hosts = exchangeHosts(store, prefix, deadline);
+  mesh_.topology = computeTopology(hosts);
+  RCOLL_INFO("rank %d: %s", rank_, mesh_.topology.describe().c_str());
+  const bool need_network = needsNetwork(rank_, hosts);
+  IbPortChoice ib_port;
+  const bool use_verbs = need_network && agreeOnVerbs(store, prefix, deadline, hosts, &ib_port);
+  const char* network = use_verbs ? "ib" : "tcp";
+  // Each peer's edge: the same rule on both ends (edge_plan.h).
+  std::vector<int> route(static_cast<size_t>(size_));  // -1 self, 0 shared memory, 1 network
+  mesh_.peer_transports.assign(static_cast<size_t>(size_), "self");
+  int shm_peers = 0;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) {
+      route[static_cast<size_t>(p)] = -1;
+      continue;
+    }
+    const bool shm = sharesMemory(hosts[static_cast<size_t>(rank_)], hosts[static_cast<size_t>(p)]);
+    route[static_cast<size_t>(p)] = shm ? 0 : 1;
+    mesh_.peer_transports[static_cast<size_t>(p)] = shm ? "shm" : network;
+    shm_peers += shm ? 1 : 0;
+  }
+  // Point-to-point keeps one socket per peer: its messages are few and
+  // matched by tag, and one stream keeps their order simple to reason about.
+  Config p2p_network_config = mesh_.config;
+  p2p_network_config.sockets_per_peer = 1;
+  const Config* network_settings = &mesh_.config;
+  auto makeNetwork = [&](const ConnectInfo& connect_info) -> std::unique_ptr<Transport> {
+    if (use_verbs) return makeVerbsTransport(connect_info, mesh_.config, bind_host, ib_port);
+    return std::make_unique<TcpTransport>(connect_info, *network_settings, bind_host);
+  };
+  // One transport when every edge is alike (its own progress loop, nothing in
+  // between); a composite only when this rank has edges of both kinds.
+  // Shared windows only where they can serve collectives: every rank on this
+  // host, and the collective transport (point-to-point needs none).
+  Config shm_config = mesh_.config;
+  shm_config.shm_coll = mesh_.config.shm_coll && !need_network;
+  Config p2p_shm_config = mesh_.config;
+  p2p_shm_config.shm_coll = false;
+  const Config* shm_settings = &shm_config;
+  auto makeTransport = [&](const ConnectInfo& connect_info) -> std::unique_ptr<Transport> {
+    if (!need_network) return std::make_unique<ShmTransport>(connect_info, *shm_settings, bind_host);
+    if (shm_peers == 0) return makeNetwork(connect_info);
+    std::vector<std::unique_ptr<Transport>> children;
+    children.push_back(std::make_unique<ShmTransport>(connect_info, *shm_settings, bind_host));
+    children.push_back(makeNetwork(connect_info));
+    return std::make_unique<CompositeTransport>(connect_info, std::move(children), route, mesh_.config.spin);
+  };
+  mesh_.transport = makeTransport(mesh_.info);
+  RCOLL_INFO("rank %d: transport %s; %s", rank_, mesh_.transport->name(), describeEdges(mesh_.peer_transports).c_str());
+  // Point-to-point traffic gets its own connections (p2p_engine.h): sockets or
+  // queue pairs. Their handshakes and headers carry a different id, so a stray
+  // cross-connection is refused.
+  ConnectInfo p2p_info = mesh_.info;
+  p2p_info.comm_id = mesh_.info.comm_id ^ kPointToPointIdSalt;
+  shm_settings = &p2p_shm_config;
+  network_settings = &p2p_network_config;
+  auto p2p_transport = makeTransport(p2p_info);
+  store.set(prefix + "addr/" + std::to_string(rank_), toBytes(listenAddresses(*mesh_.transport)));
+  store.set(prefix + "p2paddr/" + std::to_string(rank_), toBytes(listenAddresses(*p2p_transport)));
+
+  // Connect to every lower rank, accept every higher one: lower ranks never wait
+  // on higher ones, so the set-up cannot deadlock (composite_transport.h: nor
+  // with one listener per transport).
+  auto connectMesh = [&](Transport& transport, const std::string& key) {
+    for (int peer = 0; peer < rank_; ++peer) {
+      int ms = millisecondsUntil(deadline);
+      std::string published = fromBytes(store.get(prefix + key + std::to_string(peer), std::chrono::milliseconds(ms)));
+      transport.connect(peer, pickAddress(published, mesh_.peer_transports[static_cast<size_t>(peer)], rank_, peer),
+                        deadline);
+    }
+    for (int accepted = 0; accepted < size_ - 1 - rank_; ++accepted) transport.accept(deadline);
+    transport.closeListener();
+  };
+  connectMesh(*mesh_.transport, "addr/");
+  connectMesh(*p2p_transport, "p2paddr/");
+  if (auto* shm = dynamic_cast<ShmTransport*>(mesh_.transport.get())) {
+    if (ShmCollectives::available(*shm, size_)) {
+      mesh_.shm_coll =
+          std::make_unique<ShmCollectives>(*shm, rank_, size_, mesh_.config.spin, mesh_.config.shm_coll_direct_bytes);
+      RCOLL_INFO(
+          "rank %d: allreduce, allgather, reduce_scatter, broadcast and barrier go through shared windows "
+          "(slots of %zu bytes)",
+          rank_, shm->windowSlotBytes());
+    }
+  }
+  mesh_.p2p_info = p2p_info;
+  mesh_.p2p_transport = std::move(p2p_transport);
+}
+
+// Every rank publishes its host identity and whether it will use shared
+// memory (edge_plan.h), then reads every rank's: all ranks see the same table
+// and so choose alike for every edge. RCOLL_TRANSPORT=shm asks for shared
+// memory on every edge: a rank elsewhere (or one that will not) is a
+// ConfigError naming it, never a silent fallback.
+std::vector<HostEntry> MeshBuilder::exchangeHosts(Store& store, const std::string& prefix, Deadline deadline) {
+  const HostEntry mine = thisHost(mesh_.config);
+  store.set(prefix + "host/" + std::to_string(rank_), toBytes(encodeHostEntry(mine)));
+  std::vector<HostEntry> hosts(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    hosts[static_cast<size_t>(r)] =
+        r == rank_ ? mine
+                   : decodeHostEntry(fromBytes(store.get(prefix + "host/" + std::to_string(r),
+                                                         std::chrono::milliseconds(millisecondsUntil(deadline)))));
+  }
+  const std::string read_key = prefix + "hosts_read";
+  store.add(read_key, 1);
+  if (mesh_.config.transport != "shm") return hosts;
+  // A rank that refuses the table must not take the store down (rank 0 hosts
+  // it) before the others have read it: they would report a lost store
+  // instead of the real reason. So it lingers, bounded, until all have read.
+  // A store that goes away meanwhile (its host refused too, and lingered
+  // first) ends the wait: this rank's own reason is what it reports.
+  auto refuse = [&](const std::string& message) {
+    const Deadline linger = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+    try {
+      while (store.add(read_key, 0) < size_ && std::chrono::steady_clock::now() < linger) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    } catch (const std::exception&) {
+    }
+    throwError(ErrorKind::kConfig, message);
+  };
+  if (mine.identity.empty()) {
+    refuse(
+        strFormat("rank %d: RCOLL_TRANSPORT=shm but this rank cannot tell which host it is on (no boot id); set "
+                  "RCOLL_HOSTID or use auto",
+                  rank_));
+  }
+  for (int r = 0; r < size_; ++r) {
+    const HostEntry& theirs = hosts[static_cast<size_t>(r)];
+    if (theirs.identity != mine.identity) {
+      refuse(
+          strFormat("rank %d: RCOLL_TRANSPORT=shm but rank %d runs on another host (or network namespace): "
+                    "shared memory needs every rank on one host; use auto, which takes shared memory between "
+                    "the ranks of each host and the network between hosts",
+                    rank_, r));
+    }
+    if (!sharesMemory(mine, theirs)) {
+      refuse(
+          strFormat("rank %d: RCOLL_TRANSPORT=shm but rank %d will not use shared memory (RCOLL_TRANSPORT "
+                    "or RCOLL_SHM_DISABLE=1 there)",
+                    rank_, r));
+    }
+  }
+  return hosts;
+}
+
+// The ranks that have an edge to another host publish whether they can use
+// RDMA (and why not), then read each other's, so that all reach the same
+// decision: verbs between hosts only when every one of them has a usable port,
+// otherwise TCP. Ranks set to RCOLL_TRANSPORT=tcp publish that too, so a mixed
+// setting cannot hang. Ranks whose edges are all shared memory take no part.
+bool MeshBuilder::agreeOnVerbs(Store& store, const std::string& prefix, Deadline deadline,
+                               const std::vector<HostEntry>& hosts, IbPortChoice* port) {
+  std::string mine = "RCOLL_TRANSPORT=tcp on that rank";
+  if (mesh_.config.transport != "tcp") {
+    *port = chooseIbPort(mesh_.config);
+    mine = port->ok ? "ok" : port->why_not;
+  }
+  if (mesh_.config.transport == "ib" && !port->ok) {
+    store.set(prefix + "ib/" + std::to_string(rank_), toBytes(mine));
+    throwError(ErrorKind::kConfig,
+               strFormat("rank %d: RCOLL_TRANSPORT=ib but this rank cannot use RDMA: %s", rank_, mine.c_str()));
+  }
+  store.set(prefix + "ib/" + std::to_string(rank_), toBytes(mine));
+  for (int r = 0; r < size_; ++r) {
+    if (!needsNetwork(r, hosts)) continue;
+    std::string theirs = r == rank_ ? mine
+                                    : fromBytes(store.get(prefix + "ib/" + std::to_string(r),
+                                                          std::chrono::milliseconds(millisecondsUntil(deadline))));
+    if (theirs == "ok") continue;
+    if (mesh_.config.transport == "ib") {
+      throwError(ErrorKind::kConfig,
+                 strFormat("rank %d: RCOLL_TRANSPORT=ib but rank %d cannot use RDMA: %s", rank_, r, theirs.c_str()));
+    }
+    if (mesh_.config.transport == "auto") {
+      RCOLL_INFO("rank %d: using TCP between hosts: %s%s", rank_, r == rank_ ? "" : strFormat("rank %d: ", r).c_str(),
+                 theirs.c_str());
+    }
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string describeEdges(const std::vector<std::string>& peer_transports) {
+  std::string out = "per rank:";
+  for (size_t p = 0; p < peer_transports.size(); ++p) {
+    out += strFormat("%s %zu %s", p == 0 ? "" : ",", p, peer_transports[p].c_str());
+  }
+  return out;
+}
+
+Mesh::Mesh() = default;
+Mesh::Mesh(Mesh&&) noexcept = default;
+Mesh::~Mesh() = default;
+
+Mesh buildMesh(Store& store, int rank, int size, const std::string& name, Config config, const std::string& bind_hint) {
+  MeshBuilder builder(rank, size, name, std::move(config));
+  builder.build(store, bind_hint);
+  return builder.take();
+}
+
+}  // namespace rcoll
