@@ -92,7 +92,7 @@ typedef struct rcoll_device_api {
   const char* (*last_error)(void);
 
   /* Version 2: device memory shared between processes of one host (CUDA IPC),
-   * for the shared-window collectives (csrc/shm/shm_device_windows.cc).
+   * for the shared-window collectives (csrc/cuda_ipc/cuda_ipc_collectives.cc).
    * ipc_handle() exports a block from device_alloc() (its base address) as
    * RCOLL_IPC_HANDLE_BYTES opaque bytes; another process maps it for `device`
    * with ipc_open() and unmaps it with ipc_close(). The exporter keeps the

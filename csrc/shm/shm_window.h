@@ -13,7 +13,7 @@
 //   slot 1   slot_bytes
 //
 // Device (GPU) buffers take the same steps and counters, with the data in a
-// device window of each rank instead (CUDA IPC: shm_device_windows.h); the
+// device window of each rank instead (CUDA IPC: cuda_ipc/cuda_ipc_collectives.h); the
 // control page carries its handle.
 //
 // Only the owner writes its window; peers only read it. Progress is counted
@@ -83,7 +83,7 @@ struct WindowControl {
   SharedIndex current_op;
   // desc[t % 2]: the op of step t, written before `arrived` is published.
   alignas(64) StepDesc desc[2];
-  // The owner's *device* window (CUDA IPC, shm_device_windows.h), set up at
+  // The owner's *device* window (CUDA IPC, cuda_ipc/cuda_ipc_collectives.h), set up at
   // the first device op the windows carry: its two device slots of
   // device_slot_bytes, exported as ipc_handle. device_published says whether
   // the handle is valid (written before it), device_opened whether the owner

@@ -1,0 +1,118 @@
+// The shared-window collectives on device (GPU) buffers of ranks on one host,
+// through CUDA IPC.
+//
+// Each rank allocates one block of device memory (two slots, as its host
+// window has) at its first device op that the windows carry, exports it with
+// ipc_handle() into its host window's control page, and maps every peer's
+// block with ipc_open(). The ops then take the host windows' steps and
+// counters (shm/window_steps.h) with the data on the GPU: a rank copies its
+// input into its device slot, and each rank reduces (with the device API's
+// kernels) or copies straight out of the others' slots, device to device.
+// Nothing crosses host memory; the host only orders the steps.
+//
+// Each phase of a step ends with the rank waiting for its own stream (an
+// event, polled) before it publishes its counter: a peer may read a slot once
+// the data is really there, and a slot is reused only after every peer's
+// reads of it completed on the GPU.
+//
+// Set-up is agreed, so that every rank takes the same path: each publishes
+// whether it exported its block, then whether it mapped all the others';
+// unless all succeeded, every rank turns the device windows off and device
+// ops take the pinned-host staging path (device_staging_executor.h).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "device_runtime.h"
+#include "shm/window_steps.h"
+#include "socket_util.h"
+#include "wire.h"
+
+namespace rcoll {
+
+class CudaIpcCollectives {
+ public:
+  struct Config {
+    const DeviceApi* api;
+    int device;
+    size_t slot_bytes;    // RCOLL_CUDA_IPC_SLOT_BYTES; 0: device windows off (RCOLL_CUDA_IPC=0)
+    size_t direct_bytes;  // RCOLL_CUDA_IPC_DIRECT_BYTES
+  };
+
+  explicit CudaIpcCollectives(WindowSteps& steps) : steps_(steps), rank_(steps.rank()), size_(steps.size()) {}
+  ~CudaIpcCollectives();
+
+  // allreduce, allgather, reduce_scatter and broadcast.
+  static bool handles(OpKind kind);
+
+  // Runs `op` on device buffers of `config.device` through the device
+  // windows. Its copies wait for `ready` (the caller's stream; may be null);
+  // `done` (may be null) is recorded once its results are in place. The first
+  // call sets the windows up with every peer; returns false, having run
+  // nothing, when they are off (RCOLL_CUDA_IPC=0 on rank 0, or some rank could
+  // not export or map one): the caller then takes the staging path, as every
+  // rank does. Throws RcollError naming this rank and the op on failure.
+  bool run(const OpDesc& op, const char* send, char* recv, const Config& config, const DeviceEvent* ready,
+           DeviceEvent* done, Deadline deadline, std::chrono::milliseconds timeout,
+           const std::atomic<bool>& abort_flag);
+  // "on (...)", "off: why", or "not set up (no device op yet)".
+  std::string state() const;
+
+ private:
+  using RunContext = WindowSteps::RunContext;
+  using Counter = WindowSteps::Counter;
+
+  struct Windows {
+    enum class State { kUnset, kOn, kOff };
+
+    Windows(const DeviceApi& api, int device, size_t slot_bytes, size_t direct_bytes)
+        : api(api), device(device), slot_bytes(slot_bytes), direct_bytes(direct_bytes) {}
+    ~Windows();
+    Windows(const Windows&) = delete;
+    Windows& operator=(const Windows&) = delete;
+
+    // Unmaps the peers' blocks and frees this rank's (after its stream is idle).
+    void release();
+
+    const DeviceApi& api;
+    const int device;
+    const size_t slot_bytes;
+    const size_t direct_bytes;
+    State state = State::kUnset;
+    std::string why_off;                 // when kOff: the reason, for the log
+    char* own = nullptr;                 // this rank's block (device_alloc)
+    std::vector<char*> blocks;           // every rank's block, mapped here (own at this rank)
+    void* stream = nullptr;              // every copy and kernel of the device windows
+    std::unique_ptr<DeviceEvent> event;  // polled at the end of each phase
+  };
+
+  bool setUp(const RunContext& run, const Config& config);
+  // Publishes this rank's export (`mine_failed`: why it failed, else empty),
+  // maps the peers', and decides with them whether the windows are on.
+  bool agree(const RunContext& run, const std::string& mine_failed);
+  std::string context(const OpDesc& op) const;
+  // The device slot of `rank` for the current step.
+  char* slot(int rank) const;
+  void check(int rc, const OpDesc& op, const char* what) const;
+  void copy(const OpDesc& op, void* dst, const void* src, size_t bytes);
+  // out = every device slot at `offset` (bytes) reduced in rank order; avg divides.
+  void reduceSlots(const OpDesc& op, char* out, size_t offset, size_t count);
+  // Until the device window stream finished what was queued (the end of a phase).
+  void wait(const RunContext& run);
+  void allreduce(const RunContext& run, const char* send, char* recv);
+  void allgather(const RunContext& run, const char* send, char* recv);
+  void reduceScatter(const RunContext& run, const char* send, char* recv);
+  void broadcast(const RunContext& run, const char* send, char* recv);
+
+  WindowSteps& steps_;
+  const int rank_;
+  const int size_;
+  std::unique_ptr<Windows> device_;  // created by the first device op
+};
+
+}  // namespace rcoll
