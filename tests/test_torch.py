@@ -169,3 +169,40 @@ def test_work_wait_with_a_timeout_gives_up_then_completes():
     assert first["short"] == "TimeoutError" and first["short_s"] < 1.5 and not first["completed_early"], first
     for outcome in (first, second):
         assert outcome["value"] == [2.0] * 3 and outcome["exception"] is None, outcome
+
+
+def test_list_arguments_of_the_wrong_length_are_refused_naming_the_rank(tmp_path):
+    """Gloo's assertSingleElement/assertSizesMatch: the backend refuses lists of the
+    wrong length (torch's ProcessGroup calls pass them through) instead of using
+    their first element or zip()'s shorter length."""
+    script = tmp_path / "lists.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.distributed as dist
+        import rcoll
+        dist.init_process_group(backend="rcoll", init_method="tcp://127.0.0.1:%d", rank=0, world_size=1)
+        from rcoll.torch_backend import RcollProcessGroup
+        t = torch.ones(3)
+        backend = dist.group.WORLD  # (as rcoll.torch_backend.device_path finds it)
+        if not isinstance(backend, RcollProcessGroup):
+            backend = backend._get_backend(torch.device("cuda"))
+        calls = {
+            "gather": lambda: backend.gather([[t.clone()]], [t, t]),
+            "scatter": lambda: backend.scatter([t, t], [[t.clone()]]),
+            "send": lambda: backend.send([t, t], 0, 0),
+            "recv": lambda: backend.recv([], 0, 0),
+            "allgather": lambda: backend.allgather([[t.clone()], [t.clone()]], [t]),
+            "reduce_scatter": lambda: backend.reduce_scatter([t.clone()], [[t], [t]]),
+        }
+        for name, call in calls.items():
+            try:
+                call()
+            except rcoll.InvalidArgumentError as e:
+                assert str(e).startswith(f"rank 0: {name}: "), (name, str(e))
+            else:
+                raise AssertionError(f"{name} took lists of the wrong length")
+        backend.gather([[t.clone()]], [t]).wait()  # the group still works
+        print("ok")
+        dist.destroy_process_group()
+    """ % spawn.free_port()))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

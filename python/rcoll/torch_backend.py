@@ -427,7 +427,7 @@ class RcollProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else AllgatherOptions()
         timeout = _timeout_seconds(opts)
         works, finishes, keep = [], [], []
-        for outs, inp in zip(output_tensors, input_tensors):
+        for outs, inp in self._pairs(output_tensors, input_tensors, "allgather"):
             code = _check_tensor(inp, self._rank, "allgather", moves_only=True)
             self._check_outputs(outs, inp, "allgather")
             src = inp.contiguous()
@@ -480,7 +480,8 @@ class RcollProcessGroup(dist.ProcessGroup):
     _allgather_base = all_gather_single
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        pairs = self._pairs(outputs, inputs, "all_gather_into_tensor_coalesced")
+        works = [self.all_gather_single(o, i, opts) for o, i in pairs]
         return _combined(works, outputs)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
@@ -489,7 +490,7 @@ class RcollProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         timeout = _timeout_seconds(opts)
         works, staged, keep = [], [], []
-        for out, ins in zip(output_tensors, input_tensors):
+        for out, ins in self._pairs(output_tensors, input_tensors, "reduce_scatter"):
             code = _check_tensor(out, self._rank, "reduce_scatter")
             op = self._op(opts, "reduce_scatter")
             if len(ins) != self._size or any(t.numel() != out.numel() or t.dtype != out.dtype for t in ins):
@@ -523,7 +524,8 @@ class RcollProcessGroup(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        pairs = self._pairs(outputs, inputs, "reduce_scatter_tensor_coalesced")
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in pairs]
         return _combined(works, outputs)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
@@ -562,13 +564,13 @@ class RcollProcessGroup(dist.ProcessGroup):
     def gather(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else dist.GatherOptions()
         root = opts.rootRank  # checked by the core
-        inp = input_tensors[0]
+        inp = self._single(input_tensors, "gather", "input_tensors")
         code = _check_tensor(inp, self._rank, "gather", moves_only=True)
         src = inp.contiguous()
         flat = None
         finish = None
         if self._rank == root:
-            outs = output_tensors[0]
+            outs = self._single(output_tensors, "gather", "output_tensors")
             self._check_outputs(outs, inp, "gather")
             flat = torch.empty(self._size * src.numel(), dtype=src.dtype, device=src.device)
             finish = self._scatter_into(flat, outs)
@@ -580,11 +582,11 @@ class RcollProcessGroup(dist.ProcessGroup):
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else dist.ScatterOptions()
         root = opts.rootRank  # checked by the core
-        out = output_tensors[0]
+        out = self._single(output_tensors, "scatter", "output_tensors")
         code = _check_tensor(out, self._rank, "scatter", moves_only=True)
         flat = None
         if self._rank == root:
-            ins = input_tensors[0]
+            ins = self._single(input_tensors, "scatter", "input_tensors")
             self._check_outputs(ins, out, "scatter")
             flat = _flat(ins)
         dst = _Staged(out)
@@ -658,7 +660,7 @@ class RcollProcessGroup(dist.ProcessGroup):
     # (both copies synchronous), as Gloo does.
     @_complex_as_real
     def send(self, tensors, dst_rank, tag=0):
-        t = tensors[0]
+        t = self._single(tensors, "send", "tensors")
         code = _check_tensor(t, self._rank, "send", moves_only=True)
         src = t.detach().to("cpu").contiguous() if t.is_cuda else t.contiguous()
         return RcollWork([self._comm.send(self._addr(src), src.numel(), code, dst_rank, tag, 0.0)], list(tensors),
@@ -675,7 +677,7 @@ class RcollProcessGroup(dist.ProcessGroup):
         return self._recv(tensors, None, tag)
 
     def _recv(self, tensors, src_rank, tag):
-        t = tensors[0]
+        t = self._single(tensors, "recv", "tensors")
         code = _check_tensor(t, self._rank, "recv", moves_only=True)
         if t.is_cuda:
             host = torch.empty(t.shape, dtype=t.dtype)
@@ -685,6 +687,23 @@ class RcollProcessGroup(dist.ProcessGroup):
             buffer, finish, keepalive = dst.buffer, _copy_backs([dst]), dst
         work = self._comm.recv(self._addr(buffer), buffer.numel(), code, src_rank, tag, 0.0)  # None: any source
         return RcollWork([work], list(tensors), finish, keepalive)
+
+    # -- list arguments (Gloo's assertSingleElement / assertSizesMatch) ---------------
+    def _single(self, tensors, opname, what):
+        """The one element of `tensors`: torch passes lists (one entry per device
+        once), and rcoll, like Gloo, takes exactly one."""
+        if len(tensors) != 1:
+            raise _core.InvalidArgumentError(
+                f"rank {self._rank}: {opname}: {what} must hold exactly one entry, got {len(tensors)}")
+        return tensors[0]
+
+    def _pairs(self, outputs, inputs, opname):
+        """zip(outputs, inputs), refusing lists of different lengths (zip would drop the extra ones)."""
+        if len(outputs) != len(inputs):
+            raise _core.InvalidArgumentError(
+                f"rank {self._rank}: {opname}: {len(outputs)} outputs for {len(inputs)} inputs; pass one output "
+                f"per input")
+        return zip(outputs, inputs)
 
     # -- helpers for list outputs ----------------------------------------------------
     def _check_outputs(self, outs, like, opname):
