@@ -35,14 +35,8 @@ std::string closedText(int peer) {
 
 }  // namespace
 
-struct TcpTransport::TcpRequest : Request {
-  bool is_send = false;
-  WireHeader header{};  // send: what goes out; recv: what is expected
-  char* data = nullptr;
-  size_t bytes = 0;
-  size_t done = 0;        // send: header + payload bytes written; recv: payload bytes read
-  bool released = false;  // the caller let go while it was still queued: recycle when it leaves the queue
-  TransportFailure why;
+struct TcpTransport::TcpRequest : MessageRequest {
+  size_t done = 0;  // send: header + payload bytes written; recv: payload bytes read
 };
 
 struct TcpTransport::Connection {
@@ -147,42 +141,20 @@ int TcpTransport::accept(Deadline deadline) {
   }
 }
 
-void TcpTransport::release(Request* request) {
-  auto* r = static_cast<TcpRequest*>(request);
-  // A request still queued on a connection (its op failed or was abandoned)
-  // must not be handed out again until it leaves that queue.
-  if (r->state == Request::State::kPending) {
-    r->released = true;
-  } else {
-    requests_.recycle(r);
-  }
-}
+void TcpTransport::release(Request* request) { requests_.release(request); }
 
 void TcpTransport::finish(TcpRequest* r, Request::State state, const TransportFailure* why) {
-  r->state = state;
-  if (why != nullptr) r->why = *why;
-  if (r->released) requests_.recycle(r);
+  requests_.finish(r, state, why);
 }
 
-TransportFailure TcpTransport::failure(Request* request) const { return static_cast<TcpRequest*>(request)->why; }
+TransportFailure TcpTransport::failure(Request* request) const { return requests_.failure(request); }
 
 Request* TcpTransport::isend(int peer, const WireHeader& header, const void* data, size_t bytes) {
-  TcpRequest* r = requests_.take();
-  r->is_send = true;
-  r->peer = peer;
-  r->header = header;
-  r->data = static_cast<char*>(const_cast<void*>(data));
-  r->bytes = bytes;
-  return post(r);
+  return post(requests_.take(true, peer, header, data, bytes));
 }
 
 Request* TcpTransport::irecv(int peer, const WireHeader& expected, void* data, size_t bytes) {
-  TcpRequest* r = requests_.take();
-  r->peer = peer;
-  r->header = expected;
-  r->data = static_cast<char*>(data);
-  r->bytes = bytes;
-  return post(r);
+  return post(requests_.take(false, peer, expected, data, bytes));
 }
 
 // The header is read as soon as it arrives (driveRecvs, step 1), posted

@@ -24,7 +24,7 @@
 
 #include "config.h"
 #include "peer_listener.h"
-#include "request_pool.h"
+#include "request_lifecycle.h"
 #include "socket_util.h"
 #include "transport.h"
 
@@ -97,7 +97,7 @@ class TcpTransport : public Transport {
   std::string listen_address_;
   std::vector<std::unique_ptr<Connection>> connections_;  // indexed by peer * lanes_ + lane
   std::vector<Posted> posted_;                            // indexed by peer
-  RequestPool<TcpRequest> requests_;
+  RequestLifecycle<TcpRequest> requests_;
   std::vector<pollfd> poll_fds_;  // progress() scratch
   bool aborted_ = false;
 };

@@ -86,19 +86,14 @@ struct VerbsTransport::CtrlSlot : WrOwner {
   VerbsRequest* request = nullptr;  // a zero-byte send completes with its control message
 };
 
-struct VerbsTransport::VerbsRequest : Request, WrOwner {
+// holds: work requests posted and not yet completed (the NIC may still read
+// or write the memory, so the request and its registration wait for them).
+struct VerbsTransport::VerbsRequest : MessageRequest, WrOwner {
   VerbsRequest() : WrOwner(kData) {}
-  bool is_send = false;
-  WireHeader header{};  // send: what goes out; recv: what is expected
-  char* data = nullptr;
-  size_t bytes = 0;
   uint64_t seq = 0;  // per peer and direction, matches credits to sends
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
-  int wrs = 0;            // work requests posted and not yet completed
-  bool released = false;  // the caller let go: recycle once final and no work request is left
   MrCache::Entry* mr = nullptr;
-  TransportFailure why;
 };
 
 // Something to post on a connection's send queue, in order.
@@ -473,51 +468,29 @@ bool VerbsTransport::acquireMemory(VerbsRequest* r, bool writable) {
 
 // --- requests --------------------------------------------------------------
 
-void VerbsTransport::maybeRecycle(VerbsRequest* r) {
-  if (r->wrs > 0 || r->state == Request::State::kPending) return;
+void VerbsTransport::maybeRecycle(VerbsRequest* r) { requests_.settle(r); }
+
+void VerbsTransport::releaseRegistration(VerbsRequest* r) {
   if (r->mr != nullptr) {  // the NIC is done with the memory
     mr_cache_->release(r->mr);
     r->mr = nullptr;
   }
-  if (r->released) {
-    r->released = false;
-    requests_.recycle(r);
-  }
 }
 
 void VerbsTransport::finish(VerbsRequest* r, Request::State state, const TransportFailure* why) {
-  if (r->state != Request::State::kPending) return;
-  r->state = state;
-  if (why != nullptr) r->why = *why;
-  progressed_ = true;
-  maybeRecycle(r);
+  if (requests_.finish(r, state, why)) progressed_ = true;
 }
 
-void VerbsTransport::release(Request* request) {
-  auto* r = static_cast<VerbsRequest*>(request);
-  r->released = true;
-  maybeRecycle(r);
-}
+void VerbsTransport::release(Request* request) { requests_.release(request); }
 
-TransportFailure VerbsTransport::failure(Request* request) const { return static_cast<VerbsRequest*>(request)->why; }
+TransportFailure VerbsTransport::failure(Request* request) const { return requests_.failure(request); }
 
 Request* VerbsTransport::isend(int peer, const WireHeader& header, const void* data, size_t bytes) {
-  VerbsRequest* r = requests_.take();
-  r->is_send = true;
-  r->peer = peer;
-  r->header = header;
-  r->data = static_cast<char*>(const_cast<void*>(data));
-  r->bytes = bytes;
-  return post(r);
+  return post(requests_.take(true, peer, header, data, bytes));
 }
 
 Request* VerbsTransport::irecv(int peer, const WireHeader& expected, void* data, size_t bytes) {
-  VerbsRequest* r = requests_.take();
-  r->peer = peer;
-  r->header = expected;
-  r->data = static_cast<char*>(data);
-  r->bytes = bytes;
-  return post(r);
+  return post(requests_.take(false, peer, expected, data, bytes));
 }
 
 Request* VerbsTransport::post(VerbsRequest* r) {
@@ -632,7 +605,7 @@ bool VerbsTransport::postCtrl(Connection& c, const Outgoing& item) {
   ++c.sq_used;
   slot->request = item.request;  // a zero-byte send completes with this message
   if (item.request != nullptr) {
-    item.request->wrs = 1;
+    item.request->holds = 1;
     c.in_flight.push_back(item.request);
   }
   return true;
@@ -670,7 +643,7 @@ bool VerbsTransport::postData(Connection& c, VerbsRequest* r) {
       return false;
     }
     if (i == 0) c.in_flight.push_back(r);
-    ++r->wrs;
+    ++r->holds;
     ++c.sq_used;
   }
   return true;
@@ -738,7 +711,7 @@ void VerbsTransport::onCompletion(const ibv_wc& wc) {
     VerbsRequest* r = slot->request;
     slot->request = nullptr;
     if (r != nullptr) {
-      --r->wrs;
+      --r->holds;
       auto it = std::find(c.in_flight.begin(), c.in_flight.end(), r);
       if (it != c.in_flight.end()) c.in_flight.erase(it);
     }
@@ -756,12 +729,12 @@ void VerbsTransport::onCompletion(const ibv_wc& wc) {
   auto* r = static_cast<VerbsRequest*>(owner);
   Connection& c = *connections_[static_cast<size_t>(r->peer)];
   --c.sq_used;
-  --r->wrs;
+  --r->holds;
   if (wc.status != IBV_WC_SUCCESS) {
     if (!c.failed) failConnection(c, ErrorKind::kPeer, completionError(c, wc));
     finish(r, Request::State::kFailed, &c.failure);
   }
-  if (r->wrs == 0) {
+  if (r->holds == 0) {
     auto it = std::find(c.in_flight.begin(), c.in_flight.end(), r);
     if (it != c.in_flight.end()) c.in_flight.erase(it);
     finish(r, Request::State::kDone, nullptr);  // no-op if it already failed

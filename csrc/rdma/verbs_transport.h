@@ -31,7 +31,7 @@
 #include "config.h"
 #include "peer_listener.h"
 #include "rdma/ib_device.h"
-#include "request_pool.h"
+#include "request_lifecycle.h"
 #include "side_channel.h"
 #include "transport.h"
 
@@ -90,7 +90,8 @@ class VerbsTransport : public Transport {
   void setUpConnection(int peer, int fd, Deadline deadline);
   Request* post(VerbsRequest* r);
   void finish(VerbsRequest* r, Request::State state, const TransportFailure* why);
-  void maybeRecycle(VerbsRequest* r);
+  void maybeRecycle(VerbsRequest* r);         // after a work request completed (holds dropped)
+  void releaseRegistration(VerbsRequest* r);  // once the request is final and no work request is left
   bool acquireMemory(VerbsRequest* r, bool writable);
 
   void matchCredits(Connection& c);
@@ -134,7 +135,7 @@ class VerbsTransport : public Transport {
   int send_slots_ = 0;
 
   std::vector<std::unique_ptr<Connection>> connections_;  // indexed by peer rank
-  RequestPool<VerbsRequest> requests_;
+  RequestLifecycle<VerbsRequest> requests_{[this](VerbsRequest* r) { releaseRegistration(r); }};
   std::vector<pollfd> poll_fds_;         // progress() scratch
   std::vector<Connection*> poll_peers_;  // whose side channels prepareSleep() appended, in order
   bool aborted_ = false;

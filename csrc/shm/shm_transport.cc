@@ -46,14 +46,8 @@ void drainEventfd(int fd) {
 
 }  // namespace
 
-struct ShmTransport::ShmRequest : Request {
-  bool is_send = false;
-  WireHeader header{};  // send: what goes out; recv: what is expected
-  char* data = nullptr;
-  size_t bytes = 0;
-  uint64_t done = 0;      // send: record bytes in the ring (header, payload, padding); recv: payload bytes copied
-  bool released = false;  // the caller let go while it was still queued: recycle when it leaves the queue
-  TransportFailure why;
+struct ShmTransport::ShmRequest : MessageRequest {
+  uint64_t done = 0;  // send: record bytes in the ring (header, payload, padding); recv: payload bytes copied
 };
 
 struct ShmTransport::Connection {
@@ -248,33 +242,17 @@ bool ShmTransport::sleepForWindows(Deadline deadline) {
 
 // --- requests ----------------------------------------------------------------
 
-void ShmTransport::release(Request* request) {
-  auto* r = static_cast<ShmRequest*>(request);
-  // A request still queued on a connection (its op failed or was abandoned)
-  // must not be handed out again until it leaves that queue.
-  if (r->state == Request::State::kPending) {
-    r->released = true;
-  } else {
-    requests_.recycle(r);
-  }
-}
+void ShmTransport::release(Request* request) { requests_.release(request); }
 
 void ShmTransport::finish(ShmRequest* r, Request::State state, const TransportFailure* why) {
-  r->state = state;
-  if (why != nullptr) r->why = *why;
+  requests_.finish(r, state, why);
   progressed_ = true;
-  if (r->released) requests_.recycle(r);
 }
 
-TransportFailure ShmTransport::failure(Request* request) const { return static_cast<ShmRequest*>(request)->why; }
+TransportFailure ShmTransport::failure(Request* request) const { return requests_.failure(request); }
 
 Request* ShmTransport::isend(int peer, const WireHeader& header, const void* data, size_t bytes) {
-  ShmRequest* r = requests_.take();
-  r->is_send = true;
-  r->peer = peer;
-  r->header = header;
-  r->data = static_cast<char*>(const_cast<void*>(data));
-  r->bytes = bytes;
+  ShmRequest* r = requests_.take(true, peer, header, data, bytes);
   const uint64_t announced = header.bytes;
   if (announced != bytes) {  // the record length comes from the header: they must agree
     r->state = Request::State::kFailed;
@@ -287,12 +265,7 @@ Request* ShmTransport::isend(int peer, const WireHeader& header, const void* dat
 }
 
 Request* ShmTransport::irecv(int peer, const WireHeader& expected, void* data, size_t bytes) {
-  ShmRequest* r = requests_.take();
-  r->peer = peer;
-  r->header = expected;
-  r->data = static_cast<char*>(data);
-  r->bytes = bytes;
-  return post(r);
+  return post(requests_.take(false, peer, expected, data, bytes));
 }
 
 Request* ShmTransport::post(ShmRequest* r) {

@@ -53,7 +53,7 @@
 
 #include "config.h"
 #include "peer_listener.h"
-#include "request_pool.h"
+#include "request_lifecycle.h"
 #include "side_channel.h"
 #include "socket_util.h"
 #include "transport.h"
@@ -149,7 +149,7 @@ class ShmTransport : public Transport {
   size_t window_slot_bytes_ = 0;
   std::atomic<bool> interrupted_{false};
   std::vector<std::unique_ptr<Connection>> connections_;  // indexed by peer rank
-  RequestPool<ShmRequest> requests_;
+  RequestLifecycle<ShmRequest> requests_;
   std::vector<pollfd> poll_fds_;  // scratch for sleep()
   std::vector<int> poll_peers_;   // the peers whose side channels prepareSleep() appended, in order
   bool aborted_ = false;
