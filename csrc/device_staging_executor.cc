@@ -20,13 +20,7 @@ size_t alignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 DeviceStagingExecutor::DeviceStagingExecutor(Transport* transport, const DeviceApi& api, int device, int rank, int size,
                                              uint64_t comm_id, size_t slot_bytes, int num_slots, Config::Gdr gdr)
-    : transport_(transport),
-      api_(api),
-      device_(device),
-      rank_(rank),
-      size_(size),
-      comm_id_(comm_id),
-      slot_bytes_(slot_bytes) {
+    : transport_(transport), api_(api), device_(device), rank_(rank), size_(size), comm_id_(comm_id) {
   context_ = strFormat("rank %d: setting up the staging of device %d", rank, device);
   try {
     setUp(gdr, slot_bytes, num_slots);

@@ -119,7 +119,6 @@ class DeviceStagingExecutor final : public LocalMemory {
   int rank_;
   int size_;
   uint64_t comm_id_;
-  size_t slot_bytes_;
   std::string context_;
   void* d2h_stream_ = nullptr;                // D2H of sends, and the op's local steps
   void* h2d_stream_ = nullptr;                // H2D of receives and the reduction kernels

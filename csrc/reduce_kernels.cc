@@ -12,6 +12,7 @@
 #include <atomic>
 #include <type_traits>
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -179,7 +180,11 @@ void applyViaFloat(void* outRaw, const void* aRaw, const void* bRaw, size_t coun
 #define RCOLL_HAVE_AVX2_HALF 1
 
 bool cpuHasAvx2F16c() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  // F16C through cpuid (leaf 1, ECX): clang's __builtin_cpu_supports knows no "f16c".
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+  }();
   return has;
 }
 

@@ -9,34 +9,28 @@ checked-in corpus is not modified); a crash fails the test with libFuzzer's repo
 which includes the input in hex and Base64, and leaves the input in the test's tmp dir.
 To fuzz one target longer by hand, see docs/development.md (Fuzzing).
 """
-import concurrent.futures
 import os
 import re
 import shutil
 import subprocess
 
+import cpp_build
 import optional
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CSRC = os.path.join(ROOT, "csrc")
 FUZZ = os.path.join(ROOT, "tests", "fuzz")
 SECONDS = int(os.environ.get("RCOLL_FUZZ_SECONDS", "60"))
 
-# target -> the core sources it links (no Python, no pybind11)
-TARGETS = {
-    "fuzz_receive_path": ["tcp_transport.cc", "peer_listener.cc", "socket_util.cc", "wire.cc", "dtype.cc", "error.cc",
-                          "log.cc", "config.cc"],
-    "fuzz_handshake": ["tcp_transport.cc", "peer_listener.cc", "socket_util.cc", "wire.cc", "dtype.cc", "error.cc",
-                       "log.cc", "config.cc"],
-    "fuzz_wire_header": ["wire.cc", "dtype.cc", "error.cc"],
-}
+# The targets, as CMakeLists.txt builds them (RCOLL_BUILD_TESTS with clang and
+# RCOLL_SANITIZE=fuzzer-no-link,address,undefined; tests/cpp_build.py).
+TARGETS = ["fuzz_handshake", "fuzz_receive_path", "fuzz_wire_header"]
 # extra libFuzzer options per target
 OPTIONS = {
     "fuzz_wire_header": ["-max_len=129"],  # mode byte + two headers: longer inputs add nothing
 }
-FLAGS = ["-std=c++17", "-g", "-O1", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=undefined",
-         "-fno-omit-frame-pointer", "-Wall", "-Wextra", "-I" + CSRC]
+# What the probe compiles with: a clang that builds this can build the targets.
+FLAGS = ["-std=c++17", "-g", "-O1", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=undefined"]
 INSTALL_HINT = ("the fuzz tests need clang with its sanitizer and libFuzzer runtimes: on Debian/Ubuntu "
                 "`sudo apt-get install clang libclang-rt-14-dev` (Debian 12; or the libclang-rt-NN-dev matching "
                 "your clang), or set RCOLL_FUZZ_CXX to a clang++")
@@ -70,36 +64,16 @@ def find_clang():
 
 
 @pytest.fixture(scope="module")
-def objects(tmp_path_factory):
-    """The core sources, compiled once (in parallel) with the fuzzing flags."""
+def fuzz_build():
+    """(build directory, compiler): the targets built once, or (None, None)
+    without a clang that builds libFuzzer targets."""
     cxx = fuzzing_compiler()
     if cxx is None:
-        return None, {}  # each test skips (or fails where required) with INSTALL_HINT
-    out = tmp_path_factory.mktemp("fuzz_objects")
-    sources = sorted({s for srcs in TARGETS.values() for s in srcs})
-
-    def compile_one(source):
-        obj = out / (source + ".o")
-        r = subprocess.run([cxx, *FLAGS, "-c", os.path.join(CSRC, source), "-o", str(obj)],
-                           capture_output=True, text=True, timeout=600)
-        return source, obj, r
-
-    built = {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        for source, obj, r in pool.map(compile_one, sources):
-            assert r.returncode == 0, f"compiling {source} with {cxx} failed:\n{r.stderr[-4000:]}\n{INSTALL_HINT}"
-            built[source] = obj
-    return cxx, built
-
-
-def build(cxx, built, target, out_dir):
-    exe = out_dir / target
-    r = subprocess.run([cxx, *FLAGS, os.path.join(FUZZ, target + ".cc"), *[str(built[s]) for s in TARGETS[target]],
-                        "-o", str(exe)], capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        hint = "\n" + INSTALL_HINT if "libclang_rt" in r.stderr or "fuzzer" in r.stderr else ""
-        pytest.fail(f"building {target} failed:\n{r.stderr[-4000:]}{hint}", pytrace=False)
-    return exe
+        return None, None  # each test skips (or fails where required) with INSTALL_HINT
+    try:
+        return cpp_build.build("fuzz", TARGETS, cxx=cxx), cxx
+    except AssertionError as e:
+        pytest.fail(f"{e}\n{INSTALL_HINT}", pytrace=False)
 
 
 def final_stats(log):
@@ -117,12 +91,12 @@ def final_stats(log):
 
 @pytest.mark.timeout(SECONDS + 900)
 @pytest.mark.parametrize("target", sorted(TARGETS))
-def test_fuzz(target, objects, tmp_path, capsys):
-    cxx, built = objects
+def test_fuzz(target, fuzz_build, tmp_path, capsys):
+    build_dir, cxx = fuzz_build
     if cxx is None:
         which = os.environ.get("RCOLL_FUZZ_CXX") or "clang++"
         optional.missing("fuzz", f"no {which} that builds a libFuzzer target with ASan/UBSan: {INSTALL_HINT}")
-    exe = build(cxx, built, target, tmp_path)
+    exe = os.path.join(build_dir, target)
     corpus = tmp_path / "corpus"
     shutil.copytree(os.path.join(FUZZ, "corpus", target), corpus)
     artifacts = tmp_path / "artifacts"
@@ -130,7 +104,7 @@ def test_fuzz(target, objects, tmp_path, capsys):
     env = dict(os.environ, RCOLL_DEBUG="NONE", UBSAN_OPTIONS="print_stacktrace=1")
     log_path = tmp_path / (target + ".log")
     with open(log_path, "w") as log_file:
-        r = subprocess.run([str(exe), f"-max_total_time={SECONDS}", "-timeout=5", "-rss_limit_mb=2048",
+        r = subprocess.run([exe, f"-max_total_time={SECONDS}", "-timeout=5", "-rss_limit_mb=2048",
                             "-print_final_stats=1", f"-artifact_prefix={artifacts}/", *OPTIONS.get(target, []),
                             str(corpus)],
                            stdout=log_file, stderr=subprocess.STDOUT, env=env, timeout=SECONDS + 600)

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 
+import cpp_build
 import pytest
 
 pytestmark = pytest.mark.slow  # rebuilds the core under ASan/UBSan, reruns three suites (~10 min)
@@ -16,33 +17,15 @@ pytestmark = pytest.mark.slow  # rebuilds the core under ASan/UBSan, reruns thre
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _tool(name):
-    return shutil.which(name) or shutil.which(name, path=os.path.dirname(sys.executable))
-
-
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ to build the sanitized module")
 @pytest.mark.timeout(2400)  # an ASan build plus the matrices over shm and TCP on 2 cores
 def test_multiprocess_suites_under_asan_and_ubsan(tmp_path):
-    import pybind11
-
-    cmake = _tool("cmake")
-    assert cmake, "cmake is needed (pip install cmake, part of the test extra)"
-    build = tmp_path / "build"
-    configure = [cmake, "-S", ROOT, "-B", str(build), "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
-                 "-DRCOLL_SANITIZE=address,undefined", "-DRCOLL_BUILD_CUDA=OFF",
-                 f"-Dpybind11_DIR={pybind11.get_cmake_dir()}", f"-DPython_EXECUTABLE={sys.executable}"]
-    if _tool("ninja"):
-        configure += ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}"]
-    out = subprocess.run(configure, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    out = subprocess.run([cmake, "--build", str(build), "--target", "_core", "-j", "2"], capture_output=True,
-                         text=True, timeout=1200)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    build = cpp_build.build("asan+ubsan", ["_core"])  # the core the ASan C++ tests use too
 
     package = tmp_path / "pkg" / "rcoll"
     shutil.copytree(os.path.join(ROOT, "python", "rcoll"), package,
                     ignore=shutil.ignore_patterns("*.so", "__pycache__"))
-    for so in glob.glob(str(build / "_core*.so")):
+    for so in glob.glob(os.path.join(build, "_core*.so")):
         shutil.copy(so, package)
     def runtime(name):
         return subprocess.run(["g++", f"-print-file-name={name}"], capture_output=True, text=True).stdout.strip()
