@@ -1,8 +1,5 @@
 #include "communicator.h"
 
-#include <cstring>
-#include <limits>
-
 #include "device_staging_executor.h"
 #include "error.h"
 #include "log.h"

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <thread>
 
+#include "agreed_settings.h"
 #include "composite_transport.h"
 #include "error.h"
 #include "log.h"
@@ -13,7 +14,6 @@
 #include "shm/shm_transport.h"
 #include "socket_util.h"
 #include "tcp_transport.h"
-#include "agreed_settings.h"
 
 namespace rcoll {
 
