@@ -7,7 +7,7 @@ import os
 import time
 
 import numpy as np
-from reference import DTYPES, OPS, differences, make_input, reduce_reference, same, supported
+from reference import DTYPES, OPS, differences, make_input, reduced, same, stacked, supported
 
 import rcoll
 
@@ -22,12 +22,8 @@ def sizes_for(world):
     return sorted(sizes)
 
 
-def _stack(seed, world, dtype, n, op):
-    return np.stack([make_input(seed, r, dtype, n, op) for r in range(world)])
-
-
 def allreduce_sweep(rank, world, seed=1):
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     failures = []
     case = 0
     for dtype in DTYPES:
@@ -37,7 +33,7 @@ def allreduce_sweep(rank, world, seed=1):
             for n in sizes_for(world):
                 case += 1
                 x = make_input(seed, rank, dtype, n, op)
-                expected = reduce_reference(_stack(seed, world, dtype, n, op), dtype, op, world)
+                expected = reduced(seed, world, dtype, n, op)
                 in_place = case % 2 == 0
                 if in_place:
                     got = x.copy()
@@ -54,7 +50,7 @@ def allreduce_sweep(rank, world, seed=1):
 
 
 def reduce_scatter_sweep(rank, world, seed=2):
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     failures = []
     case = 0
     for dtype in DTYPES:
@@ -64,7 +60,7 @@ def reduce_scatter_sweep(rank, world, seed=2):
             for n in (0, 1, 7, 1001):
                 case += 1
                 x = make_input(seed, rank, dtype, n * world, op)
-                expected = reduce_reference(_stack(seed, world, dtype, n * world, op), dtype, op, world)
+                expected = reduced(seed, world, dtype, n * world, op)
                 got = comm.reduce_scatter(x, op)
                 if not same(got, expected[rank * n:(rank + 1) * n]):
                     failures.append(f"reduce_scatter {dtype} {op} n={n}: wrong result")
@@ -72,14 +68,14 @@ def reduce_scatter_sweep(rank, world, seed=2):
 
 
 def allgather_sweep(rank, world, seed=3):
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     failures = []
     case = 0
     for dtype in DTYPES:
         for n in sizes_for(world):
             for in_place in (False, True):
                 case += 1
-                expected = _stack(seed, world, dtype, n, "max")
+                expected = stacked(seed, world, dtype, n, "max")
                 x = make_input(seed, rank, dtype, n, "max")
                 if in_place:
                     out = np.zeros((world, n), dtype)
@@ -94,7 +90,7 @@ def allgather_sweep(rank, world, seed=3):
 
 
 def broadcast_sweep(rank, world, seed=4):
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     failures = []
     case = 0
     for dtype in DTYPES:
@@ -119,7 +115,7 @@ def broadcast_sweep(rank, world, seed=4):
 
 def large_sweep(rank, world, seed=5):
     """A few MiB per call with the default chunk size: many full-size segments."""
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     failures = []
     cases = [(np.dtype("float32"), "sum"), (np.dtype("float16"), "sum"), (np.dtype("int64"), "max"),
              (np.dtype("float64"), "avg"), (np.dtype("uint8"), "bxor")]
@@ -127,7 +123,7 @@ def large_sweep(rank, world, seed=5):
     for dtype, op in cases:
         n = n_bytes // dtype.itemsize
         x = make_input(seed, rank, dtype, n, op)
-        expected = reduce_reference(_stack(seed, world, dtype, n, op), dtype, op, world)
+        expected = reduced(seed, world, dtype, n, op)
         if not same(comm.allreduce(x.copy(), op), expected):
             failures.append(f"large allreduce {dtype} {op} n={n}: wrong result")
         per_rank = n // world
@@ -136,7 +132,7 @@ def large_sweep(rank, world, seed=5):
             # x[:per_rank*world] reduced equals expected's prefix only elementwise: same values.
             failures.append(f"large reduce_scatter {dtype} {op}: wrong result")
         g = comm.allgather(x[:per_rank])
-        if not same(g, _stack(seed, world, dtype, n, op)[:, :per_rank]):
+        if not same(g, stacked(seed, world, dtype, n, op)[:, :per_rank]):
             failures.append(f"large allgather {dtype}: wrong result")
         b = x.copy()
         comm.broadcast(b, root=world - 1)
@@ -147,7 +143,7 @@ def large_sweep(rank, world, seed=5):
 
 def async_many(rank, world, n_ops=64):
     """Many ops in flight at once: all complete, in order, with the right results."""
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     arrays = [np.full(257 + i, rank + i, dtype=np.int64) for i in range(n_ops)]
     handles = [comm.allreduce(a, "sum", async_op=True) for a in arrays]
     gathered = comm.allgather(np.array([rank], np.int32), async_op=True)
@@ -171,7 +167,7 @@ def streamed_messages(rank, world, n_ops=300):
     that many messages queue up in each socket and are read several at a time
     (TCP reads small messages through a per-connection inbox of 8 KiB + a
     header): sizes around that boundary, empty ones and large ones mixed."""
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     sizes = [0, 1, 7, 2047, 2048, 2049, 2064, 4096, 100, 300000, 5, 2032, 2033, 3]
     failures = []
     if rank != 0:
@@ -218,7 +214,7 @@ class DuckStore:
 
 def socket_count(rank, world):
     """Sockets this process holds once its communicator is up (and used)."""
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     out = comm.allreduce(np.ones(4096, dtype=np.float32))
     assert (out == world).all()
     sockets = open_sockets()
@@ -255,7 +251,7 @@ def rooted_sizes_for(world):
 
 
 def reduce_sweep(rank, world, seed=6):
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     failures = []
     case = 0
     for dtype in DTYPES:
@@ -282,7 +278,7 @@ def reduce_sweep(rank, world, seed=6):
                         if not same(x, original):
                             failures.append(f"{what}: a non-root rank's input was modified")
                         continue
-                    expected = reduce_reference(_stack(seed, world, dtype, n, op), dtype, op, world)
+                    expected = reduced(seed, world, dtype, n, op)
                     if mode == 1 and not same(x, original):
                         failures.append(f"{what}: out-of-place modified its input")
                     if got is not (out if mode == 1 else x):
@@ -293,7 +289,7 @@ def reduce_sweep(rank, world, seed=6):
 
 
 def gather_sweep(rank, world, seed=7):
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     failures = []
     case = 0
     for dtype in DTYPES:
@@ -316,13 +312,13 @@ def gather_sweep(rank, world, seed=7):
                     if rank != root:
                         if got is not None:
                             failures.append(f"{what}: a non-root rank got {type(got).__name__}, not None")
-                    elif not same(got, _stack(seed, world, dtype, n, "max")):
+                    elif not same(got, stacked(seed, world, dtype, n, "max")):
                         failures.append(f"{what}: wrong result")
     return case, failures
 
 
 def scatter_sweep(rank, world, seed=8):
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     failures = []
     case = 0
     for dtype in DTYPES:
@@ -360,7 +356,7 @@ def _a2a_block(seed, src, dst, dtype, n):
 
 
 def alltoall_sweep(rank, world, seed=9):
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     failures = []
     case = 0
     for dtype in DTYPES:
@@ -412,7 +408,7 @@ def alltoall_sweep(rank, world, seed=9):
 
 def large_rooted_sweep(rank, world, seed=10):
     """reduce, gather, scatter and alltoall of a few MiB with the default chunk size."""
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     failures = []
     cases = 0
     for dtype, op in [(np.dtype("float32"), "sum"), (np.dtype("float64"), "avg"), (np.dtype("int8"), "bxor")]:
@@ -421,12 +417,12 @@ def large_rooted_sweep(rank, world, seed=10):
         cases += 1
         x = make_input(seed, rank, dtype, n, op)
         got = comm.reduce(x.copy(), op, root=root)  # in place on the root
-        if rank == root and not same(got, reduce_reference(_stack(seed, world, dtype, n, op), dtype, op, world)):
+        if rank == root and not same(got, reduced(seed, world, dtype, n, op)):
             failures.append(f"large reduce {dtype} {op}: wrong result")
         per_rank = n // world
         cases += 1
         got = comm.gather(x[:per_rank], root=root)
-        if rank == root and not same(got, _stack(seed, world, dtype, n, op)[:, :per_rank]):
+        if rank == root and not same(got, stacked(seed, world, dtype, n, op)[:, :per_rank]):
             failures.append(f"large gather {dtype}: wrong result")
         cases += 1
         full = make_input(seed, root, dtype, n, op)[:per_rank * world]
@@ -435,7 +431,7 @@ def large_rooted_sweep(rank, world, seed=10):
             failures.append(f"large scatter {dtype}: wrong result")
         cases += 1
         got = comm.alltoall(x[:per_rank * world].reshape(world, per_rank))
-        expected = _stack(seed, world, dtype, n, op)[:, rank * per_rank:(rank + 1) * per_rank]
+        expected = stacked(seed, world, dtype, n, op)[:, rank * per_rank:(rank + 1) * per_rank]
         if not same(got, expected):
             failures.append(f"large alltoall {dtype}: wrong result")
     return cases, failures
@@ -444,11 +440,12 @@ def large_rooted_sweep(rank, world, seed=10):
 def point_to_point(rank, world):
     """Both directions at once with large messages (a single in-order queue would
     deadlock), interleaved with collectives, and in-order matching of many messages."""
-    comm = rcoll.init(timeout=60)
+    comm = rcoll.init(rank, world, timeout=60)
     failures = []
     peer = rank ^ 1
-    if peer >= world:
-        return 1, failures
+    if peer >= world:  # the odd rank out joins the collective only
+        total = comm.allreduce(np.ones(4, np.int64))
+        return 1, failures if total.tolist() == [world] * 4 else ["collective beside point-to-point"]
     big = np.full(8 << 20, rank, np.float32)  # 32 MiB each way
     got = np.empty_like(big)
     hs = comm.send(big, peer, async_op=True)
@@ -491,7 +488,7 @@ def recv_from_any(rank, world):
     the sender, in any arrival order; per sender they stay in order; a named
     receive beside them keeps its own message; tags select; sizes that disagree
     are a MismatchError naming both ranks; nothing to receive times out."""
-    comm = rcoll.init(timeout=60)
+    comm = rcoll.init(rank, world, timeout=60)
     failures = []
     rounds = 5
     if rank == 0:
@@ -554,7 +551,7 @@ def recv_from_any(rank, world):
 
 
 def recv_from_any_times_out(rank, world):
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     outcome = None
     if rank == 0:
         t0 = time.monotonic()
@@ -569,7 +566,7 @@ def allreduce_bits(rank, world, seed=11):
     """Results of float allreduces whose bits depend on the combining order
     (arbitrary values, signed zeros and NaNs): every rank must end with the
     same bytes, whichever algorithm ran. Returns the result bytes per case."""
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     rng = np.random.default_rng([seed, rank])
     out = []
     for dtype in (np.float16, np.float32, np.float64):

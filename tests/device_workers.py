@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 from collective_workers import _a2a_block
-from reference import DTYPES, OPS, differences, make_input, reduce_reference, same, supported
+from reference import DTYPES, OPS, differences, make_input, reduced, same, stacked, supported
 
 import rcoll
 from rcoll import _core
@@ -74,12 +74,8 @@ def sizes_for(world):
     return sorted(sizes)
 
 
-def _stack(seed, world, dtype, n, op):
-    return np.stack([make_input(seed, r, dtype, n, op) for r in range(world)])
-
-
 def allreduce_sweep(rank, world, seed=11):
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     failures, case = [], 0
     for dtype in DTYPES:
         for op in OPS:
@@ -88,7 +84,7 @@ def allreduce_sweep(rank, world, seed=11):
             for n in sizes_for(world):
                 case += 1
                 x = make_input(seed, rank, dtype, n, op)
-                expected = reduce_reference(_stack(seed, world, dtype, n, op), dtype, op, world)
+                expected = reduced(seed, world, dtype, n, op)
                 if case % 2 == 0:
                     got = x.copy()
                     comm.allreduce(dev(got), op)
@@ -106,13 +102,13 @@ def allreduce_sweep(rank, world, seed=11):
 
 
 def allgather_sweep(rank, world, seed=12):
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     failures, case = [], 0
     for dtype in DTYPES:
         for n in sizes_for(world):
             for in_place in (False, True):
                 case += 1
-                expected = _stack(seed, world, dtype, n, "max")
+                expected = stacked(seed, world, dtype, n, "max")
                 x = make_input(seed, rank, dtype, n, "max")
                 out = np.zeros((world, n), dtype)
                 if in_place:
@@ -127,7 +123,7 @@ def allgather_sweep(rank, world, seed=12):
 
 
 def broadcast_sweep(rank, world, seed=13):
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     failures, case = [], 0
     for dtype in DTYPES:
         for n in sizes_for(world):
@@ -148,7 +144,7 @@ def broadcast_sweep(rank, world, seed=13):
 
 
 def reduce_scatter_sweep(rank, world, seed=14):
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     failures, case = [], 0
     for dtype in DTYPES:
         for op in OPS:
@@ -157,7 +153,7 @@ def reduce_scatter_sweep(rank, world, seed=14):
             for n in (0, 1, 7, 1001):
                 case += 1
                 x = make_input(seed, rank, dtype, n * world, op)
-                expected = reduce_reference(_stack(seed, world, dtype, n * world, op), dtype, op, world)
+                expected = reduced(seed, world, dtype, n * world, op)
                 got = np.full(n, 7, dtype)
                 comm.reduce_scatter(dev(x), op, out=dev(got))
                 if not same(got, expected[rank * n:(rank + 1) * n]):
@@ -171,7 +167,7 @@ def waits_for_the_callers_stream(rank, world):
     the collective): the op must reduce the new values, not what was there."""
     import rcoll_emulated_device as emulated
 
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     stream = emulated.stream_create()
     failures, case = [], 0
     try:
@@ -194,7 +190,7 @@ def waits_for_the_callers_stream(rank, world):
 
 def many_async(rank, world, n_ops=24):
     """Device ops in flight together, mixed with host ops, completing in issue order."""
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     arrays = [np.full(777 + i, rank + i, np.int64) for i in range(n_ops)]
     handles = [comm.allreduce(dev(a), async_op=True) if i % 3 else comm.allreduce(a, async_op=True)
                for i, a in enumerate(arrays)]
@@ -209,7 +205,7 @@ def many_async(rank, world, n_ops=24):
 
 def mismatch(rank, world, kind):
     """Rank 1 disagrees with the others (count, dtype, or host memory) on a device allreduce."""
-    comm = rcoll.init(timeout=20)
+    comm = rcoll.init(rank, world, timeout=20)
     comm.barrier()
     odd = rank == 1
     n = 1000 + (1 if odd and kind == "count" else 0)
@@ -226,7 +222,7 @@ def mismatch(rank, world, kind):
 def dead_peer(rank, world):
     import os
 
-    comm = rcoll.init(timeout=30)
+    comm = rcoll.init(rank, world, timeout=30)
     comm.allreduce(dev(np.ones(10, np.float32)))
     if rank == world - 1:
         os._exit(3)
@@ -243,7 +239,7 @@ def gdr_required(rank, world):
     """RCOLL_GDR=1 where GPUDirect RDMA is impossible: the first device op fails
     with a ConfigError that says why, on every rank, without a hang; as after
     any failed op, the communicator then refuses further ops, naming it."""
-    comm = rcoll.init(timeout=30)
+    comm = rcoll.init(rank, world, timeout=30)
     outcomes = []
     for buf in (dev(np.ones(1000, np.float32)), np.ones(10, np.float32)):
         try:
@@ -267,7 +263,7 @@ def _error_collector(messages):
 
 def argument_errors(rank, world):
     """Mistakes caught on the caller's thread, before anything is enqueued."""
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     messages = []
     x = np.ones(8, np.float32)
     expect = _error_collector(messages)
@@ -286,20 +282,20 @@ def argument_errors(rank, world):
 
 def every_collective_once(rank, world, seed=15):
     """One dtype, a few sizes, each collective: for settings that stress the pipeline itself."""
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     failures, case = [], 0
     dtype = np.dtype(np.float32)
     for n in (1, world + 1, 1003, 5000):
         case += 1
         x = make_input(seed, rank, dtype, n, "sum")
-        expected = reduce_reference(_stack(seed, world, dtype, n, "sum"), dtype, "sum", world)
+        expected = reduced(seed, world, dtype, n, "sum")
         comm.allreduce(dev(x))
         if not same(x, expected):
             failures.append(f"allreduce n={n}: {differences(x, expected)}")
         case += 1
         out = np.zeros((world, n), dtype)
         comm.allgather(dev(make_input(seed, rank, dtype, n, "max")), out=dev(out))
-        if not same(out, _stack(seed, world, dtype, n, "max")):
+        if not same(out, stacked(seed, world, dtype, n, "max")):
             failures.append(f"allgather n={n}")
         case += 1
         b = make_input(seed, rank, dtype, n, "max")
@@ -310,7 +306,7 @@ def every_collective_once(rank, world, seed=15):
         x = make_input(seed, rank, dtype, n * world, "max")
         got = np.empty(n, dtype)
         comm.reduce_scatter(dev(x), "max", out=dev(got))
-        expected = reduce_reference(_stack(seed, world, dtype, n * world, "max"), dtype, "max", world)
+        expected = reduced(seed, world, dtype, n * world, "max")
         if not same(got, expected[rank * n:(rank + 1) * n]):
             failures.append(f"reduce_scatter n={n}")
     check_path(comm, world, failures)
@@ -319,7 +315,7 @@ def every_collective_once(rank, world, seed=15):
 
 def rooted_sweep(rank, world, seed=16):
     """reduce, gather and scatter on device buffers, from every root."""
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     failures, case = [], 0
     for dtype in (np.dtype(np.float32), np.dtype(np.int64), np.dtype(np.float16)):
         for n in (0, 1, world + 1, 1003):
@@ -327,7 +323,7 @@ def rooted_sweep(rank, world, seed=16):
                 case += 1
                 op = "avg" if dtype.kind == "f" and case % 2 else "sum"
                 x = make_input(seed, rank, dtype, n, op)
-                expected = reduce_reference(_stack(seed, world, dtype, n, op), dtype, op, world)
+                expected = reduced(seed, world, dtype, n, op)
                 got = comm.reduce(dev(x), op, root=root)
                 if rank == root and not same(x, expected):
                     failures.append(f"reduce {dtype} {op} n={n} root={root}: {differences(x, expected)}")
@@ -337,7 +333,7 @@ def rooted_sweep(rank, world, seed=16):
                 mine = make_input(seed, rank, dtype, n, "max")
                 out = np.zeros((world, n), dtype) if rank == root else None
                 comm.gather(dev(mine), root=root, out=dev(out) if out is not None else None)
-                if rank == root and not same(out, _stack(seed, world, dtype, n, "max")):
+                if rank == root and not same(out, stacked(seed, world, dtype, n, "max")):
                     failures.append(f"gather {dtype} n={n} root={root}")
                 case += 1
                 full = make_input(seed, root, dtype, n * world, "max")
@@ -353,7 +349,7 @@ def rank_without_peer_access(rank, world, seed=17):
     be off on every rank, and the ops still right through staging."""
     if rank == 1:
         os.environ["EMULATED_DEVICE_ID"] = "emulated:1"
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     failures, case = [], 0
     dtype = np.dtype(np.float32)
     for n in (1, 1003):
@@ -361,7 +357,7 @@ def rank_without_peer_access(rank, world, seed=17):
             case += 1
             x = make_input(seed, rank, dtype, n, "sum")
             comm.allreduce(dev(x))
-            expected = reduce_reference(_stack(seed, world, dtype, n, "sum"), dtype, "sum", world)
+            expected = reduced(seed, world, dtype, n, "sum")
             if not same(x, expected):
                 failures.append(f"allreduce n={n}: {differences(x, expected)}")
     return comm.device_path, case, failures
@@ -372,7 +368,7 @@ def alltoall_sweep(rank, world, seed=18):
     0, 1, odd and many-segment sizes, irregular counts with zeros, everything
     to one rank. Device alltoall runs through the pipeline (staging or GPUDirect
     RDMA) on every transport, CUDA IPC windows or not."""
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     failures, case = [], 0
     for dtype in DTYPES:
         for n in sorted({0, 1, 7, max(world - 1, 0), 1000, 5000}):
@@ -420,7 +416,7 @@ def alltoall_sweep(rank, world, seed=18):
 
 def alltoall_errors(rank, world):
     """Mistakes in a device alltoall raise on the caller's thread, naming the rank."""
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     messages = []
     x = np.ones(4 * world, np.float32)
     expect = _error_collector(messages)

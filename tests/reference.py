@@ -5,6 +5,8 @@ check its own result without any extra communication. Values are chosen so
 that any summation order gives the same bits: small integers for sum and avg,
 factors of +-1 and 2 for prod, anything for min/max and the bitwise ops.
 """
+import functools
+
 import numpy as np
 
 try:
@@ -37,7 +39,27 @@ def supported(dtype, op):
     return True
 
 
+# Ranks that run as threads of one process (tests/rank_threads.py) each
+# regenerate every rank's input: a small cache makes that once per process.
+# make_input returns a copy (bodies write into their inputs); stacked() and
+# reduced() return the cached, read-only arrays themselves.
+CACHED_ELEMENTS = 1 << 16
+
+
 def make_input(seed, rank, dtype, n, op="sum"):
+    if n > CACHED_ELEMENTS:
+        return _generate(seed, rank, dtype, n, op)
+    return _cached_input(seed, rank, dtype, n, op).copy()
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_input(seed, rank, dtype, n, op):
+    x = _generate(seed, rank, dtype, n, op)
+    x.flags.writeable = False
+    return x
+
+
+def _generate(seed, rank, dtype, n, op):
     rng = np.random.default_rng([seed, rank, n, DTYPES.index(dtype) if dtype in DTYPES else 0, OPS.index(op)])
     if dtype == np.bool_:
         return rng.integers(0, 2, n).astype(np.bool_)
@@ -95,3 +117,31 @@ def differences(got, expected, limit=5):
     bad = np.flatnonzero(np.asarray(got).astype(np.float64) != np.asarray(expected).astype(np.float64))[:limit]
     got, expected = np.asarray(got).ravel(), np.asarray(expected).ravel()
     return f"wrong at {bad.tolist()}: got {got[bad].tolist()} expected {expected[bad].tolist()}"
+
+
+def stacked(seed, world, dtype, n, op="sum"):
+    """Every rank's input, one row each (read-only when cached)."""
+    if n > CACHED_ELEMENTS:
+        return np.stack([_generate(seed, r, dtype, n, op) for r in range(world)])
+    return _cached_stack(seed, world, dtype, n, op)
+
+
+def reduced(seed, world, dtype, n, op):
+    """The exact result of reducing every rank's input with `op` (read-only when cached)."""
+    if n > CACHED_ELEMENTS:
+        return reduce_reference(stacked(seed, world, dtype, n, op), dtype, op, world)
+    return _cached_reduction(seed, world, dtype, n, op)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_stack(seed, world, dtype, n, op):
+    x = np.stack([_cached_input(seed, r, dtype, n, op) for r in range(world)])
+    x.flags.writeable = False
+    return x
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_reduction(seed, world, dtype, n, op):
+    x = reduce_reference(_cached_stack(seed, world, dtype, n, op), dtype, op, world)
+    x.flags.writeable = False
+    return x

@@ -1,6 +1,14 @@
-"""Every collective x dtype x reduce op x size x world size (x root), exact against numpy."""
+"""Every collective x dtype x reduce op x size x world size (x root), exact against numpy.
+
+The matrices run their ranks as threads of the test process (rank_threads.py):
+the same transports, without an interpreter per rank. What depends on ranks
+being processes (their own address spaces, per-rank settings, counting a
+process's sockets) runs through rcoll.spawn, and test_matrices_between_processes
+repeats a slice of each matrix with ranks as processes.
+"""
 import collective_workers as w
 import pytest
+import rank_threads
 from conftest import SMALL_CHUNKS, every_rank_passed
 
 from rcoll import spawn
@@ -46,7 +54,7 @@ def transport(request, monkeypatch):
 @pytest.mark.parametrize("chunks", ["default", "small"])
 def test_allreduce_matrix(world, chunks):
     env = SMALL_CHUNKS if chunks == "small" else {}
-    every_rank_passed(spawn.run(w.allreduce_sweep, world, timeout=240, env=env))
+    every_rank_passed(rank_threads.run(w.allreduce_sweep, world, timeout=240, env=env))
 
 
 # The windows' large-step path (each rank reduces one slice, the others copy it)
@@ -55,7 +63,7 @@ def test_allreduce_matrix(world, chunks):
 @pytest.mark.parametrize("world", WORLDS[1:])
 def test_allreduce_matrix_window_slices(world):
     env = dict(SMALL_CHUNKS, RCOLL_SHM_COLL_DIRECT_BYTES="0")
-    every_rank_passed(spawn.run(w.allreduce_sweep, world, timeout=240, env=env))
+    every_rank_passed(rank_threads.run(w.allreduce_sweep, world, timeout=240, env=env))
 
 
 # Both allreduce algorithms over the whole matrix: recursive doubling forced for
@@ -69,7 +77,7 @@ ALGORITHMS = {"recursive_doubling": "1G", "ring": "0"}
                          [("ring", 3), ("ring", 8)])
 def test_allreduce_algorithms(world, algorithm):
     env = dict(SMALL_CHUNKS, RCOLL_ALLREDUCE_RD_BYTES=ALGORITHMS[algorithm])
-    every_rank_passed(spawn.run(w.allreduce_sweep, world, timeout=240, env=env))
+    every_rank_passed(rank_threads.run(w.allreduce_sweep, world, timeout=240, env=env))
 
 
 @WINDOW_OPS
@@ -79,7 +87,7 @@ def test_allreduce_same_bits_on_every_rank(world, algorithm, transport):
     env = dict(SMALL_CHUNKS, RCOLL_ALLREDUCE_RD_BYTES=ALGORITHMS[algorithm])
     if transport == "shm":  # the windows have no algorithm: the two steps paths instead
         env["RCOLL_SHM_COLL_DIRECT_BYTES"] = "0" if algorithm == "ring" else "1G"
-    results = spawn.run(w.allreduce_bits, world, timeout=240, env=env)
+    results = rank_threads.run(w.allreduce_bits, world, timeout=240, env=env)
     for rank in range(1, world):
         for case, (mine, first) in enumerate(zip(results[rank], results[0])):
             assert mine == first, f"rank {rank} and rank 0 differ in case {case}"
@@ -88,40 +96,40 @@ def test_allreduce_same_bits_on_every_rank(world, algorithm, transport):
 @WINDOW_OPS
 @pytest.mark.parametrize("world", WORLDS)
 def test_reduce_scatter_matrix(world):
-    every_rank_passed(spawn.run(w.reduce_scatter_sweep, world, timeout=240, env=SMALL_CHUNKS))
+    every_rank_passed(rank_threads.run(w.reduce_scatter_sweep, world, timeout=240, env=SMALL_CHUNKS))
 
 
 @WINDOW_OPS
 @pytest.mark.parametrize("world", WORLDS)
 def test_allgather_matrix(world):
-    every_rank_passed(spawn.run(w.allgather_sweep, world, timeout=240, env=SMALL_CHUNKS))
+    every_rank_passed(rank_threads.run(w.allgather_sweep, world, timeout=240, env=SMALL_CHUNKS))
 
 
 @WINDOW_OPS
 @pytest.mark.parametrize("world", WORLDS)
 def test_broadcast_matrix(world):
-    every_rank_passed(spawn.run(w.broadcast_sweep, world, timeout=240, env=SMALL_CHUNKS))
+    every_rank_passed(rank_threads.run(w.broadcast_sweep, world, timeout=240, env=SMALL_CHUNKS))
 
 
 @WINDOW_OPS
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_large_buffers_default_chunks(world):
-    every_rank_passed(spawn.run(w.large_sweep, world, timeout=240))
+    every_rank_passed(rank_threads.run(w.large_sweep, world, timeout=240))
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_large_rooted_and_alltoall_default_chunks(world):
-    every_rank_passed(spawn.run(w.large_rooted_sweep, world, timeout=240))
+    every_rank_passed(rank_threads.run(w.large_rooted_sweep, world, timeout=240))
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_many_async_ops_in_flight(world):
-    every_rank_passed(spawn.run(w.async_many, world, timeout=120))
+    every_rank_passed(rank_threads.run(w.async_many, world, timeout=120))
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_streamed_messages_queued_in_the_sockets(world):
-    every_rank_passed(spawn.run(w.streamed_messages, world, timeout=120))
+    every_rank_passed(rank_threads.run(w.streamed_messages, world, timeout=120))
 
 
 # Several sockets per pair: the k-th message to a peer takes socket k mod 3 on
@@ -134,7 +142,7 @@ def test_streamed_messages_queued_in_the_sockets(world):
                                    "alltoall_sweep", "large_sweep", "streamed_messages", "async_many"])
 def test_several_sockets_per_peer(world, sweep):
     env = SMALL_CHUNKS if sweep.endswith("_sweep") and sweep != "large_sweep" else None
-    every_rank_passed(spawn.run(getattr(w, sweep), world, timeout=240, env=env))
+    every_rank_passed(rank_threads.run(getattr(w, sweep), world, timeout=240, env=env))
 
 
 @pytest.mark.transports(["tcp"])
@@ -152,7 +160,7 @@ def test_sockets_per_peer_opens_that_many_sockets(monkeypatch):
 
 @pytest.mark.parametrize("world", [1, 3])
 def test_rendezvous_through_a_caller_supplied_store(world):
-    for total, gathered, used in spawn.run(w.caller_store, world, timeout=60):
+    for total, gathered, used in rank_threads.run(w.caller_store, world, timeout=60):
         assert total == sum(range(world))
         assert gathered == [10 * r for r in range(world)]
         assert used
@@ -160,32 +168,32 @@ def test_rendezvous_through_a_caller_supplied_store(world):
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_reduce_matrix(world):
-    every_rank_passed(spawn.run(w.reduce_sweep, world, timeout=240, env=SMALL_CHUNKS))
+    every_rank_passed(rank_threads.run(w.reduce_sweep, world, timeout=240, env=SMALL_CHUNKS))
 
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_gather_matrix(world):
-    every_rank_passed(spawn.run(w.gather_sweep, world, timeout=240, env=SMALL_CHUNKS))
+    every_rank_passed(rank_threads.run(w.gather_sweep, world, timeout=240, env=SMALL_CHUNKS))
 
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_scatter_matrix(world):
-    every_rank_passed(spawn.run(w.scatter_sweep, world, timeout=240, env=SMALL_CHUNKS))
+    every_rank_passed(rank_threads.run(w.scatter_sweep, world, timeout=240, env=SMALL_CHUNKS))
 
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_alltoall_matrix(world):
-    every_rank_passed(spawn.run(w.alltoall_sweep, world, timeout=240, env=SMALL_CHUNKS))
+    every_rank_passed(rank_threads.run(w.alltoall_sweep, world, timeout=240, env=SMALL_CHUNKS))
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_point_to_point(world):
-    every_rank_passed(spawn.run(w.point_to_point, world, timeout=180))
+    every_rank_passed(rank_threads.run(w.point_to_point, world, timeout=180))
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_recv_from_any_source(world):
-    every_rank_passed(spawn.run(w.recv_from_any, world, timeout=180))
+    every_rank_passed(rank_threads.run(w.recv_from_any, world, timeout=180))
 
 
 @pytest.mark.transports(["shm"])
@@ -197,6 +205,22 @@ def test_recv_from_any_source_across_emulated_hosts():
 
 @pytest.mark.transports(["shm"])
 def test_recv_from_any_source_times_out_naming_the_tag():
-    message, seconds = spawn.run(w.recv_from_any_times_out, 2, timeout=60)[0]
+    message, seconds = rank_threads.run(w.recv_from_any_times_out, 2, timeout=60)[0]
     assert "recv of float64 (count=1, tag=3) from any source timed out" in message, message
     assert seconds < 10
+
+
+# The matrices above run ranks as threads; these repeat each at world 3 with
+# ranks as processes, whose shared-memory windows map another address space's
+# segments (TCP once: the loopback does not care).
+@pytest.mark.transports(["shm"])
+@pytest.mark.parametrize("sweep", ["allreduce_sweep", "reduce_scatter_sweep", "allgather_sweep", "broadcast_sweep",
+                                   "reduce_sweep", "gather_sweep", "scatter_sweep", "alltoall_sweep",
+                                   "point_to_point"])
+def test_matrices_between_processes(sweep):
+    every_rank_passed(spawn.run(getattr(w, sweep), 3, timeout=240, env=SMALL_CHUNKS))
+
+
+@pytest.mark.transports(["tcp"])
+def test_allreduce_matrix_between_processes_over_tcp():
+    every_rank_passed(spawn.run(w.allreduce_sweep, 3, timeout=240, env=SMALL_CHUNKS))

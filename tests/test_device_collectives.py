@@ -13,8 +13,11 @@ What this does NOT check is CUDA: the kernels (tests/test_cuda.py), real
 copies, real streams and torch CUDA tensors (tests/test_cuda_collectives.py,
 which needs a GPU).
 """
+import os
+
 import device_workers as w
 import pytest
+import rank_threads
 from conftest import EMULATED_DEVICE as EMULATE
 from conftest import SMALL_CHUNKS, every_rank_passed
 
@@ -35,6 +38,12 @@ def transport(request, monkeypatch):
     return request.param
 
 
+def run_ranks(fn, world, *args, **kwargs):
+    """Ranks as threads of this process (rank_threads.py), except where the CUDA
+    IPC windows serve the op: a process cannot open its own IPC handles (CUDA's
+    rule, which the emulation keeps), so those ranks are processes."""
+    ipc = os.environ["RCOLL_TRANSPORT"] == "shm" and os.environ["RCOLL_CUDA_IPC"] == "1"
+    return (spawn.run if ipc else rank_threads.run)(fn, world, *args, **kwargs)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -43,46 +52,46 @@ def test_allreduce_every_dtype_and_op(world, chunks):
     # small: many segments and steps, and the sliced IPC allreduce (direct 0).
     small = dict(SMALL_CHUNKS, RCOLL_CUDA_IPC_DIRECT_BYTES="0")
     env = dict(EMULATE, **(small if chunks == "small" else {}))
-    every_rank_passed(spawn.run(w.allreduce_sweep, world, timeout=240, env=env))
+    every_rank_passed(run_ranks(w.allreduce_sweep, world, timeout=240, env=env))
 
 
 def test_world_of_one_copies_and_divides_on_the_device(transport):
     if transport == "tcp":
         pytest.skip("a world of one has no transport")
-    every_rank_passed(spawn.run(w.allreduce_sweep, 1, timeout=120, env=EMULATE))
+    every_rank_passed(run_ranks(w.allreduce_sweep, 1, timeout=120, env=EMULATE))
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_allgather(world):
-    every_rank_passed(spawn.run(w.allgather_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
+    every_rank_passed(run_ranks(w.allgather_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_broadcast_from_every_root(world):
-    every_rank_passed(spawn.run(w.broadcast_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
+    every_rank_passed(run_ranks(w.broadcast_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_reduce_scatter(world):
-    every_rank_passed(spawn.run(w.reduce_scatter_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
+    every_rank_passed(run_ranks(w.reduce_scatter_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_reduce_gather_scatter_from_every_root(world):
-    every_rank_passed(spawn.run(w.rooted_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
+    every_rank_passed(run_ranks(w.rooted_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_alltoall(world, transport):
     if world == 1 and transport == "tcp":
         pytest.skip("a world of one has no transport")
-    every_rank_passed(spawn.run(w.alltoall_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
+    every_rank_passed(run_ranks(w.alltoall_sweep, world, timeout=240, env=dict(EMULATE, **SMALL_CHUNKS)))
 
 
 def test_alltoall_argument_errors_name_the_rank(transport):
     if transport != "shm":
         pytest.skip("checked once: the errors are raised before any transfer")
-    for messages, result in spawn.run(w.alltoall_errors, 2, timeout=60, env=EMULATE):
+    for messages, result in run_ranks(w.alltoall_errors, 2, timeout=60, env=EMULATE):
         assert all(m is not None and m.startswith("rank ") and "alltoall" in m for m in messages), messages
         assert "host memory" in messages[0] and "pass out=" in messages[1] and "in place" in messages[2], messages
         assert "dtype" in messages[3] and "not a multiple of the world size" in messages[4], messages
@@ -92,17 +101,17 @@ def test_alltoall_argument_errors_name_the_rank(transport):
 @pytest.mark.parametrize("world", [2, 3])
 def test_one_staging_slot_per_direction_cannot_deadlock(world):
     env = dict(EMULATE, **SMALL_CHUNKS, RCOLL_PIPELINE_SLOTS="1")
-    every_rank_passed(spawn.run(w.every_collective_once, world, timeout=120, env=env))
+    every_rank_passed(run_ranks(w.every_collective_once, world, timeout=120, env=env))
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_the_op_waits_for_work_queued_on_the_callers_stream(world):
-    every_rank_passed(spawn.run(w.waits_for_the_callers_stream, world, timeout=120, env=dict(EMULATE, **SMALL_CHUNKS)))
+    every_rank_passed(run_ranks(w.waits_for_the_callers_stream, world, timeout=120, env=dict(EMULATE, **SMALL_CHUNKS)))
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_device_and_host_ops_in_flight_together(world):
-    every_rank_passed(spawn.run(w.many_async, world, timeout=120, env=dict(EMULATE, **SMALL_CHUNKS)))
+    every_rank_passed(run_ranks(w.many_async, world, timeout=120, env=dict(EMULATE, **SMALL_CHUNKS)))
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -146,7 +155,7 @@ def test_gdr_required_where_impossible_is_a_config_error_naming_why(transport):
     if transport == "shm":
         pytest.skip("every rank on one host: CUDA IPC, no network")
     env = dict(EMULATE, RCOLL_GDR="1", RCOLL_CUDA_IPC="0")
-    for rank, outcomes in enumerate(spawn.run(w.gdr_required, 2, timeout=60, env=env)):
+    for rank, outcomes in enumerate(run_ranks(w.gdr_required, 2, timeout=60, env=env)):
         (name, message), (later_name, later) = outcomes
         assert name == "ConfigError", (rank, name, message)
         assert message.startswith(f"rank {rank}: allreduce(") and "RCOLL_GDR=1" in message, message
@@ -157,7 +166,7 @@ def test_gdr_required_where_impossible_is_a_config_error_naming_why(transport):
 def test_argument_errors_name_the_rank_and_op(transport):
     if transport == "tcp":
         pytest.skip("checked once: the errors are raised before any transfer")
-    for messages, result in spawn.run(w.argument_errors, 2, timeout=60, env=EMULATE):
+    for messages, result in run_ranks(w.argument_errors, 2, timeout=60, env=EMULATE):
         for m in messages:
             assert m is not None and m.startswith("rank ") and any(f": {op}" in m for op in OPS_CALLED), messages
         assert result == [2.0] * 8

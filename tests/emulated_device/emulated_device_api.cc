@@ -22,6 +22,7 @@
 #include <linux/udmabuf.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "dtype.h"
@@ -50,8 +51,10 @@ struct Event {
 };
 
 // A stream: a worker thread running tasks in order, each after a random delay
-// (mostly tens of microseconds, sometimes a millisecond) so that two streams'
-// events complete in an order nobody planned.
+// (mostly tens of microseconds, one in 64 a millisecond) so that two streams'
+// events complete in an order nobody planned. The thread's timer slack is 1 ns:
+// Linux's default 50 us would more than double every short delay, and the
+// suites issue hundreds of thousands of tasks.
 class Stream {
  public:
   Stream() : rng_(std::random_device{}()), thread_([this] { loop(); }) {}
@@ -84,6 +87,7 @@ class Stream {
   };
 
   void loop() {
+    prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
       cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
@@ -91,7 +95,7 @@ class Stream {
       Task task = std::move(tasks_.front());
       tasks_.pop_front();
       busy_ = true;
-      const auto jitter = std::chrono::microseconds(rng_() % 16 == 0 ? 1000 : rng_() % 60);
+      const auto jitter = std::chrono::microseconds(rng_() % 64 == 0 ? 1000 : rng_() % 60);
       lock.unlock();
       std::this_thread::sleep_for(jitter + task.extra_delay);
       task.fn();
