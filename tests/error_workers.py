@@ -25,7 +25,7 @@ def mismatch(rank, world, kind, barrier_first=False):
     barrier_first: every rank is past rendezvous before the odd call, so that
     ranks that detect it without waiting for everyone (rank 0 hosts the store)
     cannot exit under a rank that is still connecting."""
-    comm = rcoll.init(timeout=20)
+    comm = rcoll.init(rank, world, timeout=20)
     if barrier_first:
         comm.barrier()
     first = _mismatched_call(comm, rank, kind)
@@ -73,7 +73,7 @@ def _mismatched_call(comm, rank, kind):
 
 def dead_peer(rank, world):
     """The last rank dies (no clean shutdown) in the middle of the job."""
-    comm = rcoll.init(timeout=30)
+    comm = rcoll.init(rank, world, timeout=30)
     comm.allreduce(np.ones(10, np.float32))
     if rank == world - 1:
         os._exit(3)
@@ -84,9 +84,32 @@ def dead_peer(rank, world):
     return first, later
 
 
+def handles_dropped_by_an_exception(rank, world):
+    """Ranks 0 and 1 exchange 32 MiB asynchronously, then a collective fails
+    (the last rank has left): the exception unwinds past the Handles and the
+    arrays. The op's arrays must outlive them (a segfault in the transport's
+    copy, before InFlight). Reports the error, then exits normally."""
+    import gc
+
+    def exchange(comm):
+        big = np.full(8 << 20, rank, np.float32)
+        got = np.empty_like(big)
+        comm.send(big, rank ^ 1, async_op=True)  # Handles dropped at once
+        comm.recv(got, rank ^ 1, async_op=True)
+        comm.allreduce(np.ones(4, np.int64))  # fails: the last rank is gone
+
+    def run():
+        comm = rcoll.init(rank, world, timeout=30)
+        return "left" if rank == world - 1 else _outcome(lambda: exchange(comm))
+
+    outcome = run()  # the communicator is dropped here: it aborts what still runs, then frees the arrays
+    gc.collect()
+    return outcome
+
+
 def silent_peer(rank, world):
     """Rank 1 never joins the collective: rank 0 times out naming it."""
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     if rank == 1:
         time.sleep(4)
         # By now rank 0 has given up and told us why. A small allreduce at
@@ -102,7 +125,7 @@ def silent_peer(rank, world):
 
 
 def abort_from_thread(rank, world):
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     if rank == 1:
         time.sleep(3)
         return ("ok", None, 0)
@@ -134,7 +157,7 @@ def late_rank(rank, world, delay):
 
 def bad_arguments(rank, world):
     """Every bad call raises InvalidArgumentError (a ValueError) and the communicator still works."""
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     messages = []
     bad_calls = [
         lambda: comm.allreduce(np.ones((4, 4), np.float32)[:, 0]),           # non-contiguous
@@ -193,7 +216,7 @@ def bad_arguments(rank, world):
 
 def peer_aborts_while_idle(rank, world):
     """Rank 1 aborts while rank 0 sits between ops: rank 0's next op fails at once."""
-    comm = rcoll.init(timeout=30)
+    comm = rcoll.init(rank, world, timeout=30)
     comm.barrier()
     if rank == 1:
         comm.abort("rank 1 gave up")
@@ -205,7 +228,7 @@ def peer_aborts_while_idle(rank, world):
 
 def p2p_mismatch(rank, world, kind):
     """A send and a recv that disagree on the tag, the size or the dtype."""
-    comm = rcoll.init(timeout=20)
+    comm = rcoll.init(rank, world, timeout=20)
     if rank == 0:
         return _outcome(lambda: comm.send(np.ones(10, np.float32), 1, tag=1))
     if kind == "tag":
@@ -216,7 +239,7 @@ def p2p_mismatch(rank, world, kind):
 
 
 def p2p_bad_peer(rank, world):
-    comm = rcoll.init()
+    comm = rcoll.init(rank, world)
     errors = []
     for call in (lambda: comm.send(np.ones(2), rank), lambda: comm.send(np.ones(2), world),
                  lambda: comm.recv(np.ones(2), -1), lambda: comm.send(np.ones(2), 1 - rank, tag=-1)):
@@ -232,7 +255,7 @@ def p2p_bad_peer(rank, world):
 def shutdown_from_thread(rank, world):
     """shutdown() from another thread: an op that can finish does; one that cannot
     is aborted once the grace period is over, not at its own (long) timeout."""
-    comm = rcoll.init(timeout=60)
+    comm = rcoll.init(rank, world, timeout=60)
     done = comm.allreduce(np.ones(1000, np.float32), async_op=True)
     done.wait()
     if rank == 1:
@@ -249,7 +272,7 @@ def sockets_per_peer_differ(rank, world, differ=True):
     os.environ["RCOLL_SOCKETS_PER_PEER"] = "2" if differ and rank == 1 else "1"
 
     def run():
-        comm = rcoll.init(timeout=20)
+        comm = rcoll.init(rank, world, timeout=20)
         total = float(comm.allreduce(np.ones(1 << 16, dtype=np.float32))[0])
         sockets = open_sockets()
         comm.barrier()

@@ -1,4 +1,8 @@
-"""Bad input and bad days: clear errors naming rank and op, never a hang."""
+"""Bad input and bad days: clear errors naming rank and op, never a hang.
+
+Ranks run as threads of this process (rank_threads.py) where the failure is a
+call's (mismatches, bad arguments, timeouts, aborts); as processes where it is a
+process's (a rank that dies, per-rank settings, a rank's own store or port)."""
 import re
 import socket
 import struct
@@ -9,6 +13,7 @@ import time
 
 import error_workers as w
 import pytest
+import rank_threads
 
 import rcoll
 from rcoll import _core, spawn
@@ -30,7 +35,7 @@ def test_mismatch_is_reported_on_every_rank(world, kind, path):
     # At world 4 the ranks that meet the odd call first may fail and exit (rank
     # 0 hosts the store) while another is still connecting: a barrier goes first.
     barrier_first = world > 2
-    results = spawn.run(w.mismatch, world, kind, barrier_first, timeout=60, env=PATHS[path])
+    results = rank_threads.run(w.mismatch, world, kind, barrier_first, timeout=60, env=PATHS[path])
     for rank, (name, message, seconds) in enumerate(results):
         assert name in ("MismatchError", "PeerError"), (rank, name, message)
         assert seconds < 15, (rank, seconds, message)  # detected, not timed out (timeout is 20 s)
@@ -60,12 +65,21 @@ def test_window_op_against_a_transport_op_is_a_mismatch(world):
     # (through the shared windows): no header ever meets a wrong one, so the
     # window ranks must notice that rank 1 announced another op (or sent a
     # message where none was due), and tell it.
-    results = spawn.run(w.mismatch, world, "window_vs_ring", True, timeout=60)
+    results = rank_threads.run(w.mismatch, world, "window_vs_ring", True, timeout=60)
     for rank, (name, message, seconds) in enumerate(results):
         assert name in ("MismatchError", "PeerError"), (rank, name, message)
         assert seconds < 15, (rank, seconds, message)  # detected, not timed out (timeout is 20 s)
         assert "gather" in message and "allreduce" in message and "op #2" in message, message
     assert results[0][0] == "MismatchError" and "rank 1 called gather" in results[0][1], results[0]
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_arrays_of_dropped_handles_outlive_their_ops(transport):
+    results = spawn.run(w.handles_dropped_by_an_exception, 3, timeout=60, env={"RCOLL_TRANSPORT": transport})
+    assert results[2] == "left"
+    for rank in (0, 1):  # an error, not a crash (the rank returned at all)
+        name, message, _ = results[rank]
+        assert name == "PeerError" and "allreduce(int64, count=4, op=sum)" in message, (rank, message)
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
@@ -85,7 +99,7 @@ def test_dead_peer_fails_every_survivor_quickly(world, path):
 
 
 def test_silent_peer_times_out_naming_it():
-    results = spawn.run(w.silent_peer, 2, timeout=60)
+    results = rank_threads.run(w.silent_peer, 2, timeout=60)
     name, message, seconds = results[0]
     assert name == "TimeoutError", message
     assert "rank 0" in message and "rank(s) 1" in message and "op #1" in message, message
@@ -99,7 +113,7 @@ def test_silent_peer_times_out_naming_it():
 
 
 def test_abort_from_another_thread():
-    results = spawn.run(w.abort_from_thread, 2, timeout=60)
+    results = rank_threads.run(w.abort_from_thread, 2, timeout=60)
     (name, message, seconds), (later_name, later_message, _) = results[0]
     assert name == "AbortedError" and "test abort" in message and seconds < 5, (name, message, seconds)
     assert later_name == "AbortedError", later_message
@@ -154,7 +168,7 @@ def test_stray_connections_are_rejected_and_the_job_completes():
 
 
 def test_bad_arguments_raise_value_errors_and_nothing_is_lost():
-    for messages, result in spawn.run(w.bad_arguments, 2, timeout=60):
+    for messages, result in rank_threads.run(w.bad_arguments, 2, timeout=60):
         for m in messages:
             assert m is not None, messages
             is_rcoll_error, text = m
@@ -202,7 +216,7 @@ def test_import_needs_no_torch():
 
 
 def test_abort_reaching_an_idle_rank_fails_its_next_op_at_once():
-    name, message, seconds = spawn.run(w.peer_aborts_while_idle, 2, timeout=60)[0]
+    name, message, seconds = rank_threads.run(w.peer_aborts_while_idle, 2, timeout=60)[0]
     assert name == "PeerError" and "rank 1 gave up" in message, message
     assert seconds < 3, seconds  # not the 30 s op timeout
 
@@ -227,7 +241,7 @@ def test_a_caller_store_timeout_is_an_rcoll_timeout():
 @pytest.mark.parametrize("kind", ["reduce_root", "gather_root", "scatter_root", "alltoallv_count"])
 def test_mismatch_in_rooted_ops_and_alltoallv(world, kind):
     """Ranks that disagree on a root, or on one alltoallv pair's count, fail within seconds."""
-    results = spawn.run(w.mismatch, world, kind, True, timeout=60)  # op #1 is a barrier
+    results = rank_threads.run(w.mismatch, world, kind, True, timeout=60)  # op #1 is a barrier
     for rank, (name, message, seconds) in enumerate(results):
         assert name in ("MismatchError", "PeerError"), (rank, name, message)
         assert seconds < 15, (rank, seconds, message)  # detected, not timed out (timeout is 20 s)
@@ -255,7 +269,7 @@ def test_mismatch_in_rooted_ops_and_alltoallv(world, kind):
 
 @pytest.mark.parametrize("kind", ["tag", "count", "dtype"])
 def test_point_to_point_mismatch_fails_the_receiver_at_once(kind):
-    results = spawn.run(w.p2p_mismatch, 2, kind, timeout=60)
+    results = rank_threads.run(w.p2p_mismatch, 2, kind, timeout=60)
     name, message, seconds = results[1]
     assert name == "MismatchError", message
     assert "rank 0 called send/recv" in message and seconds < 10, message
@@ -264,11 +278,11 @@ def test_point_to_point_mismatch_fails_the_receiver_at_once(kind):
 
 
 def test_point_to_point_bad_peer_or_tag_is_a_value_error():
-    for errors in spawn.run(w.p2p_bad_peer, 2, timeout=60):
+    for errors in rank_threads.run(w.p2p_bad_peer, 2, timeout=60):
         assert all(e and e.startswith("rank ") for e in errors), errors
 
 
 def test_shutdown_from_another_thread_aborts_what_cannot_finish():
-    name, message, seconds = spawn.run(w.shutdown_from_thread, 2, timeout=60)[0]
+    name, message, seconds = rank_threads.run(w.shutdown_from_thread, 2, timeout=60)[0]
     assert name == "AbortedError" and "shutdown() was called" in message, message
     assert seconds < 5, seconds  # the op timeout is 60 s

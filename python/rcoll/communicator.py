@@ -9,6 +9,7 @@ import numpy as np
 from . import _core, _device
 from ._buffers import address, as_array, displacements, dtype_code, reduce_op_code
 from ._environment import launcher_store, resolve
+from ._in_flight import InFlight
 from ._registrations import RegistrationTracker
 
 
@@ -30,7 +31,9 @@ class Handle:
             on_release()
 
     def __del__(self):
-        if self._on_release is not None:  # in-use registrations are dropped when their transfer ends
+        # The arrays stay alive in the communicator's InFlight while the op runs;
+        # in-use registrations are dropped when their transfer ends.
+        if self._on_release is not None:
             self._release()
 
     def wait(self, timeout: Optional[float] = None):
@@ -95,8 +98,17 @@ class Communicator:
         self._comm = _core.Communicator(store, rank, world_size, name, float(timeout or 0), bind_hint)
         self._registrations = (RegistrationTracker(self._comm.invalidate_memory)
                                if self._comm.caches_registrations else None)
+        self._in_flight = InFlight()
         self.rank = rank
         self.size = world_size
+
+    def __del__(self):
+        # Dropped with async ops still running (their Handles dropped too, say by
+        # an exception): abort them before their arrays may be freed.
+        in_flight = getattr(self, "_in_flight", None)
+        if in_flight is not None and in_flight.running():
+            self._comm.abort(f"rank {self.rank}: the communicator was dropped with operations in flight")
+            in_flight.settle(5.0, f"rank {self.rank}: communicator dropped")
 
     # -- introspection -----------------------------------------------------------------
     @property
@@ -139,6 +151,7 @@ class Communicator:
                      if span is not None]
             if spans:
                 on_release = self._registrations.forget_later(spans)
+        self._in_flight.hold(work, keepalive)
         handle = Handle(work, result, keepalive, on_release)
         return handle if async_op else handle.wait()
 
@@ -303,6 +316,7 @@ class Communicator:
 
     def _run_device(self, work, result, keepalive, async_op):
         # No RDMA registration tracking: device memory never reaches the transport.
+        self._in_flight.hold(work, keepalive)
         handle = Handle(work, result, keepalive)
         return handle if async_op else handle.wait()
 
