@@ -15,7 +15,7 @@
 namespace rcoll {
 
 Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, const CommunicatorOptions& options)
-    : rank_(rank), size_(size), name_(options.name), config_(Config::fromEnvironment()) {
+    : rank_(rank), size_(size), name_(options.name), config_(Config::fromEnvironment(options.settings)) {
   if (size < 1 || rank < 0 || rank >= size) {
     throwError(ErrorKind::kInvalidArgument, strFormat("rank %d is not in a world of size %d", rank, size));
   }

@@ -46,6 +46,7 @@ struct CommunicatorOptions {
   std::string name = "default";          // store namespace; communicators on one store need distinct names
   std::chrono::milliseconds timeout{0};  // per-op default; 0 = RCOLL_TIMEOUT or 30 min
   std::string bind_hint;                 // address to bind data sockets to when RCOLL_SOCKET_IFNAME is unset
+  Settings settings;                     // RCOLL_* values for this communicator, over the environment
 };
 
 // How an op starts: queued for the progress thread, or run on the calling

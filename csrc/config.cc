@@ -191,16 +191,36 @@ std::string parseChoice(const char* name, const std::string& value, std::initial
   throwError(ErrorKind::kConfig, strFormat("%s=%s is not one of %s", name, value.c_str(), listed.c_str()));
 }
 
-// Calls `parse` with the variable's value when it is set and not empty.
-template <typename Parse>
-void ifSet(const char* name, Parse parse) {
-  const std::string value = environmentValue(name);
-  if (!value.empty()) parse(name, value);
+// Read once per process: the log level, the libibverbs path, the device runtime module.
+bool isProcessWide(const std::string& name) {
+  return name == "RCOLL_DEBUG" || name == "RCOLL_IBVERBS_LIB" || name == "RCOLL_DEVICE_RUNTIME";
+}
+
+void checkOverrides(const Settings& overrides) {
+  for (const auto& [name, value] : overrides) {
+    bool documented = false;
+    for (const ConfigVar& v : configVars()) documented = documented || name == v.name;
+    if (!documented) {
+      throwError(ErrorKind::kConfig,
+                 strFormat("settings: %s is not an rcoll setting (python -m rcoll info lists them)", name.c_str()));
+    }
+    if (isProcessWide(name)) {
+      throwError(ErrorKind::kConfig,
+                 strFormat("settings: %s applies to the whole process: set it in the environment", name.c_str()));
+    }
+  }
 }
 
 }  // namespace
 
-Config Config::fromEnvironment() {
+Config Config::fromEnvironment(const Settings& overrides) {
+  checkOverrides(overrides);
+  // Calls `parse` with the variable's value, the override's first, when it is set and not empty.
+  auto ifSet = [&](const char* name, auto parse) {
+    const auto found = overrides.find(name);
+    const std::string value = found != overrides.end() ? found->second : environmentValue(name);
+    if (!value.empty()) parse(name, value);
+  };
   Config c;
   using S = const std::string&;
   ifSet("RCOLL_CHUNK_BYTES", [&](const char* n, S v) { c.chunk_bytes = parseBytesIn(n, v, 64, size_t{1} << 30); });

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,11 @@ const std::vector<ConfigVar>& configVars();
 // The raw value of a documented RCOLL_* variable ("" when unset or empty).
 // Throws RcollError for a name configVars() does not list (a bug in rcoll).
 std::string environmentValue(const char* name);
+
+// Values of RCOLL_* variables for one communicator, which win over the
+// environment (`rcoll.Communicator(settings={...})`, as NCCL's ncclConfig_t):
+// ranks that share a process (threads, or several communicators) can differ.
+using Settings = std::map<std::string, std::string>;
 
 struct Config {
   size_t chunk_bytes = 1 << 20;          // RCOLL_CHUNK_BYTES: largest pipeline segment
@@ -60,8 +66,11 @@ struct Config {
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};           // RCOLL_TIMEOUT: per op
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(10)};  // RCOLL_SHUTDOWN_TIMEOUT
 
-  // Reads the environment; throws RcollError(kConfig) naming the variable on a bad value.
-  static Config fromEnvironment();
+  // Reads the environment, `overrides` first; throws RcollError(kConfig) naming
+  // the variable on a bad value, and on an override that is not a documented
+  // per-communicator variable (RCOLL_DEBUG, RCOLL_IBVERBS_LIB and
+  // RCOLL_DEVICE_RUNTIME are per process).
+  static Config fromEnvironment(const Settings& overrides = {});
   std::string describe() const;  // one line for the INFO log
 };
 

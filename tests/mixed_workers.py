@@ -12,7 +12,7 @@ import rcoll
 
 def report(rank, world):
     """This rank's transport and per-rank edges, after traffic on every edge."""
-    comm = rcoll.init(timeout=60)
+    comm = rcoll.init(rank, world, timeout=60)
     x = np.full(100_003, rank + 1, np.float64)
     comm.allreduce(x)
     ok = bool((x == world * (world + 1) / 2).all())
@@ -26,7 +26,7 @@ def report(rank, world):
 def barrier_and_ring_messages(rank, world):
     """Barriers, and send/recv around the ring and across it (every kind of edge
     in a mixed layout), every dtype, sizes 0, 1, odd and large."""
-    comm = rcoll.init(timeout=60)
+    comm = rcoll.init(rank, world, timeout=60)
     failures = []
     for _ in range(5):
         comm.barrier()
@@ -47,7 +47,7 @@ def barrier_and_ring_messages(rank, world):
 
 
 def killed_mid_collective(rank, world, victim):
-    comm = rcoll.init(timeout=60)
+    comm = rcoll.init(rank, world, timeout=60)
     comm.allreduce(np.ones(10, np.float32))
     if rank == victim:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -63,7 +63,7 @@ def killed_mid_collective(rank, world, victim):
 def abort_reaches_everyone(rank, world, aborter):
     """`aborter` aborts while the others sit in an allreduce that waits for it:
     each raises with its text."""
-    comm = rcoll.init(timeout=60)
+    comm = rcoll.init(rank, world, timeout=60)
     comm.allreduce(np.ones(10, np.float32))
     start = time.monotonic()
     if rank == aborter:
@@ -78,7 +78,7 @@ def abort_reaches_everyone(rank, world, aborter):
 
 def init_outcome(rank, world):
     try:
-        comm = rcoll.init(timeout=30)
+        comm = rcoll.init(rank, world, timeout=30)
     except rcoll.RcollError as exc:
         return type(exc).__name__, str(exc)
     comm.shutdown()
@@ -122,7 +122,7 @@ def idle_wait_cpu(rank, world):
     """The last rank arrives 2 s late: the others wait inside an allreduce. Returns
     the CPU seconds this process spent in that wait (all threads) and its wall time:
     a composite transport must sleep in poll(), not spin, and wake when data comes."""
-    comm = rcoll.init(timeout=60)
+    comm = rcoll.init(rank, world, timeout=60)
     comm.allreduce(np.ones(10, np.float32))
     if rank == world - 1:
         time.sleep(2.0)

@@ -11,8 +11,11 @@ Same contract as rcoll.spawn.run: fn(rank, world, *args) is called on every
 rank and the list of return values comes back; a rank that raises fails the
 call with every rank's traceback, and the whole call is bounded in time.
 Bodies create their communicator with rcoll.init(rank, world): the rendezvous
-address comes from MASTER_ADDR/MASTER_PORT, which this sets for the call (with
-the caller's `env`; per-rank values need processes).
+address comes from MASTER_ADDR/MASTER_PORT, which this sets for the call with
+the caller's `env`. A list value gives each rank its own (cycled), as with
+rcoll.spawn: for RCOLL_* variables it reaches the rank's communicators as their
+`settings` (per-communicator values over the environment); other per-rank
+variables need processes.
 """
 from __future__ import annotations
 
@@ -21,14 +24,31 @@ import threading
 import time
 import traceback
 
+from rcoll import communicator
 from rcoll.spawn import RankFailed, free_port
+
+_this_rank = threading.local()  # .settings: the per-rank RCOLL_* values of the thread's rank
+
+
+def _with_rank_settings(init):
+    def __init__(self, *args, settings=None, **kwargs):
+        own = getattr(_this_rank, "settings", None)
+        init(self, *args, settings={**own, **(settings or {})} if own else settings, **kwargs)
+    __init__.rank_threads = True
+    return __init__
+
+
+if not getattr(communicator.Communicator.__init__, "rank_threads", False):
+    communicator.Communicator.__init__ = _with_rank_settings(communicator.Communicator.__init__)
 
 
 def run(fn, world_size: int, *args, timeout: float = 120.0, env=None, allow_failures: bool = False):
     env = dict(env or {})
-    for name, value in env.items():
-        if isinstance(value, (list, tuple)):
-            raise ValueError(f"{name}: per-rank settings need ranks as processes (rcoll.spawn.run)")
+    per_rank = {name: value for name, value in env.items() if isinstance(value, (list, tuple))}
+    for name in per_rank:
+        if not name.startswith("RCOLL_"):
+            raise ValueError(f"{name}: per-rank values of other variables need ranks as processes (rcoll.spawn.run)")
+        del env[name]
     # Every op is bounded by the call's own deadline, so a hung collective ends
     # as a timeout error on its rank (a thread cannot be killed) and the call fails.
     env.setdefault("RCOLL_TIMEOUT", str(max(1, int(timeout))))
@@ -38,6 +58,7 @@ def run(fn, world_size: int, *args, timeout: float = 120.0, env=None, allow_fail
     outcome = {}
 
     def body(rank):
+        _this_rank.settings = {name: str(values[rank % len(values)]) for name, values in per_rank.items()}
         try:
             outcome[rank] = (True, fn(rank, world_size, *args))
         except BaseException as exc:  # reported below, with the rank

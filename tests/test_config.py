@@ -4,6 +4,7 @@ ConfigError naming the variable; docs/environment.md is the core's own list."""
 import os
 import re
 
+import numpy as np
 import pytest
 
 import rcoll
@@ -115,3 +116,31 @@ def test_a_device_runtime_that_cannot_be_imported_is_a_clear_error():
     message = run.stdout.strip()
     assert message.startswith("rank 0: allreduce"), message
     assert "no_such_runtime_module" in message and "RCOLL_DEVICE_RUNTIME" in message, message
+
+
+def _two_ranks_with_their_own_settings(rank, world):
+    # Rank 1's communicator has settings of its own: another host identity, a
+    # timeout, and a chunk size, which ranks agree on (rank 0's wins, as from the environment).
+    settings = {"RCOLL_HOSTID": "elsewhere", "RCOLL_TIMEOUT": "77", "RCOLL_CHUNK_BYTES": "128K"} if rank == 1 else {}
+    comm = rcoll.Communicator(rank, world, settings=settings)
+    total = comm.allreduce(np.ones(1000, np.float32))
+    return comm.transports, comm.timeout, comm._comm.chunk_bytes, float(total[0])
+
+
+def test_per_communicator_settings_win_over_the_environment(monkeypatch):
+    import rank_threads
+    monkeypatch.setenv("RCOLL_CHUNK_BYTES", "256K")
+    results = rank_threads.run(_two_ranks_with_their_own_settings, 2, timeout=60, env={"RCOLL_TIMEOUT": "66"})
+    # Rank 1 claims another host: the edge is TCP on both ends.
+    assert results == [(["self", "tcp"], 66.0, 256 << 10, 2.0), (["tcp", "self"], 77.0, 256 << 10, 2.0)], results
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"RCOLL_NO_SUCH_THING": "1"}, "settings: RCOLL_NO_SUCH_THING is not an rcoll setting"),
+    ({"RCOLL_DEBUG": "INFO"}, "settings: RCOLL_DEBUG applies to the whole process: set it in the environment"),
+    ({"RCOLL_SOCKETS_PER_PEER": "99"}, "RCOLL_SOCKETS_PER_PEER=99 must be an integer in [1, 16]"),
+])
+def test_bad_per_communicator_settings_are_config_errors(settings, message):
+    with pytest.raises(rcoll.ConfigError) as info:
+        rcoll.Communicator(0, 1, master_port=spawn.free_port(), settings=settings)
+    assert message in str(info.value), str(info.value)

@@ -2,7 +2,9 @@
 one host, the network between hosts (issue #9). RCOLL_HOSTID gives each rank a
 host identity, so one machine builds any layout; the real identity rule (boot id
 and network namespace) is checked with two namespaces. Results are exact
-against numpy (the collective sweeps of collective_workers.py)."""
+against numpy (the collective sweeps of collective_workers.py). Ranks run as
+threads of this process (rank_threads.py: each rank's RCOLL_HOSTID reaches its
+communicator as a setting), except where a rank is killed or runs torch."""
 import json
 import os
 import shutil
@@ -13,6 +15,7 @@ import time
 import collective_workers as cw
 import mixed_workers as w
 import pytest
+import rank_threads
 from conftest import SMALL_CHUNKS, every_rank_passed
 
 import rcoll
@@ -53,7 +56,7 @@ def _expected_name(layout, rank, network="tcp"):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_each_edge_gets_the_transport_of_its_hosts(layout):
-    results = spawn.run(w.report, len(layout), timeout=120, env=_hosts(layout))
+    results = rank_threads.run(w.report, len(layout), timeout=120, env=_hosts(layout))
     for rank, (name, edges, ok) in enumerate(results):
         assert ok, f"rank {rank}: wrong allreduce/alltoall result"
         assert edges == _expected_edges(layout, rank), (rank, edges)
@@ -63,13 +66,14 @@ def test_each_edge_gets_the_transport_of_its_hosts(layout):
 def test_forced_transports_apply_to_every_edge():
     layout = "AABB"
     for forced in ("tcp",):
-        results = spawn.run(w.report, 4, timeout=120, env={**_hosts(layout), "RCOLL_TRANSPORT": forced})
+        results = rank_threads.run(w.report, 4, timeout=120, env={**_hosts(layout), "RCOLL_TRANSPORT": forced})
         for rank, (name, edges, ok) in enumerate(results):
             assert ok and name == forced and edges == _expected_edges("ABCD", rank, forced), (rank, name, edges)
-    results = spawn.run(w.report, 4, timeout=120, env={**_hosts(layout), "RCOLL_SHM_DISABLE": "1"})
+    results = rank_threads.run(w.report, 4, timeout=120, env={**_hosts(layout), "RCOLL_SHM_DISABLE": "1"})
     assert [name for name, _, _ in results] == ["tcp"] * 4
     # One rank that refuses shared memory turns only its own edges into TCP.
-    results = spawn.run(w.report, 4, timeout=120, env={**_hosts(layout), "RCOLL_SHM_DISABLE": ["1", "0", "0", "0"]})
+    results = rank_threads.run(w.report, 4, timeout=120,
+                               env={**_hosts(layout), "RCOLL_SHM_DISABLE": ["1", "0", "0", "0"]})
     assert [edges for _, edges, _ in results] == [
         ["self", "tcp", "tcp", "tcp"], ["tcp", "self", "tcp", "tcp"],
         ["tcp", "tcp", "self", "shm"], ["tcp", "tcp", "shm", "self"]]
@@ -95,7 +99,7 @@ SWEEPS = {
 @pytest.mark.parametrize("sweep", sorted(SWEEPS))
 def test_collectives_over_a_mixed_ring(layout, sweep):
     fn, env = SWEEPS[sweep]
-    every_rank_passed(spawn.run(fn, len(layout), timeout=300, env={**env, **_hosts(layout)}))
+    every_rank_passed(rank_threads.run(fn, len(layout), timeout=300, env={**env, **_hosts(layout)}))
 
 
 def _dev_shm():
@@ -124,7 +128,7 @@ def test_kill_9_in_a_mixed_ring_fails_every_survivor(layout, victim):
 
 @pytest.mark.parametrize("layout,aborter", [("AABB", 0), ("ABAB", 3)])
 def test_abort_crosses_both_kinds_of_edge(layout, aborter):
-    results = spawn.run(w.abort_reaches_everyone, len(layout), aborter, timeout=90, env=_hosts(layout))
+    results = rank_threads.run(w.abort_reaches_everyone, len(layout), aborter, timeout=90, env=_hosts(layout))
     for rank, (name, message, seconds) in enumerate(results):
         assert seconds < 20, (rank, seconds, message)
         if rank == aborter:
@@ -135,7 +139,7 @@ def test_abort_crosses_both_kinds_of_edge(layout, aborter):
 
 
 def test_transport_shm_across_hosts_is_a_config_error_naming_the_rank():
-    results = spawn.run(w.init_outcome, 4, timeout=90, env={**_hosts("AABB"), "RCOLL_TRANSPORT": "shm"})
+    results = rank_threads.run(w.init_outcome, 4, timeout=90, env={**_hosts("AABB"), "RCOLL_TRANSPORT": "shm"})
     for rank, (name, message) in enumerate(results):
         other = 2 if rank < 2 else 0  # the lowest rank on the other host
         assert name == "ConfigError", (rank, message)

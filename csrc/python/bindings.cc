@@ -336,8 +336,8 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "settings",
-      [] {
-        const Config config = Config::fromEnvironment();
+      [](const Settings& overrides) {
+        const Config config = Config::fromEnvironment(overrides);
         auto seconds = [](std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; };
         py::dict d;
         d["connect_timeout"] = seconds(config.connect_timeout);
@@ -346,8 +346,10 @@ PYBIND11_MODULE(_core, m) {
         d["device_runtime"] = config.device_runtime;
         return d;
       },
-      "The settings the Python layer reads, as the core parses them: connect_timeout, timeout, shutdown_timeout "
-      "(seconds) and device_runtime (a module name). Raises ConfigError on a bad value.");
+      py::arg("overrides") = Settings{},
+      "The settings the Python layer reads, as the core parses them (`overrides` first, then the environment): "
+      "connect_timeout, timeout, shutdown_timeout (seconds) and device_runtime (a module name). Raises ConfigError "
+      "on a bad value.");
 
   m.def(
       "host_identity",
@@ -544,15 +546,16 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator")
       .def(py::init(releasingGil([](std::shared_ptr<Store> store, int rank, int size, const std::string& name,
-                                    double timeout, const std::string& bind_hint) {
+                                    double timeout, const std::string& bind_hint, const Settings& settings) {
              CommunicatorOptions options;
              options.name = name;
              options.timeout = toMillis(timeout);
              options.bind_hint = bind_hint;
+             options.settings = settings;
              return std::make_shared<Communicator>(std::move(store), rank, size, options);
            })),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("name") = "default", py::arg("timeout") = 0.0,
-           py::arg("bind_hint") = "")
+           py::arg("bind_hint") = "", py::arg("settings") = Settings{})
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("transport", &Communicator::transportName)

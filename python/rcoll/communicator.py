@@ -72,14 +72,19 @@ class Communicator:
     """
 
     def __init__(self, rank=None, world_size=None, *, master_addr=None, master_port=None,
-                 store=None, name: str = "default", timeout: Optional[float] = None):
+                 store=None, name: str = "default", timeout: Optional[float] = None,
+                 settings: Optional[dict] = None):
         """`store`: rendezvous store. By default rank 0 hosts rcoll's own at
         master_addr:master_port. Any object with set(key, bytes), get(key) -> bytes
         (blocking) and add(key, int) -> int works too, torch.distributed.Store included.
         `name` separates communicators that share a store; `timeout` (seconds) bounds
-        every op (default RCOLL_TIMEOUT, 30 min)."""
+        every op (default RCOLL_TIMEOUT, 30 min). `settings` gives this communicator
+        values of RCOLL_* variables over the environment's, e.g.
+        {"RCOLL_IB_HCA": "mlx5_1", "RCOLL_TRANSPORT": "tcp"} (docs/environment.md;
+        RCOLL_DEBUG, RCOLL_IBVERBS_LIB and RCOLL_DEVICE_RUNTIME are per process)."""
         rank, world_size, master_addr, master_port = resolve(rank, world_size, master_addr, master_port)
-        connect_timeout = _core.settings()["connect_timeout"]  # RCOLL_CONNECT_TIMEOUT, parsed by the core
+        settings = {str(k): str(v) for k, v in (settings or {}).items()}
+        connect_timeout = _core.settings(settings)["connect_timeout"]  # RCOLL_CONNECT_TIMEOUT, parsed by the core
         self._server = None
         if store is None:
             store = launcher_store(master_addr, master_port, connect_timeout)
@@ -95,7 +100,7 @@ class Communicator:
             store = _core.PythonStore(store)
             bind_hint = _core.source_address_for(master_addr)
         self._store = store
-        self._comm = _core.Communicator(store, rank, world_size, name, float(timeout or 0), bind_hint)
+        self._comm = _core.Communicator(store, rank, world_size, name, float(timeout or 0), bind_hint, settings)
         self._registrations = (RegistrationTracker(self._comm.invalidate_memory)
                                if self._comm.caches_registrations else None)
         self._in_flight = InFlight()
