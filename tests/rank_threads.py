@@ -68,7 +68,7 @@ def run(fn, world_size: int, *args, timeout: float = 120.0, env=None, allow_fail
     try:
         for t in threads:
             t.start()
-        deadline = time.monotonic() + timeout + 30  # the ops' own timeout fires first
+        deadline = time.monotonic() + timeout + 5  # the ops' own timeout fires first
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
     finally:

@@ -3,7 +3,10 @@
 rxe0 and rxe1 are RoCE v2 devices on the two ends of a veth pair.
 
 Ranks alternate between rxe0 and rxe1 (RCOLL_IB_HCA per rank), so every ring
-edge between neighbours crosses the veth as RoCE v2 packets.
+edge between neighbours crosses the veth as RoCE v2 packets. Ranks run as
+threads of the test process (rank_threads.py; each rank's RCOLL_IB_HCA reaches
+its communicator as a setting), which spares the emulated CPU an interpreter
+and a numpy import per rank; a killed rank and torch need processes.
 """
 import json
 import os
@@ -15,6 +18,7 @@ import error_workers as ew
 import mixed_workers as mw
 import numpy as np
 import pytest
+import rank_threads
 import verbs_workers as vw
 from conftest import EMULATED_DEVICE, SMALL_CHUNKS, every_rank_passed
 
@@ -124,24 +128,24 @@ def test_gid_index_override_is_respected(monkeypatch):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_transport_is_verbs(world):
-    assert spawn.run(vw.transport_of, world, timeout=120, env=IB) == ["ib"] * world
+    assert rank_threads.run(vw.transport_of, world, timeout=120, env=IB) == ["ib"] * world
 
 
 # All ranks share the guest, where auto would pick shared memory: RCOLL_SHM_DISABLE=1
 # makes auto choose between verbs and TCP, as across hosts.
 def test_auto_uses_verbs_when_every_rank_has_a_port():
     env = {"RCOLL_TRANSPORT": "auto", "RCOLL_SHM_DISABLE": "1", "RCOLL_IB_HCA": ["rxe0", "rxe1"]}
-    assert spawn.run(vw.transport_of, 2, timeout=120, env=env) == ["ib", "ib"]
+    assert rank_threads.run(vw.transport_of, 2, timeout=120, env=env) == ["ib", "ib"]
 
 
 def test_auto_falls_back_to_tcp_when_a_rank_has_no_active_device():
     env = {"RCOLL_TRANSPORT": "auto", "RCOLL_SHM_DISABLE": "1", "RCOLL_IB_HCA": ["rxe0", "no_such_device"]}
-    assert spawn.run(vw.transport_of, 2, timeout=120, env=env) == ["tcp", "tcp"]
+    assert rank_threads.run(vw.transport_of, 2, timeout=120, env=env) == ["tcp", "tcp"]
 
 
 def test_ib_without_a_device_is_a_clear_error():
     env = {"RCOLL_TRANSPORT": "ib", "RCOLL_IB_HCA": ["rxe0", "no_such_device"]}
-    results = spawn.run(vw.transport_of, 2, timeout=120, env=env, allow_failures=True)
+    results = rank_threads.run(vw.transport_of, 2, timeout=120, env=env, allow_failures=True)
     for _rank, (status, text) in enumerate(results):
         assert status == "error" and "ConfigError" in text, text
         assert "RCOLL_TRANSPORT=ib" in text and "rank 1" in text and "no usable ACTIVE port" in text, text
@@ -156,11 +160,11 @@ MIXED_EDGES = [["self", "shm", "ib", "ib"], ["shm", "self", "ib", "ib"],
 
 
 def test_mixed_ring_shm_inside_hosts_verbs_across():
-    for rank, (name, edges, ok) in enumerate(spawn.run(mw.report, 4, timeout=300, env=MIXED)):
+    for rank, (name, edges, ok) in enumerate(rank_threads.run(mw.report, 4, timeout=300, env=MIXED)):
         assert ok, f"rank {rank}: wrong allreduce/alltoall result"
         assert (name, edges) == ("shm+ib", MIXED_EDGES[rank]), (rank, name, edges)
-    every_rank_passed(spawn.run(cw.allreduce_sweep, 4, timeout=900, env={**MIXED, **SMALL_CHUNKS}))
-    every_rank_passed(spawn.run(cw.alltoall_sweep, 4, timeout=900, env={**MIXED, **SMALL_CHUNKS}))
+    every_rank_passed(rank_threads.run(cw.allreduce_sweep, 4, timeout=900, env={**MIXED, **SMALL_CHUNKS}))
+    every_rank_passed(rank_threads.run(cw.alltoall_sweep, 4, timeout=900, env={**MIXED, **SMALL_CHUNKS}))
 
 
 def test_mixed_ring_kill_9_fails_every_survivor():
@@ -176,39 +180,39 @@ def test_mixed_ring_kill_9_fails_every_survivor():
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_allreduce_matrix_over_verbs(world):
-    every_rank_passed(spawn.run(cw.allreduce_sweep, world, timeout=900, env=_ib(**SMALL_CHUNKS)))
+    every_rank_passed(rank_threads.run(cw.allreduce_sweep, world, timeout=900, env=_ib(**SMALL_CHUNKS)))
 
 
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("sweep", ["reduce_scatter_sweep", "allgather_sweep", "broadcast_sweep", "reduce_sweep",
                                    "gather_sweep", "scatter_sweep", "alltoall_sweep"])
 def test_collective_matrix_over_verbs(world, sweep):
-    every_rank_passed(spawn.run(getattr(cw, sweep), world, timeout=900, env=_ib(**SMALL_CHUNKS)))
+    every_rank_passed(rank_threads.run(getattr(cw, sweep), world, timeout=900, env=_ib(**SMALL_CHUNKS)))
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_large_buffers_over_verbs(world):
-    every_rank_passed(spawn.run(cw.large_sweep, world, timeout=900, env=IB))
+    every_rank_passed(rank_threads.run(cw.large_sweep, world, timeout=900, env=IB))
 
 
 def test_point_to_point_over_verbs():
-    every_rank_passed(spawn.run(cw.point_to_point, 2, timeout=300, env=IB))
+    every_rank_passed(rank_threads.run(cw.point_to_point, 2, timeout=300, env=IB))
 
 
 def test_recv_from_any_source_over_verbs_is_refused_clearly():
-    for rank, (message, total) in enumerate(spawn.run(vw.recv_from_any_over_verbs, 2, timeout=300, env=IB)):
+    for rank, (message, total) in enumerate(rank_threads.run(vw.recv_from_any_over_verbs, 2, timeout=300, env=IB)):
         assert message is not None and message.startswith(f"rank {rank}: recv from any source"), message
         assert "over the ib transport" in message and "src=" in message, message
         assert total == [2.0] * 4
 
 
 def test_registration_cache_survives_freed_and_reused_buffers():
-    assert spawn.run(vw.buffer_reuse_and_free, 2, timeout=600, env=IB) == [True, True]
+    assert rank_threads.run(vw.buffer_reuse_and_free, 2, timeout=600, env=IB) == [True, True]
 
 
 @pytest.mark.parametrize("kind", ["count", "dtype"])
 def test_mismatch_over_verbs(kind):
-    results = spawn.run(ew.mismatch, 2, kind, timeout=120, env=IB)
+    results = rank_threads.run(ew.mismatch, 2, kind, timeout=120, env=IB)
     for rank, (name, message, _seconds) in enumerate(results):
         assert name == "MismatchError", (rank, message)
         assert "as op #1" in message and message.startswith(f"rank {rank}: "), message
@@ -241,15 +245,15 @@ EMULATE = EMULATED_DEVICE
 @pytest.mark.parametrize("world", [2, 3])
 def test_device_buffers_over_verbs(world, gdr):
     env = _ib(**EMULATE, **SMALL_CHUNKS, RCOLL_GDR=gdr)
-    every_rank_passed(spawn.run(dw.every_collective_once, world, timeout=600, env=env))
-    every_rank_passed(spawn.run(dw.alltoall_sweep, world, timeout=600, env=env))
+    every_rank_passed(rank_threads.run(dw.every_collective_once, world, timeout=600, env=env))
+    every_rank_passed(rank_threads.run(dw.alltoall_sweep, world, timeout=600, env=env))
 
 
 @pytest.mark.usefixtures("emulated_device_runtime")
 @pytest.mark.parametrize("world", [2, 3])
 def test_device_allreduce_matrix_with_gdr(world):
     # RCOLL_GDR unset: auto takes GPUDirect RDMA where it works.
-    every_rank_passed(spawn.run(dw.allreduce_sweep, world, timeout=900, env=_ib(**EMULATE, **SMALL_CHUNKS)))
+    every_rank_passed(rank_threads.run(dw.allreduce_sweep, world, timeout=900, env=_ib(**EMULATE, **SMALL_CHUNKS)))
 
 
 @pytest.mark.usefixtures("emulated_device_runtime")
@@ -258,8 +262,8 @@ def test_device_buffers_on_a_mixed_ring_are_staged():
     GPU slots (the shm edges copy with the CPU): auto stages (workers check
     "staging"), RCOLL_GDR=1 fails every rank's first GPU op saying why."""
     env = {**MIXED, **EMULATE, **SMALL_CHUNKS}
-    every_rank_passed(spawn.run(dw.every_collective_once, 4, timeout=600, env=env))
-    for rank, outcomes in enumerate(spawn.run(dw.gdr_required, 4, timeout=300, env={**env, "RCOLL_GDR": "1"})):
+    every_rank_passed(rank_threads.run(dw.every_collective_once, 4, timeout=600, env=env))
+    for rank, outcomes in enumerate(rank_threads.run(dw.gdr_required, 4, timeout=300, env={**env, "RCOLL_GDR": "1"})):
         name, message = outcomes[0]
         assert name == "ConfigError" and message.startswith(f"rank {rank}: allreduce("), (rank, message)
         assert "RCOLL_GDR=1" in message and "mix transports (shm+ib)" in message, message

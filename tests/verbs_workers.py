@@ -8,7 +8,7 @@ import rcoll
 
 
 def transport_of(rank, world):
-    comm = rcoll.init(timeout=60)
+    comm = rcoll.init(rank, world, timeout=60)
     x = np.full(1000, rank + 1, np.float32)
     comm.allreduce(x)
     assert (x == world * (world + 1) / 2).all()
@@ -19,7 +19,7 @@ def recv_from_any_over_verbs(rank, world):
     """Verbs cannot show a message before its receive is posted (the sender waits
     for the receiver's credit): a receive from any source says so and names the
     way out, and the communicator goes on working."""
-    comm = rcoll.init(timeout=60)
+    comm = rcoll.init(rank, world, timeout=60)
     message = None
     try:
         comm.recv(np.empty(1), None)
@@ -33,7 +33,7 @@ def recv_from_any_over_verbs(rank, world):
 def buffer_reuse_and_free(rank, world, rounds=30):
     """The registration cache: the same buffer every step (hits), then buffers freed
     and re-allocated at once, so that addresses are reused by other pages."""
-    comm = rcoll.init(timeout=120)
+    comm = rcoll.init(rank, world, timeout=120)
     expect = world * (world + 1) / 2
     bucket = np.zeros(300_000, np.float32)
     for i in range(rounds):
@@ -56,7 +56,7 @@ def buffer_reuse_and_free(rank, world, rounds=30):
 
 
 def killed_mid_collective(rank, world):
-    comm = rcoll.init(timeout=60)
+    comm = rcoll.init(rank, world, timeout=60)
     comm.allreduce(np.ones(10, np.float32))
     if rank == world - 1:
         import os
