@@ -1,12 +1,20 @@
 #!/usr/bin/env python3
-"""Emulated multi-host benchmark: one rank per network namespace, shaped links.
+"""Emulated multi-host benchmark: one network namespace per host, shaped links.
 
     sudo PYTHONPATH=python python3 bench/netem.py --worlds 2,4 --rates 10gbit,25gbit \\
         --backends rcoll,gloo --min-bytes 1M --max-bytes 64M [--delay 50us] [--json out.json]
+    sudo PYTHONPATH=python python3 bench/netem.py --layouts AABB,ABAB,AAAABBBB --rates 1gbit \\
+        --min-bytes 16M --max-bytes 64M
+
+`--worlds W` puts one rank on each of W hosts; `--layouts` places several ranks
+per host, one letter per rank naming its host (ABAB: ranks 0 and 2 on host A,
+1 and 3 on host B). Ranks of one host share its namespace, so rcoll sees them as
+one host (shared memory between them) and only traffic between hosts crosses
+the shaped links.
 
 Topology (created fresh for each run, everything named rcoll-bench-<pid>-*):
 
-    namespace rcoll-bench-<pid>-r<i>  (one per rank, i = 0..W-1)
+    namespace rcoll-bench-<pid>-r<i>  (one per host, i = 0..H-1)
         eth0  198.18.0.<i+1>/24      veth; its peer v<i> sits in the switch namespace
     namespace rcoll-bench-<pid>-sw
         br0   a bridge enslaving v0 .. v<W-1>   (the "top-of-rack switch")
@@ -152,13 +160,14 @@ def cleanup_leftovers():
 # the emulated cluster
 # ---------------------------------------------------------------------------------------------
 class Cluster:
-    """W rank namespaces, each with a veth port to a bridge in a switch namespace; removed by close()."""
+    """H host namespaces, each with a veth port to a bridge in a switch namespace; removed by close().
+    (`ranks` names the host namespaces: with --worlds each holds one rank.)"""
 
-    def __init__(self, world, mtu, use_netem):
-        self.world, self.mtu, self.use_netem = world, mtu, use_netem
+    def __init__(self, hosts, mtu, use_netem):
+        self.mtu, self.use_netem = mtu, use_netem
         self.tag = f"{PREFIX}{os.getpid()}"
         self.switch = f"{self.tag}-sw"
-        self.ranks = [f"{self.tag}-r{i}" for i in range(world)]
+        self.ranks = [f"{self.tag}-r{i}" for i in range(hosts)]
         self.created = []
         self.procs = []
 
@@ -205,7 +214,7 @@ class Cluster:
         return {ns: sh("tc", "-n", ns, "qdisc", "show", "dev", "eth0").strip() for ns in self.ranks}
 
     def counters(self):
-        """{rank: (tx_bytes, rx_bytes)} of each rank's eth0."""
+        """{host: (tx_bytes, rx_bytes)} of each host's eth0."""
         out = {}
         for i, ns in enumerate(self.ranks):
             doc = json.loads(sh("ip", "-n", ns, "-s", "-j", "link", "show", "eth0", quiet=True))[0]
@@ -300,7 +309,10 @@ def link_check(cluster, seconds, env):
 # ---------------------------------------------------------------------------------------------
 # one backend at one world size
 # ---------------------------------------------------------------------------------------------
-def run_backend(cluster, backend, world, cfg, timeout, base_env, port):
+def run_backend(cluster, backend, layout, cfg, timeout, base_env, port):
+    """Runs the sweep with rank r on host layout[r]; returns the merged rows and
+    {host: (bytes sent, bytes received)} on each host's link."""
+    world = len(layout)
     with tempfile.TemporaryDirectory(prefix="rcoll-netem-") as tmp:
         cfg_path = os.path.join(tmp, "cfg.json")
         with open(cfg_path, "w") as f:
@@ -308,10 +320,11 @@ def run_backend(cluster, backend, world, cfg, timeout, base_env, port):
         before = cluster.counters()
         procs = []
         for r in range(world):
-            env = dict(base_env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                       MASTER_ADDR=cluster.addr(0), MASTER_PORT=str(port),
-                       RCOLL_SOCKET_IFNAME="eth0", GLOO_SOCKET_IFNAME="eth0")
-            procs.append(cluster.popen(r, [sys.executable, "-m", "rcoll._sweep_rank", "--cfg", cfg_path,
+            host = layout[r]
+            env = dict(base_env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(layout[:r].count(host)),
+                       LOCAL_WORLD_SIZE=str(layout.count(host)), MASTER_ADDR=cluster.addr(layout[0]),
+                       MASTER_PORT=str(port), RCOLL_SOCKET_IFNAME="eth0", GLOO_SOCKET_IFNAME="eth0")
+            procs.append(cluster.popen(host, [sys.executable, "-m", "rcoll._sweep_rank", "--cfg", cfg_path,
                                            "--out", tmp, "--backend", backend, "--launcher", "env"], env))
         deadline = time.monotonic() + timeout
         failed_at = None
@@ -332,12 +345,13 @@ def run_backend(cluster, backend, world, cfg, timeout, base_env, port):
                 raise sweep.LauncherFailed(
                     f"{backend} world {world} did not finish within {timeout} s\n{exc}") from None
             raise
-    moved = {r: (after[r][0] - before[r][0], after[r][1] - before[r][1]) for r in range(world)}
+    moved = {h: (after[h][0] - before[h][0], after[h][1] - before[h][1]) for h in sorted(set(layout))}
     return sweep.merge(per_rank, world), moved
 
 
 def expected_wire_bytes(rows, world):
-    """Payload bytes one rank must send (ring) for all the iterations of `rows` (timed + warm-up + check)."""
+    """Payload bytes one rank must send (ring) for all the iterations of `rows` (timed + warm-up + check):
+    also what each host's link must carry when the ring crosses it once per direction."""
     total = 0
     for r in rows:
         if "bytes" not in r or r.get("iters") is None:
@@ -355,9 +369,9 @@ def fmt_rate(bps):
 
 
 def print_table(records, backends):
-    lines = ["# bench/netem.py: one rank per network namespace, veth + bridge, tbf-shaped links; "
+    lines = ["# bench/netem.py: one network namespace per host, veth + bridge, tbf-shaped links; "
              "time = slowest rank; busbw GB/s (10^9 B/s); %link = busbw / nominal link rate"]
-    head = f"{'link':>9} {'world':>5} {'op':>10} {'size(B)':>10}"
+    head = f"{'link':>9} {'ranks':>8} {'op':>10} {'size(B)':>10}"
     for b in backends:
         head += f" | {b + ' us':>11} {'busbw':>6} {'%link':>5} {'#wrong':>6}"
     if "rcoll" in backends and len(backends) > 1:
@@ -368,7 +382,7 @@ def print_table(records, backends):
         idx = {b: {(r["op"], r["bytes"]): r for r in rec["results"].get(b, [])} for b in backends}
         keys = sorted({k for b in backends for k in idx[b]}, key=lambda k: (sweep.OPS.index(k[0]), k[1]))
         for op, nbytes in keys:
-            line = f"{fmt_rate(rec['rate_bps']):>9} {rec['world']:>5} {op:>10} {nbytes:>10}"
+            line = f"{fmt_rate(rec['rate_bps']):>9} {rec['label']:>8} {op:>10} {nbytes:>10}"
             for b in backends:
                 r = idx[b].get((op, nbytes))
                 if r is None or "busbw_GBps" not in r:
@@ -385,24 +399,29 @@ def print_table(records, backends):
                 else:
                     line += f" | {'-':>10}"
             lines.append(line)
-    lines.append("# link check (one TCP stream rank 1 -> rank 0, GB/s) and bytes sent on eth0 vs ring payload:")
+    lines.append("# link check (one TCP stream host 1 -> host 0, GB/s) and the most bytes a host sent on its link "
+                 "vs one ring edge's payload:")
     for rec in records:
-        parts = [f"{fmt_rate(rec['rate_bps'])} world {rec['world']}: stream "
+        parts = [f"{fmt_rate(rec['rate_bps'])} {rec['label']}: stream "
                  + (f"{rec['link_check_GBps']:.3f}" if rec.get("link_check_GBps") is not None else "-")]
         for b in backends:
             m = rec.get("wire", {}).get(b)
             if m:
-                parts.append(f"{b} sent {m['sent_max'] / 1e6:.0f} MB/rank (payload {m['payload'] / 1e6:.0f} MB)")
+                parts.append(f"{b} sent {m['sent_max'] / 1e6:.0f} MB/host link (ring edge payload "
+                             f"{m['payload'] / 1e6:.0f} MB)")
         lines.append("#   " + "; ".join(parts))
     for rec in records:
         for b, msg in rec["errors"].items():
-            lines.append(f"# {fmt_rate(rec['rate_bps'])} world {rec['world']} {b} FAILED: {msg.splitlines()[0]}")
+            lines.append(f"# {fmt_rate(rec['rate_bps'])} {rec['label']} {b} FAILED: {msg.splitlines()[0]}")
     return "\n".join(lines)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worlds", default="2,4", help="comma-separated world sizes (one namespace per rank, max 200)")
+    p.add_argument("--layouts", default="",
+                   help="comma-separated placements, one letter per rank naming its host (AABB, ABAB, AAAABBBB); "
+                        "replaces --worlds")
     p.add_argument("--rates", default="10gbit,25gbit", help="link rates as tc writes them, or `none` for unshaped")
     p.add_argument("--delay", default="50us", help="one-way delay per hop with netem, if the kernel has it (0: none)")
     p.add_argument("--mtu", type=int, default=1500)
@@ -438,9 +457,18 @@ def main(argv=None):
     if args.dtype not in sweep.DTYPES:
         p.error(f"--dtype: choose from {', '.join(sorted(sweep.DTYPES))}")
 
-    worlds = sorted({int(w) for w in args.worlds.split(",") if w.strip()})
-    if not worlds or worlds[0] < 2 or worlds[-1] > 200:
-        p.error("--worlds: sizes from 2 to 200")
+    if args.layouts:
+        placements = []
+        for text in (t.strip() for t in args.layouts.split(",") if t.strip()):
+            letters = sorted(set(text))
+            if not text.isalpha() or len(letters) < 2 or len(text) > 200:
+                p.error(f"--layouts {text}: one letter per rank naming its host, at least two hosts")
+            placements.append((text, [letters.index(c) for c in text]))
+    else:
+        worlds = sorted({int(w) for w in args.worlds.split(",") if w.strip()})
+        if not worlds or worlds[0] < 2 or worlds[-1] > 200:
+            p.error("--worlds: sizes from 2 to 200")
+        placements = [(f"{w}x1", list(range(w))) for w in worlds]
     try:
         rates = [parse_rate(r) for r in args.rates.split(",") if r.strip()]
     except ValueError as exc:
@@ -486,13 +514,13 @@ def main(argv=None):
     base_env.setdefault("RCOLL_CONNECT_TIMEOUT", "60")
     cfg = {"ops": ops, "sizes": sizes, "iters": args.iters, "warmup": args.warmup, "dtype": args.dtype,
            "async": False, "op_timeout": args.op_timeout}
-    cluster = Cluster(max(worlds), args.mtu, use_netem)
+    cluster = Cluster(max(max(layout) + 1 for _, layout in placements), args.mtu, use_netem)
     records = []
     port = 29600
     t_start = time.monotonic()
     load_before = sweep.load_snapshot()
     try:
-        print(f"creating {max(worlds)} rank namespaces {cluster.ranks[0]}.. and the switch {cluster.switch}",
+        print(f"creating {len(cluster.ranks)} host namespaces {cluster.ranks[0]}.. and the switch {cluster.switch}",
               file=sys.stderr, flush=True)
         cluster.create()
         for rate in rates:
@@ -510,21 +538,22 @@ def main(argv=None):
                           file=sys.stderr, flush=True)
                 except Exception as exc:
                     print(f"warning: link check failed: {exc}", file=sys.stderr)
-            for world in worlds:
-                rec = {"rate_bps": rate, "world": world, "link_check_GBps": check, "results": {}, "errors": {},
-                       "wire": {}, "per_rank_wire_bytes": {}}
+            for label, layout in placements:
+                world = len(layout)
+                rec = {"rate_bps": rate, "world": world, "label": label, "layout": layout, "link_check_GBps": check,
+                       "results": {}, "errors": {}, "wire": {}, "per_host_wire_bytes": {}}
                 for b in backends:
                     port += 1
-                    print(f"--- {b}, world {world}, link {fmt_rate(rate)}", file=sys.stderr, flush=True)
+                    print(f"--- {b}, {label}, link {fmt_rate(rate)}", file=sys.stderr, flush=True)
                     try:
-                        rows, moved = run_backend(cluster, b, world, cfg, args.timeout, base_env, port)
+                        rows, moved = run_backend(cluster, b, layout, cfg, args.timeout, base_env, port)
                         rec["results"][b] = rows
-                        rec["per_rank_wire_bytes"][b] = moved
+                        rec["per_host_wire_bytes"][b] = moved
                         rec["wire"][b] = {"sent_max": max(v[0] for v in moved.values()),
                                           "payload": expected_wire_bytes(rows, world)}
                     except Exception as exc:
                         rec["errors"][b] = f"{type(exc).__name__}: {exc}"
-                        print(f"ERROR: {b} world {world}: {exc}", file=sys.stderr, flush=True)
+                        print(f"ERROR: {b} {label}: {exc}", file=sys.stderr, flush=True)
                 records.append(rec)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -25,22 +25,23 @@ struct Blocks {
 // Segment k of a block: [seg * k, min(seg * (k + 1), len)).
 size_t numSegments(size_t len, size_t seg) { return (len + seg - 1) / seg; }
 
-// Appends the reduce-scatter phase of the ring. `block_start(b)`, `block_len(b)`
-// locate blocks in element offsets; `acc(b)` is where block b's partial result
-// is written on this rank. Returns, for the last step, the index of the first
-// receive (block `rank`), so that the allgather phase can depend on it.
+// Appends the reduce-scatter phase of the ring. Blocks are numbered by ring
+// position; `block_start(b)`, `block_len(b)` locate block b in element offsets;
+// `acc(b)` is where block b's partial result is written on this rank. Returns,
+// for the last step, the index of the first receive (the block of this rank's
+// position), so that the allgather phase can depend on it.
 template <typename StartFn, typename LenFn, typename AccFn>
 int appendReduceScatterPhase(Schedule& s, const AlgorithmContext& ctx, const char* send, StartFn block_start,
                              LenFn block_len, AccFn acc) {
-  const int P = ctx.size, r = ctx.rank;
-  const int next = mod(r + 1, P), prev = mod(r - 1, P);
+  const int P = ctx.size, r = ctx.position();
+  const int next = ctx.rankAt(r + 1), prev = ctx.rankAt(r - 1);
   const size_t es = s.elem_size;
   const bool avg = s.op.reduce_op == ReduceOp::kAvg;
   int prev_step_first_recv = -1;  // index of the first receive of the previous step
   int last_step_first_recv = -1;
   for (int step = 0; step < P - 1; ++step) {
-    // Rank r sends block r-1-step and receives block r-2-step, so that after
-    // P-1 steps it has received and reduced its own block r last.
+    // Position r sends block r-1-step and receives block r-2-step, so that
+    // after P-1 steps it has received and reduced its own block r last.
     int send_block = mod(r - 1 - step, P);
     int recv_block = mod(r - 2 - step, P);
     size_t len = block_len(send_block);
@@ -72,7 +73,7 @@ int appendReduceScatterPhase(Schedule& s, const AlgorithmContext& ctx, const cha
 }  // namespace
 
 void buildRingAllreduce(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv, size_t count) {
-  const int P = ctx.size, r = ctx.rank;
+  const int P = ctx.size, r = ctx.position();
   const size_t es = s.elem_size;
   Blocks blocks{count / static_cast<size_t>(P), count % static_cast<size_t>(P)};
   auto start = [&](int b) { return blocks.start(b); };
@@ -83,7 +84,7 @@ void buildRingAllreduce(Schedule& s, const AlgorithmContext& ctx, const char* se
   // Allgather phase: pass the completed blocks around the ring, straight into
   // `recv`. Step 0 sends block r (completed by the last reduce-scatter step);
   // step j forwards the block received in step j-1.
-  const int next = mod(r + 1, P), prev = mod(r - 1, P);
+  const int next = ctx.rankAt(r + 1), prev = ctx.rankAt(r - 1);
   int prev_first = own_block_recvs;
   for (int step = 0; step < P - 1; ++step) {
     int send_block = mod(r - step, P);
@@ -171,21 +172,27 @@ void buildRecursiveDoublingAllreduce(Schedule& s, const AlgorithmContext& ctx, c
 void buildRingReduceScatter(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv, char* scratch,
                             size_t count) {
   const size_t es = s.elem_size;
-  auto start = [&](int b) { return static_cast<size_t>(b) * count; };
+  // Block b (a ring position) is the block of the rank at that position: its
+  // place in `send`, and where that rank's result ends up.
+  auto start = [&](int b) { return static_cast<size_t>(ctx.rankAt(b)) * count; };
   auto len = [&](int) { return count; };
-  auto acc = [&](int b) { return b == ctx.rank ? recv : scratch + static_cast<size_t>(b) * count * es; };
+  auto acc = [&](int b) {
+    const int owner = ctx.rankAt(b);
+    return owner == ctx.rank ? recv : scratch + static_cast<size_t>(owner) * count * es;
+  };
   appendReduceScatterPhase(s, ctx, send, start, len, acc);
 }
 
 void buildRingAllgather(Schedule& s, const AlgorithmContext& ctx, char* recv, size_t count) {
-  const int P = ctx.size, r = ctx.rank;
-  const int next = mod(r + 1, P), prev = mod(r - 1, P);
+  const int P = ctx.size, r = ctx.position();
+  const int next = ctx.rankAt(r + 1), prev = ctx.rankAt(r - 1);
   const size_t es = s.elem_size;
   const size_t seg = ctx.segmenter.segmentElems(count);
   const size_t nseg = numSegments(count, seg);
   for (int step = 0; step < P - 1; ++step) {
-    int send_block = mod(r - step, P);
-    int recv_block = mod(r - step - 1, P);
+    // The blocks of the ranks 0 and 1 places back along the ring.
+    int send_block = ctx.rankAt(r - step);
+    int recv_block = ctx.rankAt(r - step - 1);
     int prev_first = static_cast<int>(s.recvs.size()) - static_cast<int>(nseg);  // previous step's receives
     for (size_t k = 0; k < nseg; ++k) {
       size_t off = static_cast<size_t>(send_block) * count + k * seg;
@@ -200,9 +207,9 @@ void buildRingAllgather(Schedule& s, const AlgorithmContext& ctx, char* recv, si
 }
 
 void buildChainBroadcast(Schedule& s, const AlgorithmContext& ctx, char* buf, size_t count, int root) {
-  const int P = ctx.size, r = ctx.rank;
-  const int distance = mod(r - root, P);  // position along the chain; the root is 0
-  const int next = mod(r + 1, P), prev = mod(r - 1, P);
+  const int P = ctx.size, r = ctx.position();
+  const int distance = mod(r - ctx.positionOf(root), P);  // place along the chain; the root is 0
+  const int next = ctx.rankAt(r + 1), prev = ctx.rankAt(r - 1);
   const size_t es = s.elem_size;
   const size_t seg = ctx.segmenter.segmentElems(count);
   for (size_t k = 0; k < numSegments(count, seg); ++k) {
@@ -231,9 +238,9 @@ void buildDisseminationBarrier(Schedule& s, const AlgorithmContext& ctx) {
 
 void buildChainReduce(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv, char* partial,
                       size_t count, int root) {
-  const int P = ctx.size, r = ctx.rank;
-  const int distance = mod(r - root, P);                 // the root is 0, the far end (root-1) is P-1
-  const int next = mod(r + 1, P), prev = mod(r - 1, P);  // data flows next -> this rank -> prev
+  const int P = ctx.size, r = ctx.position();
+  const int distance = mod(r - ctx.positionOf(root), P);         // the root is 0, the far end (just before it) is P-1
+  const int next = ctx.rankAt(r + 1), prev = ctx.rankAt(r - 1);  // data flows next -> this rank -> prev
   const size_t es = s.elem_size;
   const bool avg = s.op.reduce_op == ReduceOp::kAvg;
   // The root's "go" to the far end (see algorithms.h); nothing waits for it.

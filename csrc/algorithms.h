@@ -29,11 +29,26 @@ struct AlgorithmContext {
   int rank;
   int size;
   Segmenter segmenter;
+  // The ring's order: ring_order[i] is the rank at position i, ring_position[r]
+  // the position of rank r (Topology::host_order: host by host, so that the
+  // ring crosses each host's link once per direction however the launcher
+  // numbered the ranks). Null: rank order. Rings, chains and the blocks they
+  // pass around follow positions; a block's place in the buffers stays its rank's.
+  const int* ring_order = nullptr;
+  const int* ring_position = nullptr;
+
+  int position() const { return ring_position ? ring_position[rank] : rank; }
+  int positionOf(int r) const { return ring_position ? ring_position[r] : r; }
+  // The rank `steps` places after this one along the ring (negative: before).
+  int rankAt(int position) const {
+    const int p = ((position % size) + size) % size;
+    return ring_order ? ring_order[p] : p;
+  }
 };
 
 // Ring allreduce: a reduce-scatter then an allgather, each P-1 steps, every step
-// pipelined by segments. `send` may equal `recv` (in place). For kAvg the rank
-// that completes a block divides it before passing it on.
+// pipelined by segments, around the ring's order (the blocks are cut by position). `send` may equal `recv` (in place).
+// For kAvg the rank that completes a block divides it before passing it on.
 void buildRingAllreduce(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv, size_t count);
 
 // Recursive-doubling allreduce for small buffers: log2(P) exchanges of the
@@ -56,7 +71,8 @@ void buildRingReduceScatter(Schedule& s, const AlgorithmContext& ctx, const char
 // rank's block at rank*count (the communicator copies it there).
 void buildRingAllgather(Schedule& s, const AlgorithmContext& ctx, char* recv, size_t count);
 
-// Pipelined chain broadcast from `root` along the ring: segments stream through
+// Pipelined chain broadcast from `root` along the ring (in the ring's order, from
+// the root's position on): segments stream through
 // every rank, each forwarding a segment as soon as it has it. `buf` holds the
 // data on the root and receives it elsewhere.
 void buildChainBroadcast(Schedule& s, const AlgorithmContext& ctx, char* buf, size_t count, int root);

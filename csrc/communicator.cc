@@ -246,9 +246,14 @@ std::shared_ptr<Work> Communicator::allToAll(const void* send, void* recv, const
 }
 
 AlgorithmContext Communicator::algorithmContext(size_t element_size) const {
-  return AlgorithmContext{rank_, size_,
-                          Segmenter{std::max<size_t>(1, config_.chunk_bytes / element_size),
-                                    std::max<size_t>(1, config_.min_chunk_bytes / element_size)}};
+  AlgorithmContext ctx{rank_, size_,
+                       Segmenter{std::max<size_t>(1, config_.chunk_bytes / element_size),
+                                 std::max<size_t>(1, config_.min_chunk_bytes / element_size)}};
+  if (topology_.host_order.size() == static_cast<size_t>(size_)) {  // rings in host order (topology.h)
+    ctx.ring_order = topology_.host_order.data();
+    ctx.ring_position = topology_.position.data();
+  }
+  return ctx;
 }
 
 void Communicator::runOp(const Op& op) {

@@ -28,6 +28,8 @@ Topology computeTopology(const std::vector<HostEntry>& hosts) {
   }
   for (const std::vector<int>& ranks : t.ranks_on_host)
     t.host_order.insert(t.host_order.end(), ranks.begin(), ranks.end());
+  t.position.assign(static_cast<size_t>(size), 0);
+  for (int i = 0; i < size; ++i) t.position[static_cast<size_t>(t.host_order[static_cast<size_t>(i)])] = i;
   return t;
 }
 

@@ -20,6 +20,7 @@ struct Topology {
   // ring in this order crosses each host's link once per direction, however
   // the launcher numbered the ranks.
   std::vector<int> host_order;
+  std::vector<int> position;  // per rank: its index in host_order
 
   int hosts() const { return static_cast<int>(ranks_on_host.size()); }
   // "2 hosts: [0 1] [2 3]", for logs and `python -m rcoll info`.

@@ -1,6 +1,7 @@
 // Standalone tests for the parts of a communicator's set-up that need no
 // peers: the topology every rank computes from the published hosts
-// (csrc/topology.cc), the agreed settings (csrc/agreed_settings.cc) and the op
+// (csrc/topology.cc), the rings the algorithms build in its host order
+// (csrc/algorithms.cc), the agreed settings (csrc/agreed_settings.cc) and the op
 // table's checks (csrc/op_table.cc). Built and run by tests/test_cpp.py under
 // ASan + UBSan. Exit status is nonzero on any failure.
 
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "agreed_settings.h"
+#include "algorithms.h"
 #include "error.h"
 #include "op_table.h"
 #include "topology.h"
@@ -56,6 +58,74 @@ void testTopology() {
 
   t = computeTopology(hostsOf({"solo"}));
   check(t.hosts() == 1 && t.host_order == std::vector<int>({0}) && t.describe() == "1 host: [0]", "world of one");
+}
+
+// Interleaved ranks (ABAB): every ring and chain follows the host order 0 2 1 3,
+// so each host sends across once (the rank at its end of the host), where a
+// ring in rank order would cross with every edge; and reduce-scatter still
+// leaves block r on rank r.
+void testHostOrderedRings() {
+  const Topology t = computeTopology(hostsOf({"a", "b", "a", "b"}));
+  const int P = 4;
+  const size_t count = 64;  // per rank (reduce-scatter, allgather) or in all
+  std::vector<char> send(P * count * 4), recv(P * count * 4), scratch(P * count * 4);
+  auto contextOf = [&](int rank) {
+    AlgorithmContext ctx{rank, P, Segmenter{16, 1}};
+    ctx.ring_order = t.host_order.data();
+    ctx.ring_position = t.position.data();
+    return ctx;
+  };
+  auto nextOf = [&](int rank) { return t.host_order[(t.position[rank] + 1) % P]; };
+  auto prevOf = [&](int rank) { return t.host_order[(t.position[rank] + P - 1) % P]; };
+  using Build = void (*)(Schedule&, const AlgorithmContext&, char*, char*, char*, size_t);
+  const std::vector<std::pair<const char*, Build>> rings = {
+      {"allreduce", [](Schedule& s, const AlgorithmContext& c, char* in, char* out, char*,
+                       size_t n) { buildRingAllreduce(s, c, in, out, n * 4); }},
+      {"reduce_scatter", [](Schedule& s, const AlgorithmContext& c, char* in, char* out, char* tmp,
+                            size_t n) { buildRingReduceScatter(s, c, in, out, tmp, n); }},
+      {"allgather", [](Schedule& s, const AlgorithmContext& c, char*, char* out, char*,
+                       size_t n) { buildRingAllgather(s, c, out, n); }},
+  };
+  for (const auto& [name, build] : rings) {
+    int crossing = 0;
+    for (int r = 0; r < P; ++r) {
+      Schedule s;
+      s.elem_size = 4;
+      build(s, contextOf(r), send.data(), recv.data(), scratch.data(), count);
+      bool ok = !s.sends.empty() && !s.recvs.empty();
+      for (const SendStep& step : s.sends) ok = ok && step.peer == nextOf(r);
+      for (const RecvStep& step : s.recvs) ok = ok && step.peer == prevOf(r);
+      check(ok, std::string(name) + ": rank " + std::to_string(r) + " talks to its host-order neighbours only");
+      crossing += t.host_of[r] != t.host_of[nextOf(r)];
+      if (std::string(name) == "reduce_scatter") {  // the result lands in recv: block r of the input
+        bool own = true;
+        for (const RecvStep& step : s.recvs) {
+          if (step.reduce_out >= recv.data() && step.reduce_out < recv.data() + recv.size()) {
+            own = own && step.offset / count == static_cast<uint64_t>(r);
+          }
+        }
+        check(own, "reduce_scatter: rank " + std::to_string(r) + " ends with its own block");
+      }
+    }
+    check(crossing == 2, std::string(name) + ": the ring crosses between the hosts once each way");
+  }
+  // The chain from root 1 runs 1 -> 3 -> 0 -> 2 (the host order from the root's place).
+  const std::vector<int> chain = {1, 3, 0, 2};
+  for (int i = 0; i < P; ++i) {
+    Schedule b, rd;
+    b.elem_size = rd.elem_size = 4;
+    buildChainBroadcast(b, contextOf(chain[i]), recv.data(), count, 1);
+    buildChainReduce(rd, contextOf(chain[i]), send.data(), recv.data(), scratch.data(), count, 1);
+    bool ok = true;
+    for (const SendStep& step : b.sends) ok = ok && i + 1 < P && step.peer == chain[i + 1];
+    for (const RecvStep& step : b.recvs) ok = ok && i > 0 && step.peer == chain[i - 1];
+    check(ok && (i == 0 || !b.recvs.empty()) && (i == P - 1 || !b.sends.empty()),
+          "broadcast: rank " + std::to_string(chain[i]) + " is in place " + std::to_string(i) + " of the chain");
+    ok = true;  // reduce: data flows back along the chain (plus the root's zero-byte "go" to the far end)
+    for (const SendStep& step : rd.sends) ok = ok && (step.count == 0 || (i > 0 && step.peer == chain[i - 1]));
+    for (const RecvStep& step : rd.recvs) ok = ok && (step.count == 0 || (i + 1 < P && step.peer == chain[i + 1]));
+    check(ok, "reduce: rank " + std::to_string(chain[i]) + " passes partial results towards the root");
+  }
 }
 
 void testAgreedSettings() {
@@ -145,6 +215,7 @@ void testOpChecks() {
 int main() {
   try {
     testTopology();
+    testHostOrderedRings();
     testAgreedSettings();
     testOpChecks();
   } catch (const std::exception& e) {
