@@ -134,3 +134,9 @@ def idle_wait_cpu(rank, world):
     name = comm.transport
     comm.shutdown()
     return name, cpu, wall, ok
+
+
+def topology(rank, world):
+    comm = rcoll.init(rank, world, timeout=60)
+    comm.barrier()
+    return comm.topology

@@ -54,6 +54,19 @@ def _expected_name(layout, rank, network="tcp"):
 
 
 
+@pytest.mark.parametrize("layout", ["ABAB", "AABBCCDD", "BAABA"])
+def test_every_rank_computes_the_same_topology(layout):
+    hosts = []  # each host's ranks, hosts in the order of their lowest rank
+    for letter in dict.fromkeys(layout):
+        hosts.append([r for r, h in enumerate(layout) if h == letter])
+    expected = {"hosts": hosts, "host_of": [next(i for i, h in enumerate(hosts) if r in h) for r in range(len(layout))],
+                "local_rank": [layout[:r].count(layout[r]) for r in range(len(layout))],
+                "host_order": [r for h in hosts for r in h],
+                "text": f"{len(hosts)} hosts: " + " ".join("[" + " ".join(map(str, h)) + "]" for h in hosts)}
+    for rank, topology in enumerate(rank_threads.run(w.topology, len(layout), timeout=60, env=_hosts(layout))):
+        assert topology == expected, (rank, topology)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_each_edge_gets_the_transport_of_its_hosts(layout):
     results = rank_threads.run(w.report, len(layout), timeout=120, env=_hosts(layout))

@@ -21,6 +21,7 @@
 #include "rdma/ib_device.h"
 #include "socket_util.h"
 #include "tcp_store.h"
+#include "topology.h"
 #include "python/gil.h"
 #include "work.h"
 
@@ -560,6 +561,20 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("transport", &Communicator::transportName)
       .def_property_readonly("transports", &Communicator::transports)
+      .def_property_readonly(
+          "topology",
+          [](const Communicator& c) {
+            const Topology& t = c.topology();
+            py::dict d;
+            d["hosts"] = t.ranks_on_host;
+            d["host_of"] = t.host_of;
+            d["local_rank"] = t.local_rank;
+            d["host_order"] = t.host_order;
+            d["text"] = t.describe();
+            return d;
+          },
+          "Where the ranks are (topology.h): hosts (each host's ranks), host_of, local_rank, host_order (the "
+          "rings' order) and text (\"2 hosts: [0 2] [1 3]\"); every rank computes the same.")
       .def_property_readonly("device_path", &Communicator::devicePath)
       .def_property_readonly("timeout", [](const Communicator& c) { return c.defaultTimeout().count() / 1000.0; })
       .def_property_readonly("chunk_bytes", [](const Communicator& c) { return c.config().chunk_bytes; })

@@ -127,6 +127,14 @@ class Communicator:
         return list(self._comm.transports)
 
     @property
+    def topology(self) -> dict:
+        """Where the ranks are, as every rank computes it from the host identities
+        they published: "hosts" (each host's ranks), "host_of", "local_rank",
+        "host_order" (the order rings follow, host by host) and "text"
+        ("2 hosts: [0 2] [1 3]", also in the RCOLL_DEBUG=INFO log)."""
+        return dict(self._comm.topology)
+
+    @property
     def device_path(self) -> str:
         """How the last op on GPU buffers moved its data: "cuda-ipc" (device to
         device through CUDA IPC windows: every rank on one host), "gdr"
