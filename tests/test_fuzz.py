@@ -1,6 +1,6 @@
 """Builds the libFuzzer targets in tests/fuzz with ASan + UBSan and fuzzes each for a bounded time.
 
-RCOLL_FUZZ_SECONDS sets the time per target (default 60); RCOLL_FUZZ_SECONDS=0 skips
+RCOLL_FUZZ_SECONDS sets the time per target (default 30: a smoke run in the suite; fuzz longer by hand); RCOLL_FUZZ_SECONDS=0 skips
 these tests. Without a clang that builds libFuzzer targets they skip with the
 install command, unless RCOLL_REQUIRE_FUZZ=1 (set by .ci/run: CI always fuzzes).
 RCOLL_FUZZ_CXX picks the compiler (default: clang++, else the newest clang++-NN on PATH).
@@ -20,7 +20,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FUZZ = os.path.join(ROOT, "tests", "fuzz")
-SECONDS = int(os.environ.get("RCOLL_FUZZ_SECONDS", "60"))
+SECONDS = int(os.environ.get("RCOLL_FUZZ_SECONDS", "30"))
 
 # The targets, as CMakeLists.txt builds them (RCOLL_BUILD_TESTS with clang and
 # RCOLL_SANITIZE=fuzzer-no-link,address,undefined; tests/cpp_build.py).
