@@ -2,7 +2,8 @@
 
 RCOLL_FUZZ_SECONDS sets the time per target (default 30: a smoke run in the suite;
 fuzz longer by hand); RCOLL_FUZZ_SECONDS=0 skips these tests. Without a clang that
-builds libFuzzer targets they skip with the install command, unless RCOLL_REQUIRE_FUZZ=1 (set by .ci/run: CI always fuzzes).
+builds libFuzzer targets they skip with the install command, unless
+RCOLL_REQUIRE_FUZZ=1 (set by .ci/run: CI always fuzzes).
 RCOLL_FUZZ_CXX picks the compiler (default: clang++, else the newest clang++-NN on PATH).
 Fuzzing starts from the seed corpus in tests/fuzz/corpus/<target> (copied: the
 checked-in corpus is not modified); a crash fails the test with libFuzzer's report,
