@@ -27,6 +27,8 @@ const AgreedSetting kAgreedSettings[kAgreedSettingCount] = {
      [](Config& c, uint64_t v) { c.min_chunk_bytes = v; }},
     {"RCOLL_ALLREDUCE_RD_BYTES", [](const Config& c) -> uint64_t { return c.allreduce_rd_bytes; },
      [](Config& c, uint64_t v) { c.allreduce_rd_bytes = v; }},
+    {"RCOLL_ALGO", [](const Config& c) -> uint64_t { return static_cast<uint64_t>(c.algo); },
+     [](Config& c, uint64_t v) { c.algo = static_cast<Config::Algo>(v); }},
     {"RCOLL_SHM_COLL/RCOLL_SHM_COLL_SLOT_BYTES (0: off)",
      [](const Config& c) -> uint64_t { return c.shm_coll ? c.shm_coll_slot_bytes : 0; },
      [](Config& c, uint64_t v) {

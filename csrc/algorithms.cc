@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "blocks.h"
+
 namespace rcoll {
 
 size_t Segmenter::segmentElems(size_t block_elems) const {
@@ -12,18 +14,6 @@ size_t Segmenter::segmentElems(size_t block_elems) const {
 namespace {
 
 int mod(int a, int n) { return ((a % n) + n) % n; }
-
-// Block b of a buffer of `count` elements cut into P nearly equal blocks: the
-// first count % P blocks hold one element more. Blocks may be empty.
-struct Blocks {
-  size_t base;
-  size_t rem;
-  size_t start(int b) const { return static_cast<size_t>(b) * base + std::min<size_t>(static_cast<size_t>(b), rem); }
-  size_t length(int b) const { return base + (static_cast<size_t>(b) < rem ? 1 : 0); }
-};
-
-// Segment k of a block: [seg * k, min(seg * (k + 1), len)).
-size_t numSegments(size_t len, size_t seg) { return (len + seg - 1) / seg; }
 
 // Appends the reduce-scatter phase of the ring. Blocks are numbered by ring
 // position; `block_start(b)`, `block_len(b)` locate block b in element offsets;
@@ -75,7 +65,7 @@ int appendReduceScatterPhase(Schedule& s, const AlgorithmContext& ctx, const cha
 void buildRingAllreduce(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv, size_t count) {
   const int P = ctx.size, r = ctx.position();
   const size_t es = s.elem_size;
-  Blocks blocks{count / static_cast<size_t>(P), count % static_cast<size_t>(P)};
+  const Blocks blocks(count, P);
   auto start = [&](int b) { return blocks.start(b); };
   auto len = [&](int b) { return blocks.length(b); };
   auto acc = [&](int b) { return recv + blocks.start(b) * es; };

@@ -7,8 +7,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "schedule.h"
+#include "topology.h"
 
 namespace rcoll {
 
@@ -36,6 +38,8 @@ struct AlgorithmContext {
   // pass around follow positions; a block's place in the buffers stays its rank's.
   const int* ring_order = nullptr;
   const int* ring_position = nullptr;
+  // Where the ranks are (hosts, local ranks), for the hierarchical algorithms. Null: unknown.
+  const Topology* topology = nullptr;
 
   int position() const { return ring_position ? ring_position[rank] : rank; }
   int positionOf(int r) const { return ring_position ? ring_position[r] : r; }
@@ -60,6 +64,22 @@ void buildRingAllreduce(Schedule& s, const AlgorithmContext& ctx, const char* se
 // every rank ends with the same bits. `send` may equal `recv`.
 void buildRecursiveDoublingAllreduce(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv,
                                      size_t count);
+
+// Hierarchical allreduce, for several hosts of k ranks each (hierarchicalFits):
+// a ring reduce-scatter inside each host leaves local rank i with shard i of
+// the host's sum; the k ranks of local index i, one per host, allreduce shard i
+// between the hosts with a ring (the k rings run side by side, so each host link
+// carries 2(H-1)/H of the buffer instead of the flat ring's 2(P-1)/P); a ring
+// allgather inside each host hands every rank every shard. One schedule: the
+// buffer is cut once into segments that every phase moves whole, and a segment
+// goes on to the next phase as soon as the last one finished it, so the
+// phases of different segments overlap. Bit-identical on every rank (each
+// segment is reduced on one rank and copied). `send` may equal `recv`.
+void buildHierarchicalAllreduce(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv, size_t count);
+
+// Whether the hierarchical algorithms apply: at least two hosts, each with the
+// same number (at least two) of ranks. If not, `why` says why (for the INFO log).
+bool hierarchicalFits(const Topology& topology, std::string* why);
 
 // Ring reduce-scatter: `send` holds size*count elements, rank r ends with block r
 // in `recv` (count elements). Partial sums of other blocks go to `scratch`

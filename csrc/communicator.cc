@@ -26,6 +26,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, con
   config_ = mesh.config;
   comm_id_ = mesh.info.comm_id;
   topology_ = std::move(mesh.topology);
+  chooseAlgorithms();
   peer_transports_ = std::move(mesh.peer_transports);
   transport_ = std::move(mesh.transport);
   shm_coll_ = std::move(mesh.shm_coll);
@@ -245,6 +246,21 @@ std::shared_ptr<Work> Communicator::allToAll(const void* send, void* recv, const
                  device != nullptr ? Launch::kQueued : launch, std::move(args.packed), device);
 }
 
+// Every rank has the same topology and RCOLL_ALGO (agreed_settings.h), so
+// every rank makes the same choice.
+void Communicator::chooseAlgorithms() {
+  std::string why;
+  const bool fits = topology_.host_order.size() == static_cast<size_t>(size_) && hierarchicalFits(topology_, &why);
+  hierarchical_ = fits && config_.algo != Config::Algo::kRing;
+  if (hierarchical_) {
+    RCOLL_INFO("rank %d: allreduce above %zu bytes: hierarchical (%s)", rank_, config_.allreduce_rd_bytes,
+               topology_.describe().c_str());
+  } else if (config_.algo == Config::Algo::kHierarchical || (!fits && topology_.hosts() > 1)) {
+    RCOLL_INFO("rank %d: allreduce above %zu bytes: the ring in host order, not hierarchical: %s", rank_,
+               config_.allreduce_rd_bytes, fits ? "RCOLL_ALGO=ring" : why.c_str());
+  }
+}
+
 AlgorithmContext Communicator::algorithmContext(size_t element_size) const {
   AlgorithmContext ctx{rank_, size_,
                        Segmenter{std::max<size_t>(1, config_.chunk_bytes / element_size),
@@ -252,24 +268,28 @@ AlgorithmContext Communicator::algorithmContext(size_t element_size) const {
   if (topology_.host_order.size() == static_cast<size_t>(size_)) {  // rings in host order (topology.h)
     ctx.ring_order = topology_.host_order.data();
     ctx.ring_position = topology_.position.data();
+    ctx.topology = &topology_;
   }
   return ctx;
 }
 
 void Communicator::runOp(const Op& op) {
+  op_algorithm_ = "";
   if (shm_coll_) shm_coll_->announce(op.desc, op.device >= 0);
   if (op.device >= 0) return runDeviceOp(op);
   const OpDesc& d = op.desc;
   const size_t es = elementSize(d.dtype);
   const auto deadline = std::chrono::steady_clock::now() + op.timeout;
   if (shm_coll_ && ShmCollectives::handles(d.kind)) {
+    op_algorithm_ = "shm windows";
     return shm_coll_->run(d, op.send, op.recv, deadline, op.timeout, abort_flag_);
   }
   schedule_.reset(d, es);
   HostMemory memory(scratch_);
-  const AlgorithmChoice choice{config_.allreduce_rd_bytes};
-  if (!planOp(OpCall{d, op.send, op.recv, op.counts}, algorithmContext(es), choice, memory, schedule_)) return;
-  executor_->run(schedule_, deadline, op.timeout, abort_flag_);
+  const AlgorithmChoice choice{config_.allreduce_rd_bytes, hierarchical_};
+  const bool exchange = planOp(OpCall{d, op.send, op.recv, op.counts}, algorithmContext(es), choice, memory, schedule_);
+  op_algorithm_ = exchange ? schedule_.algorithm : "local";
+  if (exchange) executor_->run(schedule_, deadline, op.timeout, abort_flag_);
 }
 
 // The device twin of runOp(): the same schedules, with the local steps done
@@ -290,6 +310,7 @@ void Communicator::runDeviceOp(const Op& op) {
     if (shm_coll_->runDevice(d, op.send, op.recv, ipc, op.ready.get(), op.work->deviceCompletion().get(), deadline,
                              op.timeout, abort_flag_)) {
       device_path_.store(DevicePath::kIpcWindows, std::memory_order_relaxed);
+      op_algorithm_ = "cuda ipc windows";
       return;
     }
   }
@@ -307,9 +328,11 @@ void Communicator::runDeviceOp(const Op& op) {
   schedule_.reset(d, es);
   try {
     ex.begin(op.ready.get(), context);
-    // The staging executor runs the ring for every size (AlgorithmChoice{}).
-    const bool exchange =
-        planOp(OpCall{d, op.send, op.recv, op.counts}, algorithmContext(es), AlgorithmChoice{}, ex, schedule_);
+    // The staging executor has no recursive doubling (it would hold slots
+    // across sends); the ring or the hierarchical allreduce for every size.
+    const AlgorithmChoice choice{0, hierarchical_};
+    const bool exchange = planOp(OpCall{d, op.send, op.recv, op.counts}, algorithmContext(es), choice, ex, schedule_);
+    op_algorithm_ = exchange ? schedule_.algorithm : "local";
     if (exchange) ex.run(schedule_, deadline, op.timeout, abort_flag_);
     ex.finish(op.work->deviceCompletion().get(), deadline, op.timeout, abort_flag_);
   } catch (...) {
@@ -437,9 +460,10 @@ void Communicator::executeOp(const Op& op) {
 // "transfer" inside it (the executor adds the "reduce" slices).
 void Communicator::recordTimeline(const Op& op, std::chrono::steady_clock::time_point start, const char* outcome) {
   const auto end = std::chrono::steady_clock::now();
-  const std::string args = strFormat(
-      "\"op\": \"%s\", \"seq\": %llu, \"bytes\": %zu, \"outcome\": \"%s\"", jsonEscape(describeOp(op.desc)).c_str(),
-      static_cast<unsigned long long>(op.desc.seq), op.desc.count * elementSize(op.desc.dtype), outcome);
+  const std::string args =
+      strFormat("\"op\": \"%s\", \"seq\": %llu, \"bytes\": %zu, \"algorithm\": \"%s\", \"outcome\": \"%s\"",
+                jsonEscape(describeOp(op.desc)).c_str(), static_cast<unsigned long long>(op.desc.seq),
+                op.desc.count * elementSize(op.desc.dtype), op_algorithm_, outcome);
   timeline_->slice(0, strFormat("%s #%llu", opKindName(op.desc.kind), static_cast<unsigned long long>(op.desc.seq)),
                    "op", op.enqueued, end, args);
   timeline_->slice(0, "queue", "queue", op.enqueued, start);

@@ -193,6 +193,7 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
     ~ExecutorRelease();
   };
   void runDeviceOp(const Op& op);
+  void chooseAlgorithms();  // sets hierarchical_, once the topology is known
   AlgorithmContext algorithmContext(size_t element_size) const;
   void recordTimeline(const Op& op, std::chrono::steady_clock::time_point start, const char* outcome);
   // Thread-safe: records the first failure (sticky), fails the p2p engine with
@@ -208,6 +209,10 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   std::chrono::milliseconds timeout_;
   uint64_t comm_id_ = 0;  // tells this communicator's connections from any other's (mesh.h)
   Topology topology_;
+  // Allreduces above the recursive doubling size take the hierarchical
+  // algorithm (RCOLL_ALGO and hierarchicalFits(topology_)); the same on every rank.
+  bool hierarchical_ = false;
+  const char* op_algorithm_ = "";       // what ran the op in flight, for the timeline
   std::unique_ptr<Timeline> timeline_;  // RCOLL_TIMELINE; outlives the executor and p2p engine below
   std::unique_ptr<Transport> transport_;
   std::vector<std::string> peer_transports_;  // per rank, see transports(); empty in a world of 1

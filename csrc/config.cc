@@ -69,6 +69,12 @@ const std::vector<ConfigVar>& configVars() {
       {"RCOLL_ALLREDUCE_RD_BYTES", "32K",
        "allreduce buffers up to this size use recursive doubling (log2 P exchanges of the whole "
        "buffer: latency-bound sizes); larger ones the ring; `0`: always the ring"},
+      {"RCOLL_ALGO", "auto",
+       "allreduce algorithm above `RCOLL_ALLREDUCE_RD_BYTES`: `auto` takes `hierarchical` wherever it "
+       "applies (two or more hosts with the same number, two or more, of ranks each: it moves "
+       "2(H-1)/H of the buffer over each host link where the flat ring moves 2(P-1)/P, in fewer "
+       "network steps) and `ring` elsewhere; `ring`: the ring in host order; `hierarchical`: as "
+       "`auto`, with an INFO line where it does not apply"},
       {"RCOLL_SPIN_US", "50",
        "microseconds a waiting rank busy-polls its connections (yielding the core between polls) "
        "before it sleeps; `0`: sleep at once (least CPU, more latency)"},
@@ -232,6 +238,10 @@ Config Config::fromEnvironment(const Settings& overrides) {
   ifSet("RCOLL_PIPELINE_SLOTS",
         [&](const char* n, S v) { c.pipeline_slots = static_cast<int>(parseInt(n, v, 1, 256)); });
   ifSet("RCOLL_ALLREDUCE_RD_BYTES", [&](const char* n, S v) { c.allreduce_rd_bytes = parseByteSize(n, v); });
+  ifSet("RCOLL_ALGO", [&](const char* n, S v) {
+    const std::string a = parseChoice(n, v, {"auto", "ring", "hierarchical"});
+    c.algo = a == "ring" ? Algo::kRing : a == "hierarchical" ? Algo::kHierarchical : Algo::kAuto;
+  });
   ifSet("RCOLL_SPIN_US", [&](const char* n, S v) { c.spin = std::chrono::microseconds(parseInt(n, v, 0, 1000000)); });
   ifSet("RCOLL_SOCKET_BUFFER_BYTES", [&](const char* n, S v) { c.socket_buffer_bytes = parseByteSize(n, v); });
   ifSet("RCOLL_SOCKETS_PER_PEER",

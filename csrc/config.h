@@ -38,6 +38,8 @@ struct Config {
   size_t min_chunk_bytes = 64 << 10;     // RCOLL_MIN_CHUNK_BYTES: smallest segment worth pipelining
   int pipeline_slots = 8;                // RCOLL_PIPELINE_SLOTS: staging segments in flight
   size_t allreduce_rd_bytes = 32 << 10;  // RCOLL_ALLREDUCE_RD_BYTES: recursive doubling up to this size
+  enum class Algo { kAuto, kRing, kHierarchical };
+  Algo algo = Algo::kAuto;               // RCOLL_ALGO: allreduce algorithm above the recursive doubling size
   std::chrono::microseconds spin{50};    // RCOLL_SPIN_US: busy-poll this long before sleeping
   size_t socket_buffer_bytes = 0;        // RCOLL_SOCKET_BUFFER_BYTES: 0 = kernel autotuning
   int sockets_per_peer = 1;              // RCOLL_SOCKETS_PER_PEER: TCP connections per pair (messages striped)

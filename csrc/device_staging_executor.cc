@@ -269,10 +269,15 @@ bool DeviceStagingExecutor::harvest(const Schedule& schedule, size_t* sends_done
       TransportFailure failure = transport_->failure(f.request);
       fail(schedule, failure.kind, failure.message);
     }
+    const RecvStep& step = schedule.recvs[static_cast<size_t>(f.index)];
+    if (step.reduce_out != nullptr && step.reduce_after_recv >= 0 &&
+        !recv_done_[static_cast<size_t>(step.reduce_after_recv)]) {
+      ++i;  // arrived, but what it is reduced with is not on the device yet
+      continue;
+    }
     firstCompletion();
     transport_->release(f.request);
     f.request = nullptr;
-    const RecvStep& step = schedule.recvs[static_cast<size_t>(f.index)];
     if (f.slot < 0) {  // zero-byte message: nothing to copy
       recv_done_[static_cast<size_t>(f.index)] = 1;
       ++*recvs_done;

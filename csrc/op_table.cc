@@ -182,45 +182,57 @@ bool planOp(const OpCall& op, const AlgorithmContext& ctx, const AlgorithmChoice
       // Below the switch-over (measured: bench/sweep.py) latency dominates,
       // and recursive doubling needs log2(P) message latencies to the ring's 2(P-1).
       if (d.count > 0 && bytes <= choice.allreduce_rd_bytes) {
+        schedule.algorithm = "recursive doubling";
         buildRecursiveDoublingAllreduce(schedule, ctx, op.send, op.recv, d.count);
+      } else if (choice.hierarchical && ctx.topology != nullptr) {
+        schedule.algorithm = "hierarchical";
+        buildHierarchicalAllreduce(schedule, ctx, op.send, op.recv, d.count);
       } else {
+        schedule.algorithm = "ring";
         buildRingAllreduce(schedule, ctx, op.send, op.recv, d.count);
       }
       return true;
     case OpKind::kAllgather:
       memory.copy(op.recv + static_cast<size_t>(rank) * bytes, op.send, bytes);
       if (alone) return false;
+      schedule.algorithm = "ring";
       buildRingAllgather(schedule, ctx, op.recv, d.count);
       return true;
     case OpKind::kReduceScatter:
       if (alone) return reduce_alone();
+      schedule.algorithm = "ring";
       buildRingReduceScatter(schedule, ctx, op.send, op.recv, memory.scratch(bytes * static_cast<size_t>(size)),
                              d.count);
       return true;
     case OpKind::kBroadcast:
       if (rank == root) memory.copy(op.recv, op.send, bytes);
       if (alone) return false;
+      schedule.algorithm = "chain";
       buildChainBroadcast(schedule, ctx, op.recv, d.count, root);
       return true;
     case OpKind::kBarrier:
       if (alone) return false;
+      schedule.algorithm = "dissemination";
       buildDisseminationBarrier(schedule, ctx);
       return true;
     case OpKind::kReduce: {
       if (alone) return reduce_alone();
       // Partial sums on the ranks between the far end and the root (algorithms.h).
       char* partial = rank != root && bytes > 0 ? memory.scratch(bytes) : nullptr;
+      schedule.algorithm = "chain";
       buildChainReduce(schedule, ctx, op.send, op.recv, partial, d.count, root);
       return true;
     }
     case OpKind::kGather:
       if (rank == root) memory.copy(op.recv + static_cast<size_t>(root) * bytes, op.send, bytes);
       if (alone) return false;
+      schedule.algorithm = "direct";
       buildDirectGather(schedule, ctx, op.send, op.recv, d.count, root);
       return true;
     case OpKind::kScatter:
       if (rank == root) memory.copy(op.recv, op.send + static_cast<size_t>(root) * bytes, bytes);
       if (alone) return false;
+      schedule.algorithm = "direct";
       buildDirectScatter(schedule, ctx, op.send, op.recv, d.count, root);
       return true;
     case OpKind::kAllToAll: {
@@ -228,6 +240,7 @@ bool planOp(const OpCall& op, const AlgorithmContext& ctx, const AlgorithmChoice
       const size_t me = static_cast<size_t>(rank);
       memory.copy(op.recv + a.recv_displs[me] * es, op.send + a.send_displs[me] * es, a.send_counts[me] * es);
       if (alone) return false;
+      schedule.algorithm = "pairwise";
       buildPairwiseAllToAll(schedule, ctx, op.send, op.recv, a.send_counts, a.send_displs, a.recv_counts,
                             a.recv_displs);
       return true;

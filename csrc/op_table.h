@@ -91,6 +91,9 @@ struct OpCall {
 // Algorithm choices an executor can take.
 struct AlgorithmChoice {
   size_t allreduce_rd_bytes = 0;  // recursive doubling for allreduces up to this size; 0: always the ring
+  // Larger allreduces: the hierarchical algorithm (needs ctx.topology, which
+  // hierarchicalFits()), else the ring.
+  bool hierarchical = false;
 };
 
 // Runs the op's local step (out-of-place inputs copied where the algorithm

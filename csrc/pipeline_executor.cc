@@ -106,6 +106,10 @@ bool PipelineExecutor::harvest(const Schedule& schedule, size_t* sends_done, siz
       ++i;  // arrived, but a send still reads what the reduction would overwrite
       continue;
     }
+    if (f.slot != nullptr && step.reduce_after_recv >= 0 && !recv_done_[static_cast<size_t>(step.reduce_after_recv)]) {
+      ++i;  // arrived, but what it is reduced with has not
+      continue;
+    }
     if (f.slot != nullptr) {
       const auto reduce_start =
           timeline_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};

@@ -40,10 +40,16 @@ struct RecvStep {
   // The reduction waits for this send (index into Schedule::sends) to finish,
   // when that send reads the memory the reduction overwrites. -1: none.
   int reduce_after_send = -1;
+  // The reduction waits for this receive (index into Schedule::recvs) to be
+  // done, when that receive wrote `reduce_in` (an earlier phase's result, as in
+  // the hierarchical allreduce). -1: none. Always an earlier receive, so it
+  // holds its slot already and cannot wait on this one.
+  int reduce_after_recv = -1;
 };
 
 struct Schedule {
   OpDesc op;
+  const char* algorithm = "";  // what built it, for the timeline ("ring", "hierarchical", ...)
   size_t elem_size = 1;
   std::vector<SendStep> sends;
   std::vector<RecvStep> recvs;
@@ -56,6 +62,7 @@ struct Schedule {
   void reset(const OpDesc& desc, size_t element_size) {
     op = desc;
     elem_size = element_size;
+    algorithm = "";
     sends.clear();  // keeps capacity: no allocation on the hot path after warm-up
     recvs.clear();
     send_pair_count.clear();

@@ -140,3 +140,14 @@ def topology(rank, world):
     comm = rcoll.init(rank, world, timeout=60)
     comm.barrier()
     return comm.topology
+
+
+def allreduce_then_shutdown(rank, world):
+    """One allreduce above the recursive doubling size (for the algorithm it
+    takes, in the timeline); shutdown closes the trace file."""
+    comm = rcoll.init(rank, world, timeout=60)
+    x = np.full(1 << 16, rank + 1, np.float32)
+    comm.allreduce(x)
+    ok = bool((x == world * (world + 1) / 2).all())
+    comm.shutdown()
+    return ok

@@ -11,7 +11,8 @@ import pytest
 
 CXX = os.environ.get("CXX", "g++")
 
-UNITS = ["test_communicator", "test_mr_cache", "test_reduce_kernels", "test_setup_parts", "test_tcp_store"]
+UNITS = ["test_communicator", "test_mr_cache", "test_reduce_kernels", "test_schedules", "test_setup_parts",
+         "test_tcp_store"]
 CASES = [(name, "asan+ubsan") for name in UNITS] + [
     ("test_tcp_store", "tsan"), ("test_communicator", "tsan"), ("test_mr_cache", "tsan")]
 

@@ -13,10 +13,11 @@ import sys
 import time
 
 import collective_workers as cw
+import device_workers as dw
 import mixed_workers as w
 import pytest
 import rank_threads
-from conftest import SMALL_CHUNKS, every_rank_passed
+from conftest import EMULATED_DEVICE, SMALL_CHUNKS, every_rank_passed
 
 import rcoll
 from rcoll import spawn
@@ -113,6 +114,41 @@ SWEEPS = {
 def test_collectives_over_a_mixed_ring(layout, sweep):
     fn, env = SWEEPS[sweep]
     every_rank_passed(rank_threads.run(fn, len(layout), timeout=300, env={**env, **_hosts(layout)}))
+
+
+# Placements the matrix above leaves out: 2 hosts x 3 ranks and 3 hosts x 2
+# interleaved (hierarchical), and the flat ring across hosts on request.
+@pytest.mark.parametrize("layout,algo", [("AAABBB", "auto"), ("ABCABC", "auto"), ("AABB", "ring")])
+def test_allreduce_matrix_across_hosts(layout, algo):
+    env = {**SMALL_CHUNKS, **_hosts(layout), "RCOLL_ALGO": algo}
+    every_rank_passed(rank_threads.run(cw.allreduce_sweep, len(layout), timeout=300, env=env))
+
+
+# GPU buffers (the emulated device runtime, tests/emulated_device/): staged
+# through pinned host memory on every edge, the hierarchical allreduce on the
+# device executor; one staging slot per direction must not deadlock it.
+@pytest.mark.usefixtures("emulated_device_runtime")
+@pytest.mark.parametrize("layout,sweep,slots",
+                         [("ABAB", "allreduce_sweep", "8"), ("AAABBB", "every_collective_once", "1")])
+def test_device_collectives_across_hosts(layout, sweep, slots):
+    env = {**EMULATED_DEVICE, **SMALL_CHUNKS, **_hosts(layout), "RCOLL_PIPELINE_SLOTS": slots}
+    every_rank_passed(rank_threads.run(getattr(dw, sweep), len(layout), timeout=300, env=env))
+
+
+# The allreduce algorithm, as each rank's timeline names it: hierarchical where
+# several hosts have the same number (>= 2) of ranks, else the ring in host order.
+@pytest.mark.parametrize("layout,algo,expected", [
+    ("AABB", "auto", "hierarchical"), ("ABAB", "auto", "hierarchical"), ("AABB", "ring", "ring"),
+    ("AAAB", "auto", "ring"), ("AAAB", "hierarchical", "ring"), ("ABCD", "auto", "ring")])
+def test_allreduce_algorithm_follows_the_topology(tmp_path, layout, algo, expected):
+    env = {**_hosts(layout), "RCOLL_ALGO": algo, "RCOLL_TIMELINE": str(tmp_path / "trace")}
+    assert rank_threads.run(w.allreduce_then_shutdown, len(layout), timeout=60, env=env) == [True] * len(layout)
+    for rank in range(len(layout)):
+        # Ranks as threads share a process: its later communicators' files are trace.rank<r>.comm<k>.json.
+        (path,) = tmp_path.glob(f"trace.rank{rank}.*json")
+        events = json.loads(path.read_text())
+        ops = [e for e in events if e.get("cat") == "op"]
+        assert [op["args"]["algorithm"] for op in ops] == [expected], (rank, ops)
 
 
 def _dev_shm():

@@ -22,6 +22,8 @@ def test_timeline_holds_every_op_with_its_phases(tmp_path, windows):
         assert set(ops) == {"allreduce #1", "allgather #2", "barrier #3"}, sorted(ops)
         assert ops["allreduce #1"]["args"]["op"] == "allreduce(float32, count=262144, op=sum)"
         assert ops["allreduce #1"]["args"]["bytes"] == 4 << 18
+        assert ops["allreduce #1"]["args"]["algorithm"] == ("shm windows" if windows == "1" else "ring")
+        assert ops["barrier #3"]["args"]["algorithm"] == ("shm windows" if windows == "1" else "dissemination")
         assert all(op["args"]["outcome"] == "done" and op["tid"] == 0 for op in ops.values())
         # Phases nest inside their op, in order: queue, wait for peers, transfer.
         for op in ops.values():
