@@ -70,7 +70,10 @@ except ImportError as _exc:  # reported by main() after the root check
 
 PREFIX = "rcoll-bench-"
 SUBNET = "198.18.0"  # 198.18.0.0/15 is reserved for benchmarking (RFC 2544); we use a /24 of it
-BACKENDS = ("rcoll", "gloo")
+# rcoll-ring: rcoll with RCOLL_ALGO=ring (the flat ring in host order, where rcoll
+# would take the hierarchical allreduce), to compare the two in one run.
+BACKENDS = ("rcoll", "rcoll-ring", "gloo")
+BACKEND_ENV = {"rcoll-ring": {"RCOLL_ALGO": "ring"}}
 
 
 def parse_rate(text: str) -> float:
@@ -321,11 +324,12 @@ def run_backend(cluster, backend, layout, cfg, timeout, base_env, port):
         procs = []
         for r in range(world):
             host = layout[r]
-            env = dict(base_env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(layout[:r].count(host)),
+            env = dict(base_env, **BACKEND_ENV.get(backend, {}))
+            env.update(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(layout[:r].count(host)),
                        LOCAL_WORLD_SIZE=str(layout.count(host)), MASTER_ADDR=cluster.addr(layout[0]),
                        MASTER_PORT=str(port), RCOLL_SOCKET_IFNAME="eth0", GLOO_SOCKET_IFNAME="eth0")
             procs.append(cluster.popen(host, [sys.executable, "-m", "rcoll._sweep_rank", "--cfg", cfg_path,
-                                           "--out", tmp, "--backend", backend, "--launcher", "env"], env))
+                                           "--out", tmp, "--backend", backend.split("-")[0], "--launcher", "env"], env))
         deadline = time.monotonic() + timeout
         failed_at = None
         while any(p.poll() is None for p in procs):
@@ -349,16 +353,28 @@ def run_backend(cluster, backend, layout, cfg, timeout, base_env, port):
     return sweep.merge(per_rank, world), moved
 
 
-def expected_wire_bytes(rows, world):
+def expected_wire_bytes(rows, world, hosts=None):
     """Payload bytes one rank must send (ring) for all the iterations of `rows` (timed + warm-up + check):
-    also what each host's link must carry when the ring crosses it once per direction."""
+    also what each host's link must carry when the ring crosses it once per direction. With `hosts`
+    (H hosts of equal size, at least two ranks each), an allreduce counts 2(H-1)/H of the buffer:
+    what the hierarchical allreduce sends over each host link."""
     total = 0
     for r in rows:
         if "bytes" not in r or r.get("iters") is None:
             continue
         n_ops = r["iters"] + (r.get("warmup") or 0) + 1
-        total += n_ops * r["bytes"] * sweep.bus_factor(r["op"], world)
+        factor = sweep.bus_factor(r["op"], world)
+        if hosts and r["op"] == "allreduce":
+            factor = 2 * (hosts - 1) / hosts
+        total += n_ops * r["bytes"] * factor
     return total
+
+
+def hierarchical_hosts(layout, backend):
+    """The number of hosts when `backend` runs the hierarchical allreduce on `layout`, else None."""
+    counts = [layout.count(h) for h in sorted(set(layout))]
+    fits = len(counts) > 1 and len(set(counts)) == 1 and counts[0] > 1
+    return len(counts) if fits and backend == "rcoll" else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,7 +423,8 @@ def print_table(records, backends):
         for b in backends:
             m = rec.get("wire", {}).get(b)
             if m:
-                parts.append(f"{b} sent {m['sent_max'] / 1e6:.0f} MB/host link (ring edge payload "
+                what = "hierarchical" if hierarchical_hosts(rec["layout"], b) else "ring edge"
+                parts.append(f"{b} sent {m['sent_max'] / 1e6:.0f} MB/host link ({what} payload "
                              f"{m['payload'] / 1e6:.0f} MB)")
         lines.append("#   " + "; ".join(parts))
     for rec in records:
@@ -550,7 +567,7 @@ def main(argv=None):
                         rec["results"][b] = rows
                         rec["per_host_wire_bytes"][b] = moved
                         rec["wire"][b] = {"sent_max": max(v[0] for v in moved.values()),
-                                          "payload": expected_wire_bytes(rows, world)}
+                                          "payload": expected_wire_bytes(rows, world, hierarchical_hosts(layout, b))}
                     except Exception as exc:
                         rec["errors"][b] = f"{type(exc).__name__}: {exc}"
                         print(f"ERROR: {b} {label}: {exc}", file=sys.stderr, flush=True)

@@ -65,7 +65,7 @@ void buildRingAllreduce(Schedule& s, const AlgorithmContext& ctx, const char* se
 void buildRecursiveDoublingAllreduce(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv,
                                      size_t count);
 
-// Hierarchical allreduce, for several hosts of k ranks each (hierarchicalFits):
+// Hierarchical allreduce, for several hosts of k ranks each (hierarchicalFits; csrc/hierarchical.cc):
 // a ring reduce-scatter inside each host leaves local rank i with shard i of
 // the host's sum; the k ranks of local index i, one per host, allreduce shard i
 // between the hosts with a ring (the k rings run side by side, so each host link
@@ -76,6 +76,17 @@ void buildRecursiveDoublingAllreduce(Schedule& s, const AlgorithmContext& ctx, c
 // phases of different segments overlap. Bit-identical on every rank (each
 // segment is reduced on one rank and copied). `send` may equal `recv`.
 void buildHierarchicalAllreduce(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv, size_t count);
+
+// Hierarchical allgather and reduce-scatter (same conditions, same single
+// schedule): each host link carries (H-1)/H of the gathered buffer per
+// direction where the ring carries (P-1)/P. Allgather: the ranks of local
+// index i collect their blocks between the hosts, then each host passes those
+// groups around; reduce-scatter runs it backwards (each rank sums its local
+// index's group over its host, then the hosts reduce it). Arguments as
+// buildRingAllgather and buildRingReduceScatter.
+void buildHierarchicalAllgather(Schedule& s, const AlgorithmContext& ctx, char* recv, size_t count);
+void buildHierarchicalReduceScatter(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv,
+                                    char* scratch, size_t count);
 
 // Whether the hierarchical algorithms apply: at least two hosts, each with the
 // same number (at least two) of ranks. If not, `why` says why (for the INFO log).

@@ -70,9 +70,10 @@ const std::vector<ConfigVar>& configVars() {
        "allreduce buffers up to this size use recursive doubling (log2 P exchanges of the whole "
        "buffer: latency-bound sizes); larger ones the ring; `0`: always the ring"},
       {"RCOLL_ALGO", "auto",
-       "allreduce algorithm above `RCOLL_ALLREDUCE_RD_BYTES`: `auto` takes `hierarchical` wherever it "
-       "applies (two or more hosts with the same number, two or more, of ranks each: it moves "
-       "2(H-1)/H of the buffer over each host link where the flat ring moves 2(P-1)/P, in fewer "
+       "algorithm of allgather, reduce_scatter and the allreduces above `RCOLL_ALLREDUCE_RD_BYTES`: "
+       "`auto` takes `hierarchical` wherever it applies (two or more hosts with the same number, two "
+       "or more, of ranks each: an allreduce moves 2(H-1)/H of the buffer over each host link where "
+       "the flat ring moves 2(P-1)/P, an allgather (H-1)/H where the ring moves (P-1)/P, in fewer "
        "network steps) and `ring` elsewhere; `ring`: the ring in host order; `hierarchical`: as "
        "`auto`, with an INFO line where it does not apply"},
       {"RCOLL_SPIN_US", "50",

@@ -195,11 +195,22 @@ bool planOp(const OpCall& op, const AlgorithmContext& ctx, const AlgorithmChoice
     case OpKind::kAllgather:
       memory.copy(op.recv + static_cast<size_t>(rank) * bytes, op.send, bytes);
       if (alone) return false;
+      if (choice.hierarchical && ctx.topology != nullptr) {
+        schedule.algorithm = "hierarchical";
+        buildHierarchicalAllgather(schedule, ctx, op.recv, d.count);
+        return true;
+      }
       schedule.algorithm = "ring";
       buildRingAllgather(schedule, ctx, op.recv, d.count);
       return true;
     case OpKind::kReduceScatter:
       if (alone) return reduce_alone();
+      if (choice.hierarchical && ctx.topology != nullptr) {
+        schedule.algorithm = "hierarchical";
+        buildHierarchicalReduceScatter(schedule, ctx, op.send, op.recv,
+                                       memory.scratch(bytes * static_cast<size_t>(size)), d.count);
+        return true;
+      }
       schedule.algorithm = "ring";
       buildRingReduceScatter(schedule, ctx, op.send, op.recv, memory.scratch(bytes * static_cast<size_t>(size)),
                              d.count);

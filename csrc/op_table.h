@@ -91,8 +91,9 @@ struct OpCall {
 // Algorithm choices an executor can take.
 struct AlgorithmChoice {
   size_t allreduce_rd_bytes = 0;  // recursive doubling for allreduces up to this size; 0: always the ring
-  // Larger allreduces: the hierarchical algorithm (needs ctx.topology, which
-  // hierarchicalFits()), else the ring.
+  // Allgather, reduce-scatter and the allreduces above allreduce_rd_bytes:
+  // the hierarchical algorithms (need ctx.topology, which hierarchicalFits()),
+  // else the ring.
   bool hierarchical = false;
 };
 

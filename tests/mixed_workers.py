@@ -142,12 +142,14 @@ def topology(rank, world):
     return comm.topology
 
 
-def allreduce_then_shutdown(rank, world):
-    """One allreduce above the recursive doubling size (for the algorithm it
-    takes, in the timeline); shutdown closes the trace file."""
+def allreduce_allgather_then_shutdown(rank, world):
+    """An allreduce above the recursive doubling size and an allgather (for the
+    algorithms they take, in the timeline); shutdown closes the trace file."""
     comm = rcoll.init(rank, world, timeout=60)
     x = np.full(1 << 16, rank + 1, np.float32)
     comm.allreduce(x)
     ok = bool((x == world * (world + 1) / 2).all())
+    gathered = comm.allgather(np.full(3, rank, np.int64))
+    ok &= gathered.ravel().tolist() == [r for r in range(world) for _ in range(3)]
     comm.shutdown()
     return ok

@@ -119,9 +119,10 @@ def test_collectives_over_a_mixed_ring(layout, sweep):
 # Placements the matrix above leaves out: 2 hosts x 3 ranks and 3 hosts x 2
 # interleaved (hierarchical), and the flat ring across hosts on request.
 @pytest.mark.parametrize("layout,algo", [("AAABBB", "auto"), ("ABCABC", "auto"), ("AABB", "ring")])
-def test_allreduce_matrix_across_hosts(layout, algo):
+@pytest.mark.parametrize("sweep", ["allreduce_sweep", "allgather_sweep", "reduce_scatter_sweep"])
+def test_matrices_across_hosts(layout, algo, sweep):
     env = {**SMALL_CHUNKS, **_hosts(layout), "RCOLL_ALGO": algo}
-    every_rank_passed(rank_threads.run(cw.allreduce_sweep, len(layout), timeout=300, env=env))
+    every_rank_passed(rank_threads.run(getattr(cw, sweep), len(layout), timeout=300, env=env))
 
 
 # GPU buffers (the emulated device runtime, tests/emulated_device/): staged
@@ -135,20 +136,22 @@ def test_device_collectives_across_hosts(layout, sweep, slots):
     every_rank_passed(rank_threads.run(getattr(dw, sweep), len(layout), timeout=300, env=env))
 
 
-# The allreduce algorithm, as each rank's timeline names it: hierarchical where
-# several hosts have the same number (>= 2) of ranks, else the ring in host order.
+# The allreduce and allgather algorithm, as each rank's timeline names it:
+# hierarchical where several hosts have the same number (>= 2) of ranks, else
+# the ring in host order.
 @pytest.mark.parametrize("layout,algo,expected", [
     ("AABB", "auto", "hierarchical"), ("ABAB", "auto", "hierarchical"), ("AABB", "ring", "ring"),
     ("AAAB", "auto", "ring"), ("AAAB", "hierarchical", "ring"), ("ABCD", "auto", "ring")])
-def test_allreduce_algorithm_follows_the_topology(tmp_path, layout, algo, expected):
+def test_algorithm_follows_the_topology(tmp_path, layout, algo, expected):
     env = {**_hosts(layout), "RCOLL_ALGO": algo, "RCOLL_TIMELINE": str(tmp_path / "trace")}
-    assert rank_threads.run(w.allreduce_then_shutdown, len(layout), timeout=60, env=env) == [True] * len(layout)
+    results = rank_threads.run(w.allreduce_allgather_then_shutdown, len(layout), timeout=60, env=env)
+    assert results == [True] * len(layout)
     for rank in range(len(layout)):
         # Ranks as threads share a process: its later communicators' files are trace.rank<r>.comm<k>.json.
         (path,) = tmp_path.glob(f"trace.rank{rank}.*json")
         events = json.loads(path.read_text())
         ops = [e for e in events if e.get("cat") == "op"]
-        assert [op["args"]["algorithm"] for op in ops] == [expected], (rank, ops)
+        assert [op["args"]["algorithm"] for op in ops] == [expected, expected], (rank, ops)
 
 
 def _dev_shm():

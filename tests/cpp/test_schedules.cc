@@ -1,7 +1,7 @@
-// The allreduce schedules of every rank, run together by a small interpreter
-// in one thread: the ring (in host order) and the hierarchical algorithm
-// (csrc/hierarchical_allreduce.cc) over many placements, counts and segment
-// sizes. The interpreter keeps the executor's contract (pipeline_executor.h):
+// The allreduce, allgather and reduce-scatter schedules of every rank, run
+// together by a small interpreter in one thread: the rings (in host order) and
+// the hierarchical algorithms (csrc/hierarchical.cc) over many placements,
+// counts and segment sizes. The interpreter keeps the executor's contract (pipeline_executor.h):
 // sends go out in schedule order once the receive they name is done, the k-th
 // receive from a peer takes the k-th message that peer sent here, and a
 // reduction waits for the receive and the send it names. Everything else
@@ -21,6 +21,7 @@
 
 #include "algorithms.h"
 #include "reduce_kernels.h"
+#include "schedule.h"
 #include "topology.h"
 
 using namespace rcoll;
@@ -158,47 +159,65 @@ std::vector<HostEntry> hostsOf(const std::string& layout) {  // "AABB": rank r o
 
 enum class Algorithm { kRing, kHierarchical };
 
-// One allreduce of `count` float32 (or int32) elements on the placement
-// `layout`, `trials` times in random orders.
-void runCase(const std::string& layout, Algorithm algorithm, DataType dtype, ReduceOp op, size_t count, Segmenter seg,
-             int trials, bool in_place) {
+// Inputs whose sum, max and avg are exact in float32: small integers, multiples of P for avg.
+int32_t inputValue(int rank, size_t i, int P) {
+  return static_cast<int32_t>(((static_cast<size_t>(rank) * 7 + i * 13) % 11) * static_cast<size_t>(P)) -
+         3 * static_cast<int32_t>(P);
+}
+
+void store(char* at, int64_t v, DataType dtype) {
+  if (dtype == DataType::kFloat32) {
+    const float f = static_cast<float>(v);
+    std::memcpy(at, &f, sizeof f);
+  } else {
+    const int32_t i = static_cast<int32_t>(v);
+    std::memcpy(at, &i, sizeof i);
+  }
+}
+
+// One collective (allreduce of `count` elements, allgather or reduce-scatter
+// of `count` per rank) of float32 or int32 on the placement `layout`, `trials`
+// times in random orders.
+void runCase(const std::string& layout, OpKind kind, Algorithm algorithm, DataType dtype, ReduceOp op, size_t count,
+             Segmenter seg, int trials, bool in_place) {
   const Topology t = computeTopology(hostsOf(layout));
   const int P = static_cast<int>(layout.size());
-  const size_t es = elementSize(dtype);
-  const std::string what = layout + (algorithm == Algorithm::kRing ? " ring" : " hierarchical") + " count " +
+  const size_t es = elementSize(dtype), Pz = static_cast<size_t>(P);
+  const std::string what = layout + " " + opKindName(kind) +
+                           (algorithm == Algorithm::kRing ? " ring" : " hierarchical") + " count " +
                            std::to_string(count) + " seg " + std::to_string(seg.max_elems) + " op " +
                            std::to_string(static_cast<int>(op)) + (in_place ? " in place" : "");
-  // Inputs whose sum, max and avg are exact in float32: small integers, multiples of P for avg.
-  auto input = [&](int r, size_t i) -> int32_t {
-    return static_cast<int32_t>(((static_cast<size_t>(r) * 7 + i * 13) % 11) * static_cast<size_t>(P)) -
-           3 * static_cast<int32_t>(P);
-  };
-  std::vector<char> expected(count * es);
-  for (size_t i = 0; i < count; ++i) {
-    int64_t acc = input(0, i);
+  // Input and output lengths per rank, in elements.
+  const size_t in_len = kind == OpKind::kAllgather ? count : kind == OpKind::kReduceScatter ? Pz * count : count;
+  const size_t out_len = kind == OpKind::kAllgather ? Pz * count : count;
+  auto reduced = [&](size_t i) {  // element i of the reduction over ranks of the inputs
+    int64_t acc = inputValue(0, i, P);
     for (int r = 1; r < P; ++r) {
-      const int32_t v = input(r, i);
+      const int32_t v = inputValue(r, i, P);
       acc = op == ReduceOp::kMax ? std::max<int64_t>(acc, v) : op == ReduceOp::kBxor ? (acc ^ v) : acc + v;
     }
-    if (op == ReduceOp::kAvg) acc /= P;
-    if (dtype == DataType::kFloat32) {
-      const float f = static_cast<float>(acc);
-      std::memcpy(&expected[i * es], &f, es);
-    } else {
-      const int32_t v = static_cast<int32_t>(acc);
-      std::memcpy(&expected[i * es], &v, es);
+    return op == ReduceOp::kAvg ? acc / P : acc;
+  };
+  std::vector<std::vector<char>> expected(P, std::vector<char>(out_len * es));
+  for (int r = 0; r < P; ++r) {
+    for (size_t i = 0; i < out_len; ++i) {
+      const int64_t v = kind == OpKind::kAllgather       ? inputValue(static_cast<int>(i / count), i % count, P)
+                        : kind == OpKind::kReduceScatter ? reduced(static_cast<size_t>(r) * count + i)
+                                                         : reduced(i);
+      store(&expected[r][i * es], v, dtype);
     }
   }
-  std::mt19937 rng(static_cast<uint32_t>(count * 131 + P * 7 + static_cast<size_t>(op)));
+  std::mt19937 rng(static_cast<uint32_t>(count * 131 + Pz * 7 + static_cast<size_t>(op) + static_cast<size_t>(kind)));
   for (int trial = 0; trial < trials; ++trial) {
-    std::vector<std::vector<char>> send(P, std::vector<char>(count * es)), recv(P, std::vector<char>(count * es));
+    std::vector<std::vector<char>> send(P, std::vector<char>(in_len * es)), recv(P, std::vector<char>(out_len * es)),
+        scratch(P, std::vector<char>(Pz * count * es));
     for (int r = 0; r < P; ++r) {
-      for (size_t i = 0; i < count; ++i) {
-        const int32_t v = input(r, i);
-        const float f = static_cast<float>(v);
-        std::memcpy(&send[r][i * es], dtype == DataType::kFloat32 ? static_cast<const void*>(&f) : &v, es);
+      for (size_t i = 0; i < in_len; ++i) store(&send[r][i * es], inputValue(r, i, P), dtype);
+      if (kind == OpKind::kAllgather) {  // the op table's local step
+        std::memcpy(recv[r].data() + static_cast<size_t>(r) * count * es, send[r].data(), count * es);
+      } else if (in_place && kind == OpKind::kAllreduce) {
+        recv[r] = send[r];
       }
-      if (in_place) recv[r] = send[r];
     }
     std::vector<Schedule> schedules(P);
     for (int r = 0; r < P; ++r) {
@@ -207,67 +226,85 @@ void runCase(const std::string& layout, Algorithm algorithm, DataType dtype, Red
       ctx.ring_position = t.position.data();
       ctx.topology = &t;
       OpDesc d;
-      d.kind = OpKind::kAllreduce;
+      d.kind = kind;
       d.dtype = dtype;
       d.reduce_op = op;
       d.count = count;
       schedules[r].reset(d, es);
-      const char* in = in_place ? recv[r].data() : send[r].data();
-      if (algorithm == Algorithm::kRing) {
-        buildRingAllreduce(schedules[r], ctx, in, recv[r].data(), count);
+      Schedule& s = schedules[r];
+      const char* in = in_place && kind == OpKind::kAllreduce ? recv[r].data() : send[r].data();
+      const bool ring = algorithm == Algorithm::kRing;
+      if (kind == OpKind::kAllreduce) {
+        ring ? buildRingAllreduce(s, ctx, in, recv[r].data(), count)
+             : buildHierarchicalAllreduce(s, ctx, in, recv[r].data(), count);
+      } else if (kind == OpKind::kAllgather) {
+        ring ? buildRingAllgather(s, ctx, recv[r].data(), count)
+             : buildHierarchicalAllgather(s, ctx, recv[r].data(), count);
       } else {
-        buildHierarchicalAllreduce(schedules[r], ctx, in, recv[r].data(), count);
+        ring ? buildRingReduceScatter(s, ctx, in, recv[r].data(), scratch[r].data(), count)
+             : buildHierarchicalReduceScatter(s, ctx, in, recv[r].data(), scratch[r].data(), count);
       }
       // Who each rank talks to: the ring's neighbours, or its host ring's and its local index's ring's.
-      for (const SendStep& step : schedules[r].sends) {
+      for (const SendStep& step : s.sends) {
         const bool same_host = t.host_of[step.peer] == t.host_of[r];
         const bool same_local = t.local_rank[step.peer] == t.local_rank[r];
-        check(algorithm == Algorithm::kRing || same_host != same_local,
+        check(ring || same_host != same_local,
               what + ": rank " + std::to_string(r) + " sends to rank " + std::to_string(step.peer));
       }
     }
     std::vector<uint64_t> crossing;
     if (!interpret(schedules, t, rng, crossing, what + " trial " + std::to_string(trial))) return;
     for (int r = 0; r < P; ++r) {
-      check(recv[r] == expected,
+      check(recv[r] == expected[r],
             what + " trial " + std::to_string(trial) + ": rank " + std::to_string(r) + " has a wrong result");
     }
-    // Bytes each host sends to the others: 2(H-1)/H of the buffer for the
-    // hierarchical allreduce, 2(P-1)/P for the ring (one edge leaves each host),
-    // give or take the uneven cut (a block differs by at most one element).
-    const size_t H = static_cast<size_t>(t.hosts()), L = static_cast<size_t>(P) / H;
-    const double must = algorithm == Algorithm::kHierarchical ? 2.0 * static_cast<double>(H - 1) / H
-                                                              : 2.0 * static_cast<double>(P - 1) / P;
+    // Bytes each host sends to the others, as a share of the buffer (N: the
+    // allreduce's, the gathered one): hierarchical 2(H-1)/H N for allreduce,
+    // (H-1)/H N for the others; the ring (one edge leaves each host) 2(P-1)/P N
+    // and (P-1)/P N. Give or take the uneven cut (blocks differ by an element).
+    const size_t H = static_cast<size_t>(t.hosts()), L = Pz / H;
+    const double steps = kind == OpKind::kAllreduce ? 2.0 : 1.0;
+    const double share = algorithm == Algorithm::kHierarchical ? steps * static_cast<double>(H - 1) / H
+                                                               : steps * static_cast<double>(P - 1) / P;
+    const double buffer = static_cast<double>((kind == OpKind::kAllreduce ? count : Pz * count) * es);
     const double slack = static_cast<double>(2 * H * L * es);
     for (size_t h = 0; h < H; ++h) {
-      const double want = must * static_cast<double>(count * es);
-      check(std::abs(static_cast<double>(crossing[h]) - want) <= slack,
+      check(std::abs(static_cast<double>(crossing[h]) - share * buffer) <= slack,
             what + ": host " + std::to_string(h) + " sent " + std::to_string(crossing[h]) + " bytes across, not ~" +
-                std::to_string(want));
+                std::to_string(share * buffer));
     }
   }
 }
 
-void testHierarchicalAllreduce() {
+void testHierarchicalCollectives() {
   const std::vector<std::string> layouts = {"AABB", "ABAB", "AAABBB", "ABCABC", "AABBCC", "AAAABBBB", "ABBA"};
   const std::vector<size_t> counts = {0, 1, 3, 5, 17, 64, 257, 1000};
+  const OpKind A = OpKind::kAllreduce, G = OpKind::kAllgather, RS = OpKind::kReduceScatter;
+  const Algorithm H = Algorithm::kHierarchical, R = Algorithm::kRing;
+  const DataType F = DataType::kFloat32, I = DataType::kInt32;
   for (const std::string& layout : layouts) {
     std::string why;
-    check(hierarchicalFits(computeTopology(hostsOf(layout)), &why), layout + " fits the hierarchical allreduce");
+    check(hierarchicalFits(computeTopology(hostsOf(layout)), &why), layout + " fits the hierarchical algorithms");
     for (size_t count : counts) {
       for (const Segmenter seg : {Segmenter{1024, 1}, Segmenter{3, 1}}) {
-        runCase(layout, Algorithm::kHierarchical, DataType::kFloat32, ReduceOp::kSum, count, seg, 4, false);
+        runCase(layout, A, H, F, ReduceOp::kSum, count, seg, 4, false);
+        runCase(layout, G, H, F, ReduceOp::kSum, count / 4, seg, 3, false);
+        runCase(layout, RS, H, F, ReduceOp::kSum, count / 4, seg, 3, false);
       }
-      runCase(layout, Algorithm::kHierarchical, DataType::kFloat32, ReduceOp::kAvg, count, Segmenter{4, 1}, 2, true);
-      runCase(layout, Algorithm::kHierarchical, DataType::kFloat32, ReduceOp::kMax, count, Segmenter{5, 2}, 2, false);
-      runCase(layout, Algorithm::kHierarchical, DataType::kInt32, ReduceOp::kBxor, count, Segmenter{2, 1}, 2, true);
-      runCase(layout, Algorithm::kRing, DataType::kFloat32, ReduceOp::kSum, count, Segmenter{3, 1}, 2, false);
+      runCase(layout, A, H, F, ReduceOp::kAvg, count, Segmenter{4, 1}, 2, true);
+      runCase(layout, A, H, F, ReduceOp::kMax, count, Segmenter{5, 2}, 2, false);
+      runCase(layout, A, H, I, ReduceOp::kBxor, count, Segmenter{2, 1}, 2, true);
+      runCase(layout, RS, H, F, ReduceOp::kAvg, count / 4, Segmenter{2, 1}, 2, false);
+      runCase(layout, RS, H, I, ReduceOp::kBxor, count / 4, Segmenter{3, 2}, 2, false);
+      runCase(layout, A, R, F, ReduceOp::kSum, count, Segmenter{3, 1}, 2, false);
+      runCase(layout, G, R, F, ReduceOp::kSum, count / 4, Segmenter{3, 1}, 2, false);
+      runCase(layout, RS, R, F, ReduceOp::kSum, count / 4, Segmenter{3, 1}, 2, false);
     }
   }
   std::string why;
   check(
       !hierarchicalFits(computeTopology(hostsOf("AAABB")), &why) && why.find("different numbers") != std::string::npos,
-      "3 + 2 ranks: no hierarchical allreduce (" + why + ")");
+      "3 + 2 ranks: no hierarchical algorithms (" + why + ")");
   check(!hierarchicalFits(computeTopology(hostsOf("ABCD")), &why) && why.find("one rank") != std::string::npos,
         "one rank per host: the ring (" + why + ")");
   check(!hierarchicalFits(computeTopology(hostsOf("AAAA")), &why) && why.find("one host") != std::string::npos,
@@ -278,7 +315,7 @@ void testHierarchicalAllreduce() {
 
 int main() {
   try {
-    testHierarchicalAllreduce();
+    testHierarchicalCollectives();
   } catch (const std::exception& e) {
     check(false, std::string("unexpected exception: ") + e.what());
   }

@@ -1,0 +1,55 @@
+"""bench/netem.py on emulated hosts (one network namespace per host, a bridge,
+tbf-shaped veth links): several ranks per host, rcoll (the hierarchical
+allreduce) beside the flat ring, every result checked by the ranks (#wrong),
+and the bytes each host link carried counted by the kernel, next to what the
+algorithm must move. Skipped, saying why, where namespaces cannot be made
+(not root, no iproute2); CI is root."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import rcoll
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+pytestmark = pytest.mark.slow  # namespaces, a shaped link, two backends
+
+
+def _netns_unavailable():
+    if os.geteuid() != 0:
+        return "needs root to create network namespaces"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "iproute2 (`ip`, `tc`) is not installed"
+    return None
+
+
+@pytest.mark.timeout(300)
+def test_hierarchical_allreduce_on_emulated_hosts_moves_what_it_must(tmp_path):
+    why = _netns_unavailable()
+    if why:
+        pytest.skip(why)
+    out = tmp_path / "netem.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (os.path.dirname(os.path.dirname(rcoll.__file__)), os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "netem.py"), "--layouts", "AABB,ABAB",
+                           "--rates", "2gbit", "--delay", "0", "--min-bytes", "4M", "--max-bytes", "4M",
+                           "--iters", "3", "--warmup", "1", "--link-seconds", "0", "--backends", "rcoll,rcoll-ring",
+                           "--timeout", "120", "--json", str(out)],
+                          capture_output=True, text=True, timeout=280, env=env)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
+    doc = json.loads(out.read_text())
+    for rec in doc["records"]:
+        assert rec["errors"] == {}, rec["errors"]
+        for backend, rows in rec["results"].items():
+            assert rows and all(r["wrong"] == 0 for r in rows if "time_us" in r), (rec["layout"], backend, rows)
+        # Each host link: the hierarchical allreduce's 2(H-1)/H N (1.0 N for two hosts), the
+        # flat ring's one edge 2(P-1)/P N (1.5 N), give or take TCP/IP headers and the rendezvous.
+        for backend in ("rcoll", "rcoll-ring"):
+            wire = rec["wire"][backend]
+            assert wire["payload"] > 0
+            assert wire["payload"] <= wire["sent_max"] <= 1.1 * wire["payload"], (rec["label"], backend, wire)
+        assert rec["wire"]["rcoll"]["payload"] * 1.5 == pytest.approx(rec["wire"]["rcoll-ring"]["payload"])
