@@ -21,6 +21,7 @@
 //     collects the blocks of its local index), then in the host (groups of H
 //     blocks go around). Reduce-scatter: the same backwards: in the host (each
 //     rank sums its local index's group over the host), then between the hosts.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -167,29 +168,47 @@ class HierarchicalBuilder {
     finishCut();
   }
 
+  // The ring phases below list their transfers unit by unit, each unit
+  // through every step of the ring before the next unit (block k of a step is
+  // the k-th unit of that step's block): the first units leave the phase after
+  // a few hops rather than after every step of every unit, so the next phase
+  // (the network, for the host's ring) starts early. Both ends list a pair's
+  // messages in the same order, which is all the transports need.
+  template <typename BlockFn>
+  size_t mostUnits(const Ring& ring, BlockFn block) const {
+    size_t most = 0;
+    for (int b = 0; b < ring.size(); ++b) most = std::max(most, block(b).last - block(b).first);
+    return most;
+  }
+
   // A ring reduce-scatter over blocks of units: position p ends with block p
   // reduced over the ring, at result(unit). Step 0 sends input(unit); later
   // steps forward partial results, which land at result(unit). A unit's send
   // and its reduction with input(unit) wait for whatever receive last wrote it
-  // (an earlier phase).
+  // (an earlier step, or an earlier phase).
   template <typename BlockFn, typename InFn, typename OutFn>
   void reduceScatter(const Ring& ring, BlockFn block, InFn input, OutFn result, bool divide_at_end) {
     const int P = ring.size(), r = ring.me;
-    for (int step = 0; step < P - 1; ++step) {
-      const UnitRange sending = block(ring.wrap(r - 1 - step));
-      for (size_t u = sending.first; u < sending.last; ++u) {
-        const Unit& unit = units_[u];
-        const char* data = step == 0 ? input(unit) : result(unit);
-        s_.sends.push_back({ring.next(), data, unit.offset, unit.count, last_write_[u]});
-      }
-      const UnitRange receiving = block(ring.wrap(r - 2 - step));
-      for (size_t u = receiving.first; u < receiving.last; ++u) {
-        const Unit& unit = units_[u];
-        RecvStep in{
-            ring.prev(), unit.offset, unit.count, nullptr, result(unit), input(unit), divide_at_end && step == P - 2};
-        in.reduce_after_recv = last_write_[u];
-        last_write_[u] = static_cast<int>(s_.recvs.size());
-        s_.recvs.push_back(in);
+    const size_t units = P > 1 ? mostUnits(ring, block) : 0;
+    for (size_t k = 0; k < units; ++k) {
+      for (int step = 0; step < P - 1; ++step) {
+        const UnitRange sending = block(ring.wrap(r - 1 - step));
+        if (k < sending.last - sending.first) {
+          const size_t u = sending.first + k;
+          const Unit& unit = units_[u];
+          const char* data = step == 0 ? input(unit) : result(unit);
+          s_.sends.push_back({ring.next(), data, unit.offset, unit.count, last_write_[u]});
+        }
+        const UnitRange receiving = block(ring.wrap(r - 2 - step));
+        if (k < receiving.last - receiving.first) {
+          const size_t u = receiving.first + k;
+          const Unit& unit = units_[u];
+          RecvStep in{
+              ring.prev(), unit.offset, unit.count, nullptr, result(unit), input(unit), divide_at_end && step == P - 2};
+          in.reduce_after_recv = last_write_[u];
+          last_write_[u] = static_cast<int>(s_.recvs.size());
+          s_.recvs.push_back(in);
+        }
       }
     }
   }
@@ -199,17 +218,22 @@ class HierarchicalBuilder {
   template <typename BlockFn, typename AtFn>
   void allgather(const Ring& ring, BlockFn block, AtFn at) {
     const int P = ring.size(), r = ring.me;
-    for (int step = 0; step < P - 1; ++step) {
-      const UnitRange sending = block(ring.wrap(r - step));
-      for (size_t u = sending.first; u < sending.last; ++u) {
-        const Unit& unit = units_[u];
-        s_.sends.push_back({ring.next(), at(unit), unit.offset, unit.count, last_write_[u]});
-      }
-      const UnitRange receiving = block(ring.wrap(r - step - 1));
-      for (size_t u = receiving.first; u < receiving.last; ++u) {
-        const Unit& unit = units_[u];
-        last_write_[u] = static_cast<int>(s_.recvs.size());
-        s_.recvs.push_back({ring.prev(), unit.offset, unit.count, at(unit), nullptr, nullptr, false});
+    const size_t units = P > 1 ? mostUnits(ring, block) : 0;
+    for (size_t k = 0; k < units; ++k) {
+      for (int step = 0; step < P - 1; ++step) {
+        const UnitRange sending = block(ring.wrap(r - step));
+        if (k < sending.last - sending.first) {
+          const size_t u = sending.first + k;
+          const Unit& unit = units_[u];
+          s_.sends.push_back({ring.next(), at(unit), unit.offset, unit.count, last_write_[u]});
+        }
+        const UnitRange receiving = block(ring.wrap(r - step - 1));
+        if (k < receiving.last - receiving.first) {
+          const size_t u = receiving.first + k;
+          const Unit& unit = units_[u];
+          last_write_[u] = static_cast<int>(s_.recvs.size());
+          s_.recvs.push_back({ring.prev(), unit.offset, unit.count, at(unit), nullptr, nullptr, false});
+        }
       }
     }
   }

@@ -153,6 +153,18 @@ bool PipelineExecutor::harvest(const Schedule& schedule, size_t* sends_done, siz
   return any;
 }
 
+void PipelineExecutor::queueSendsByPeer(const Schedule& schedule) {
+  if (sends_by_peer_.size() < static_cast<size_t>(size_)) sends_by_peer_.resize(static_cast<size_t>(size_));
+  for (const PeerQueue& previous : peers_sending_) sends_by_peer_[static_cast<size_t>(previous.peer)].clear();
+  peers_sending_.clear();
+  for (size_t i = 0; i < schedule.sends.size(); ++i) {
+    const int peer = schedule.sends[i].peer;
+    std::vector<uint32_t>& queue = sends_by_peer_[static_cast<size_t>(peer)];
+    if (queue.empty()) peers_sending_.push_back({peer, 0});
+    queue.push_back(static_cast<uint32_t>(i));
+  }
+}
+
 void PipelineExecutor::run(const Schedule& schedule, Deadline deadline, std::chrono::milliseconds limit,
                            const std::atomic<bool>& abort_flag) {
   const size_t es = schedule.elem_size;
@@ -170,7 +182,12 @@ void PipelineExecutor::run(const Schedule& schedule, Deadline deadline, std::chr
     }
   } registrations{transport_, {}};
   if (transport_.needsRegistration()) registerRegions(schedule, &registrations.handles);
-  size_t next_send = 0, next_recv = 0, sends_done = 0, recvs_done = 0;
+  // Sends wait in one queue per peer: a send whose dependency has not arrived
+  // holds back the later sends to its peer (a pair's messages match in order),
+  // not those to other peers. The phases of a hierarchical schedule (and a
+  // ring's two directions) so move independently.
+  queueSendsByPeer(schedule);
+  size_t next_recv = 0, sends_done = 0, recvs_done = 0;
 
   while (sends_done < n_sends || recvs_done < n_recvs) {
     // Post receives in order, as far ahead as slots and the window allow.
@@ -191,15 +208,20 @@ void PipelineExecutor::run(const Schedule& schedule, Deadline deadline, std::chr
       recvs_in_flight_.push_back({static_cast<int>(next_recv), request, slot});
       ++next_recv;
     }
-    // Post sends in order once what they forward has arrived.
-    while (next_send < n_sends && sends_in_flight_.size() < kMaxSendsInFlight) {
-      const SendStep& step = schedule.sends[next_send];
-      if (step.after_recv >= 0 && !recv_done_[static_cast<size_t>(step.after_recv)]) break;
-      WireHeader header = makeHeader(schedule.op, comm_id_, static_cast<uint32_t>(rank_), step.offset, step.count * es);
-      if (!schedule.send_pair_count.empty()) header.count = schedule.send_pair_count[static_cast<size_t>(step.peer)];
-      Request* request = transport_.isend(step.peer, header, step.data, step.count * es);
-      sends_in_flight_.push_back({static_cast<int>(next_send), request, nullptr});
-      ++next_send;
+    // Post each peer's sends in order once what they forward has arrived.
+    for (PeerQueue& peer : peers_sending_) {
+      const std::vector<uint32_t>& queue = sends_by_peer_[static_cast<size_t>(peer.peer)];
+      while (peer.next < queue.size() && sends_in_flight_.size() < kMaxSendsInFlight) {
+        const uint32_t index = queue[peer.next];
+        const SendStep& step = schedule.sends[index];
+        if (step.after_recv >= 0 && !recv_done_[static_cast<size_t>(step.after_recv)]) break;
+        WireHeader header =
+            makeHeader(schedule.op, comm_id_, static_cast<uint32_t>(rank_), step.offset, step.count * es);
+        if (!schedule.send_pair_count.empty()) header.count = schedule.send_pair_count[static_cast<size_t>(step.peer)];
+        Request* request = transport_.isend(step.peer, header, step.data, step.count * es);
+        sends_in_flight_.push_back({static_cast<int>(index), request, nullptr});
+        ++peer.next;
+      }
     }
 
     if (abort_flag.load(std::memory_order_relaxed)) {

@@ -1,8 +1,8 @@
 // Runs a Schedule over a Transport, keeping the pipeline full.
 //
-// Sends are posted in schedule order as soon as the receive they depend on has
-// been reduced; receives are posted in schedule order as far ahead as the
-// staging slots allow. While the transport moves segment k+1, this thread
+// Sends are posted in schedule order per peer as soon as the receive they
+// depend on has been reduced; receives are posted in schedule order as far
+// ahead as the staging slots allow. While the transport moves segment k+1, this thread
 // reduces segment k: the network and the arithmetic overlap. A staging slot is
 // freed the moment its segment is reduced (the result lives in the destination
 // buffer), so slots never wait on sends and the ring cannot deadlock on them.
@@ -39,9 +39,15 @@ class PipelineExecutor {
   std::chrono::steady_clock::time_point firstCompletion() const { return first_completion_; }
 
  private:
+  struct PeerQueue {
+    int peer;
+    size_t next;  // index into sends_by_peer_[peer] of the next send to post
+  };
   // Registers the memory a schedule touches as few whole regions (segments of
   // one buffer are adjacent), returning the handles to deregister afterwards.
   void registerRegions(const Schedule& schedule, std::vector<MemoryHandle>* handles);
+  // Fills sends_by_peer_ and peers_sending_ for this schedule.
+  void queueSendsByPeer(const Schedule& schedule);
   // Processes finished requests (reductions included); true if there were any.
   bool harvest(const Schedule& schedule, size_t* sends_done, size_t* recvs_done);
   [[noreturn]] void fail(const Schedule& schedule, const TransportFailure& failure);
@@ -69,6 +75,8 @@ class PipelineExecutor {
   std::vector<InFlight> recvs_in_flight_;
   std::vector<uint8_t> recv_done_;
   std::vector<uint8_t> send_done_;
+  std::vector<std::vector<uint32_t>> sends_by_peer_;  // per peer: its sends' indices, in schedule order
+  std::vector<PeerQueue> peers_sending_;              // the peers this op sends to
 };
 
 }  // namespace rcoll

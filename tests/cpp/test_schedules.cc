@@ -2,7 +2,7 @@
 // together by a small interpreter in one thread: the rings (in host order) and
 // the hierarchical algorithms (csrc/hierarchical.cc) over many placements,
 // counts and segment sizes. The interpreter keeps the executor's contract (pipeline_executor.h):
-// sends go out in schedule order once the receive they name is done, the k-th
+// each peer's sends go out in schedule order once the receive they name is done, the k-th
 // receive from a peer takes the k-th message that peer sent here, and a
 // reduction waits for the receive and the send it names. Everything else
 // happens in a random order, seeded, many times over, so a dependency that a
@@ -50,7 +50,9 @@ bool interpret(std::vector<Schedule>& schedules, const Topology& t, std::mt19937
                const std::string& what) {
   const int P = static_cast<int>(schedules.size());
   std::vector<std::vector<std::deque<Message>>> wire(P, std::vector<std::deque<Message>>(P));  // [src][dst]
-  std::vector<size_t> next_send(P, 0);
+  // Per rank and peer: the sends to that peer in schedule order, and how many went out.
+  std::vector<std::vector<std::vector<int>>> to(P, std::vector<std::vector<int>>(P));
+  std::vector<std::vector<size_t>> sent(P, std::vector<size_t>(P, 0));
   std::vector<std::vector<uint8_t>> recv_done(P), send_done(P);
   // Per rank and peer: the receives from that peer in schedule order, and how many took their message.
   std::vector<std::vector<std::vector<int>>> from(P, std::vector<std::vector<int>>(P));
@@ -62,23 +64,26 @@ bool interpret(std::vector<Schedule>& schedules, const Topology& t, std::mt19937
     send_done[r].assign(schedules[r].sends.size(), 0);
     for (size_t i = 0; i < schedules[r].recvs.size(); ++i)
       from[r][schedules[r].recvs[i].peer].push_back(static_cast<int>(i));
+    for (size_t i = 0; i < schedules[r].sends.size(); ++i)
+      to[r][schedules[r].sends[i].peer].push_back(static_cast<int>(i));
   }
   crossing.assign(static_cast<size_t>(t.hosts()), 0);
   for (;;) {
     // Every action possible now; one of them, at random, happens.
     struct Action {
-      int kind;  // 0: post rank's next send, 1: a message is taken by its receive, 2: a reduction/copy completes
+      int kind;  // 0: post rank's next send to a peer, 1: a message is taken by its receive, 2: a reduction/copy
+                 // completes
       int rank;
       int peer_or_index;
     };
     std::vector<Action> actions;
     for (int r = 0; r < P; ++r) {
       const Schedule& s = schedules[r];
-      if (next_send[r] < s.sends.size()) {
-        const SendStep& step = s.sends[next_send[r]];
-        if (step.after_recv < 0 || recv_done[r][static_cast<size_t>(step.after_recv)]) actions.push_back({0, r, 0});
-      }
       for (int p = 0; p < P; ++p) {
+        if (sent[r][p] < to[r][p].size()) {
+          const SendStep& step = s.sends[static_cast<size_t>(to[r][p][sent[r][p]])];
+          if (step.after_recv < 0 || recv_done[r][static_cast<size_t>(step.after_recv)]) actions.push_back({0, r, p});
+        }
         if (!wire[p][r].empty()) actions.push_back({1, r, p});
       }
       for (size_t i = 0; i < arrived[r].size(); ++i) {
@@ -94,11 +99,12 @@ bool interpret(std::vector<Schedule>& schedules, const Topology& t, std::mt19937
     const Action a = actions[std::uniform_int_distribution<size_t>(0, actions.size() - 1)(rng)];
     Schedule& s = schedules[a.rank];
     if (a.kind == 0) {  // the data is read when the send is posted: the earliest a transport may read it
-      const SendStep& step = s.sends[next_send[a.rank]];
+      const int index = to[a.rank][a.peer_or_index][sent[a.rank][a.peer_or_index]++];
+      const SendStep& step = s.sends[static_cast<size_t>(index)];
       Message m{step.offset, step.count, std::vector<char>(step.data, step.data + step.count * s.elem_size)};
       if (t.host_of[a.rank] != t.host_of[step.peer]) crossing[t.host_of[a.rank]] += m.bytes.size();
       wire[a.rank][step.peer].push_back(std::move(m));
-      send_done[a.rank][next_send[a.rank]++] = 1;
+      send_done[a.rank][static_cast<size_t>(index)] = 1;
     } else if (a.kind == 1) {
       const int p = a.peer_or_index;
       if (taken[a.rank][p] >= from[a.rank][p].size()) {
@@ -139,10 +145,11 @@ bool interpret(std::vector<Schedule>& schedules, const Topology& t, std::mt19937
   }
   bool finished = true;
   for (int r = 0; r < P; ++r) {
-    size_t done = 0;
+    size_t done = 0, posted = 0;
     for (uint8_t d : recv_done[r]) done += d;
-    if (next_send[r] != schedules[r].sends.size() || done != recv_done[r].size()) {
-      check(false, what + ": rank " + std::to_string(r) + " is stuck (" + std::to_string(next_send[r]) + "/" +
+    for (uint8_t d : send_done[r]) posted += d;
+    if (posted != schedules[r].sends.size() || done != recv_done[r].size()) {
+      check(false, what + ": rank " + std::to_string(r) + " is stuck (" + std::to_string(posted) + "/" +
                        std::to_string(schedules[r].sends.size()) + " sends posted, " + std::to_string(done) + "/" +
                        std::to_string(recv_done[r].size()) + " receives done)");
       finished = false;
