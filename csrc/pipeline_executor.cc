@@ -13,9 +13,6 @@
 namespace rcoll {
 
 namespace {
-// Sends queued ahead of the wire. TCP queues them in order anyway; the bound
-// only keeps the request pool small for very long schedules.
-constexpr size_t kMaxSendsInFlight = 64;
 constexpr size_t kMaxDirectRecvsInFlight = 64;
 }  // namespace
 
@@ -144,6 +141,7 @@ bool PipelineExecutor::harvest(const Schedule& schedule, size_t* sends_done, siz
     if (first_completion_ == std::chrono::steady_clock::time_point{})
       first_completion_ = std::chrono::steady_clock::now();
     send_done_[static_cast<size_t>(f.index)] = 1;
+    --peers_sending_[queue_of_peer_[static_cast<size_t>(schedule.sends[static_cast<size_t>(f.index)].peer)]].in_flight;
     ++*sends_done;
     transport_.release(f.request);
     f = sends_in_flight_.back();
@@ -154,13 +152,19 @@ bool PipelineExecutor::harvest(const Schedule& schedule, size_t* sends_done, siz
 }
 
 void PipelineExecutor::queueSendsByPeer(const Schedule& schedule) {
-  if (sends_by_peer_.size() < static_cast<size_t>(size_)) sends_by_peer_.resize(static_cast<size_t>(size_));
+  if (sends_by_peer_.size() < static_cast<size_t>(size_)) {
+    sends_by_peer_.resize(static_cast<size_t>(size_));
+    queue_of_peer_.resize(static_cast<size_t>(size_));
+  }
   for (const PeerQueue& previous : peers_sending_) sends_by_peer_[static_cast<size_t>(previous.peer)].clear();
   peers_sending_.clear();
   for (size_t i = 0; i < schedule.sends.size(); ++i) {
     const int peer = schedule.sends[i].peer;
     std::vector<uint32_t>& queue = sends_by_peer_[static_cast<size_t>(peer)];
-    if (queue.empty()) peers_sending_.push_back({peer, 0});
+    if (queue.empty()) {
+      queue_of_peer_[static_cast<size_t>(peer)] = static_cast<uint32_t>(peers_sending_.size());
+      peers_sending_.push_back({peer, 0, 0});
+    }
     queue.push_back(static_cast<uint32_t>(i));
   }
 }
@@ -211,7 +215,7 @@ void PipelineExecutor::run(const Schedule& schedule, Deadline deadline, std::chr
     // Post each peer's sends in order once what they forward has arrived.
     for (PeerQueue& peer : peers_sending_) {
       const std::vector<uint32_t>& queue = sends_by_peer_[static_cast<size_t>(peer.peer)];
-      while (peer.next < queue.size() && sends_in_flight_.size() < kMaxSendsInFlight) {
+      while (peer.next < queue.size() && sendWindowOpen(sends_in_flight_.size(), peer.in_flight)) {
         const uint32_t index = queue[peer.next];
         const SendStep& step = schedule.sends[index];
         if (step.after_recv >= 0 && !recv_done_[static_cast<size_t>(step.after_recv)]) break;
@@ -221,6 +225,7 @@ void PipelineExecutor::run(const Schedule& schedule, Deadline deadline, std::chr
         Request* request = transport_.isend(step.peer, header, step.data, step.count * es);
         sends_in_flight_.push_back({static_cast<int>(index), request, nullptr});
         ++peer.next;
+        ++peer.in_flight;
       }
     }
 

@@ -1,7 +1,7 @@
 // Runs a Schedule over a Transport, keeping the pipeline full.
 //
 // Sends are posted in schedule order per peer as soon as the receive they
-// depend on has been reduced; receives are posted in schedule order as far
+// depend on has been reduced, within the send window (schedule.h); receives are posted in schedule order as far
 // ahead as the staging slots allow. While the transport moves segment k+1, this thread
 // reduces segment k: the network and the arithmetic overlap. A staging slot is
 // freed the moment its segment is reduced (the result lives in the destination
@@ -41,7 +41,8 @@ class PipelineExecutor {
  private:
   struct PeerQueue {
     int peer;
-    size_t next;  // index into sends_by_peer_[peer] of the next send to post
+    size_t next;       // index into sends_by_peer_[peer] of the next send to post
+    size_t in_flight;  // of its sends, those posted and not finished
   };
   // Registers the memory a schedule touches as few whole regions (segments of
   // one buffer are adjacent), returning the handles to deregister afterwards.
@@ -77,6 +78,7 @@ class PipelineExecutor {
   std::vector<uint8_t> send_done_;
   std::vector<std::vector<uint32_t>> sends_by_peer_;  // per peer: its sends' indices, in schedule order
   std::vector<PeerQueue> peers_sending_;              // the peers this op sends to
+  std::vector<uint32_t> queue_of_peer_;               // per peer: its index in peers_sending_
 };
 
 }  // namespace rcoll

@@ -70,4 +70,16 @@ struct Schedule {
   }
 };
 
+// The executors' send window. Sends wait in one queue per peer and at most
+// kSendWindow are in flight in all, which keeps the request pool small for
+// long schedules; but a peer with none in flight may always take its next
+// send. Without that exception, sends to one peer that wait on a busy
+// receiver can fill the window and starve another peer whose receiver waits
+// for exactly that send, and every rank stalls (the hierarchical allreduce
+// with more than a window of segments per block did).
+constexpr size_t kSendWindow = 64;
+inline bool sendWindowOpen(size_t in_flight, size_t in_flight_to_peer, size_t window = kSendWindow) {
+  return in_flight_to_peer == 0 || in_flight < window;
+}
+
 }  // namespace rcoll

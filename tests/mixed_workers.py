@@ -153,3 +153,27 @@ def allreduce_allgather_then_shutdown(rank, world):
     ok &= gathered.ravel().tolist() == [r for r in range(world) for _ in range(3)]
     comm.shutdown()
     return ok
+
+
+def long_schedules(rank, world):
+    """Allreduce, reduce_scatter and allgather with many more segments per block
+    than the executor's send window (64) holds, exact against numpy: with small
+    chunks and small shared-memory rings, sends inside a host wait on their
+    receiver while sends across wait in the same window (issue #20 review)."""
+    comm = rcoll.init(rank, world, timeout=60)
+    n = 1 << 20
+    x = (np.arange(n, dtype=np.int64) * (rank + 3) % 1009).astype(np.int32)
+    expected = sum((np.arange(n, dtype=np.int64) * (r + 3) % 1009) for r in range(world)).astype(np.int32)
+    failures = []
+    got = comm.allreduce(x.copy())
+    if not same(got, expected):
+        failures.append("allreduce differs")
+    shard = comm.reduce_scatter(x)
+    if not same(shard, expected.reshape(world, -1)[rank]):
+        failures.append("reduce_scatter differs")
+    gathered = comm.allgather(x[: n // 2])
+    want = np.concatenate([(np.arange(n // 2, dtype=np.int64) * (r + 3) % 1009).astype(np.int32) for r in range(world)])
+    if not same(gathered.reshape(-1), want):
+        failures.append("allgather differs")
+    comm.shutdown()
+    return 1, failures

@@ -125,6 +125,19 @@ def test_matrices_across_hosts(layout, algo, sweep):
     every_rank_passed(rank_threads.run(getattr(cw, sweep), len(layout), timeout=300, env=env))
 
 
+# Many more segments per block than the host executor's send window (64): the
+# hierarchical phases inside and across hosts share that window, and a rank
+# whose window filled with sends waiting on a local receiver once starved the
+# sends across and stalled every rank (until the op timeout). 4 KiB chunks and
+# rings and 16 KiB socket buffers make sends wait on their receivers, as
+# buffers of hundreds of MiB do at the defaults.
+@pytest.mark.parametrize("layout", ["AABB", "AAAABBBB"])
+def test_long_schedules_across_hosts(layout):
+    env = {**_hosts(layout), "RCOLL_CHUNK_BYTES": "4K", "RCOLL_MIN_CHUNK_BYTES": "4K", "RCOLL_SHM_RING_BYTES": "4K",
+           "RCOLL_SOCKET_BUFFER_BYTES": "16K"}
+    every_rank_passed(rank_threads.run(w.long_schedules, len(layout), timeout=120, env=env))
+
+
 # GPU buffers (the emulated device runtime, tests/emulated_device/): staged
 # through pinned host memory on every edge, the hierarchical allreduce on the
 # device executor; one staging slot per direction must not deadlock it.

@@ -1,13 +1,15 @@
 // The allreduce, allgather and reduce-scatter schedules of every rank, run
 // together by a small interpreter in one thread: the rings (in host order) and
 // the hierarchical algorithms (csrc/hierarchical.cc) over many placements,
-// counts and segment sizes. The interpreter keeps the executor's contract (pipeline_executor.h):
-// each peer's sends go out in schedule order once the receive they name is done, the k-th
-// receive from a peer takes the k-th message that peer sent here, and a
-// reduction waits for the receive and the send it names. Everything else
-// happens in a random order, seeded, many times over, so a dependency that a
-// schedule forgot to state shows up as a wrong result rather than as a rare
-// race on a busy machine. Checks: every rank's result equals the reference,
+// counts and segment sizes. The interpreter keeps the executors' contract (schedule.h)
+// and their limits: the host executor's sends go out in schedule order per peer within the
+// send window, the device executor's in schedule order, each in a send slot; receives are
+// posted in schedule order as the staging slots allow; the k-th receive from a peer takes the
+// k-th message that peer sent here, and a send finishes only then; a reduction waits
+// for the receive and the send it names. Everything else happens in a random
+// order, seeded, many times over, so a dependency that a schedule forgot to
+// state shows up as a wrong result, and a cycle through the windows and slots as a
+// stuck rank, rather than as a rare race or hang on a busy machine. Checks: every rank's result equals the reference,
 // bit for bit alike on every rank, headers agree, and the bytes that cross
 // between hosts are what the algorithm must move. Exit status nonzero on failure.
 
@@ -37,96 +39,167 @@ void check(bool ok, const std::string& what) {
   }
 }
 
+// How an executor posts its work. Both keep the contract of schedule.h; they
+// differ in the order of their sends and in what bounds them.
+struct ExecutorModel {
+  // PipelineExecutor: a queue of sends per peer, bounded by sendWindowOpen(),
+  // receives that reduce take a staging slot. DeviceStagingExecutor
+  // (false): one queue of sends in schedule order, each holding a send slot
+  // until it is delivered; every receive with bytes takes a receive slot.
+  bool per_peer_sends;
+  size_t window;  // the send window (per_peer_sends)
+  int slots;      // staging slots (each pool)
+  std::string name() const {
+    return (per_peer_sends ? "host executor, window " + std::to_string(window) : std::string("device executor")) +
+           ", " + std::to_string(slots) + " slot(s)";
+  }
+};
+
+// The host executor's bound on receives that land in place (pipeline_executor.cc).
+constexpr size_t kDirectRecvsInFlight = 64;
+
 struct Message {
-  uint64_t offset;
-  uint64_t count;
+  int send_index;
+  bool read;  // the bytes were read when the send was posted; else they are read when delivered
   std::vector<char> bytes;
 };
 
-// Runs the schedules of every rank to completion. Returns false (and reports)
-// when they cannot finish: a dependency that never comes, or a message no
-// receive takes. `crossing[h]` counts the bytes host h sends to other hosts.
-bool interpret(std::vector<Schedule>& schedules, const Topology& t, std::mt19937& rng, std::vector<uint64_t>& crossing,
-               const std::string& what) {
+// Runs the schedules of every rank to completion as the executor `model`
+// would, over a transport that buffers nothing: a send finishes only when the
+// receive it matches has been posted and takes it (the worst case; real
+// transports buffer some). A send's data is read at its posting or at its
+// delivery, at random, as a transport may read it anywhere in between. Returns
+// false (and reports) when they cannot finish: a dependency that never comes,
+// a window or a slot that never frees, a message no receive takes.
+// `crossing[h]` counts the bytes host h sends to other hosts.
+bool interpret(std::vector<Schedule>& schedules, const Topology& t, const ExecutorModel& model, std::mt19937& rng,
+               std::vector<uint64_t>& crossing, const std::string& what) {
   const int P = static_cast<int>(schedules.size());
-  std::vector<std::vector<std::deque<Message>>> wire(P, std::vector<std::deque<Message>>(P));  // [src][dst]
-  // Per rank and peer: the sends to that peer in schedule order, and how many went out.
-  std::vector<std::vector<std::vector<int>>> to(P, std::vector<std::vector<int>>(P));
-  std::vector<std::vector<size_t>> sent(P, std::vector<size_t>(P, 0));
-  std::vector<std::vector<uint8_t>> recv_done(P), send_done(P);
-  // Per rank and peer: the receives from that peer in schedule order, and how many took their message.
-  std::vector<std::vector<std::vector<int>>> from(P, std::vector<std::vector<int>>(P));
-  std::vector<std::vector<size_t>> taken(P, std::vector<size_t>(P, 0));
-  // Per rank: receives whose message arrived, waiting to complete.
-  std::vector<std::vector<std::pair<int, Message>>> arrived(P);
-  for (int r = 0; r < P; ++r) {
+  const size_t Pz = static_cast<size_t>(P);
+  // Per rank and peer: the sends to that peer in schedule order, how many were
+  // posted and how many delivered; the messages posted and not yet delivered.
+  std::vector<std::vector<std::vector<int>>> to(Pz, std::vector<std::vector<int>>(Pz));
+  std::vector<std::vector<size_t>> posted(Pz, std::vector<size_t>(Pz, 0)), delivered(Pz, std::vector<size_t>(Pz, 0));
+  std::vector<std::vector<std::deque<Message>>> wire(Pz, std::vector<std::deque<Message>>(Pz));  // [src][dst]
+  // Per rank and peer: the receives from that peer in schedule order, and how many were posted.
+  std::vector<std::vector<std::vector<int>>> from(Pz, std::vector<std::vector<int>>(Pz));
+  std::vector<std::vector<size_t>> recvs_posted_from(Pz, std::vector<size_t>(Pz, 0));
+  std::vector<std::vector<uint8_t>> recv_done(Pz), send_done(Pz);
+  // Per rank: the next send (device model) and receive to post in schedule
+  // order, sends and direct receives in flight, free slots.
+  std::vector<size_t> next_send(Pz, 0), next_recv(Pz, 0), sends_in_flight(Pz, 0), direct_in_flight(Pz, 0);
+  std::vector<int> free_send_slots(Pz, model.slots), free_recv_slots(Pz, model.slots);
+  // Per rank: receives whose message arrived, waiting to complete (reduce or copy).
+  std::vector<std::vector<std::pair<int, std::vector<char>>>> arrived(Pz);
+  for (size_t r = 0; r < Pz; ++r) {
     recv_done[r].assign(schedules[r].recvs.size(), 0);
     send_done[r].assign(schedules[r].sends.size(), 0);
     for (size_t i = 0; i < schedules[r].recvs.size(); ++i)
-      from[r][schedules[r].recvs[i].peer].push_back(static_cast<int>(i));
+      from[r][static_cast<size_t>(schedules[r].recvs[i].peer)].push_back(static_cast<int>(i));
     for (size_t i = 0; i < schedules[r].sends.size(); ++i)
-      to[r][schedules[r].sends[i].peer].push_back(static_cast<int>(i));
+      to[r][static_cast<size_t>(schedules[r].sends[i].peer)].push_back(static_cast<int>(i));
   }
+  auto recv_takes_slot = [&](const RecvStep& step, size_t es) {
+    return model.per_peer_sends ? step.reduce_out != nullptr : step.count * es > 0;
+  };
   crossing.assign(static_cast<size_t>(t.hosts()), 0);
+  enum Kind { kPostSend, kPostRecv, kDeliver, kComplete };
+  struct Action {
+    Kind kind;
+    int rank;
+    int peer_or_index;
+  };
+  std::vector<Action> actions;
   for (;;) {
     // Every action possible now; one of them, at random, happens.
-    struct Action {
-      int kind;  // 0: post rank's next send to a peer, 1: a message is taken by its receive, 2: a reduction/copy
-                 // completes
-      int rank;
-      int peer_or_index;
-    };
-    std::vector<Action> actions;
+    actions.clear();
     for (int r = 0; r < P; ++r) {
-      const Schedule& s = schedules[r];
-      for (int p = 0; p < P; ++p) {
-        if (sent[r][p] < to[r][p].size()) {
-          const SendStep& step = s.sends[static_cast<size_t>(to[r][p][sent[r][p]])];
-          if (step.after_recv < 0 || recv_done[r][static_cast<size_t>(step.after_recv)]) actions.push_back({0, r, p});
+      const size_t rz = static_cast<size_t>(r);
+      const Schedule& s = schedules[rz];
+      auto ready = [&](int index) {
+        const int after = s.sends[static_cast<size_t>(index)].after_recv;
+        return after < 0 || recv_done[rz][static_cast<size_t>(after)];
+      };
+      if (model.per_peer_sends) {
+        for (size_t p = 0; p < Pz; ++p) {
+          if (posted[rz][p] < to[rz][p].size() && ready(to[rz][p][posted[rz][p]]) &&
+              sendWindowOpen(sends_in_flight[rz], posted[rz][p] - delivered[rz][p], model.window)) {
+            actions.push_back({kPostSend, r, static_cast<int>(p)});
+          }
         }
-        if (!wire[p][r].empty()) actions.push_back({1, r, p});
+      } else if (next_send[rz] < s.sends.size() && ready(static_cast<int>(next_send[rz]))) {
+        const SendStep& step = s.sends[next_send[rz]];
+        if (step.count == 0 || free_send_slots[rz] > 0) actions.push_back({kPostSend, r, step.peer});
       }
-      for (size_t i = 0; i < arrived[r].size(); ++i) {
-        const RecvStep& step = s.recvs[static_cast<size_t>(arrived[r][i].first)];
+      if (next_recv[rz] < s.recvs.size()) {
+        const RecvStep& step = s.recvs[next_recv[rz]];
+        const bool can = recv_takes_slot(step, s.elem_size)
+                             ? free_recv_slots[rz] > 0
+                             : !model.per_peer_sends || direct_in_flight[rz] < kDirectRecvsInFlight;
+        if (can) actions.push_back({kPostRecv, r, 0});
+      }
+      for (size_t p = 0; p < Pz; ++p) {  // the oldest message from p, once its receive is posted
+        if (delivered[p][rz] < posted[p][rz] && delivered[p][rz] < recvs_posted_from[rz][p])
+          actions.push_back({kDeliver, r, static_cast<int>(p)});
+      }
+      for (size_t i = 0; i < arrived[rz].size(); ++i) {
+        const RecvStep& step = s.recvs[static_cast<size_t>(arrived[rz][i].first)];
         const bool wait_recv =
-            step.reduce_after_recv >= 0 && !recv_done[r][static_cast<size_t>(step.reduce_after_recv)];
+            step.reduce_after_recv >= 0 && !recv_done[rz][static_cast<size_t>(step.reduce_after_recv)];
         const bool wait_send =
-            step.reduce_after_send >= 0 && !send_done[r][static_cast<size_t>(step.reduce_after_send)];
-        if (!(step.reduce_out != nullptr && (wait_recv || wait_send))) actions.push_back({2, r, static_cast<int>(i)});
+            step.reduce_after_send >= 0 && !send_done[rz][static_cast<size_t>(step.reduce_after_send)];
+        if (!(step.reduce_out != nullptr && (wait_recv || wait_send)))
+          actions.push_back({kComplete, r, static_cast<int>(i)});
       }
     }
     if (actions.empty()) break;
     const Action a = actions[std::uniform_int_distribution<size_t>(0, actions.size() - 1)(rng)];
-    Schedule& s = schedules[a.rank];
-    if (a.kind == 0) {  // the data is read when the send is posted: the earliest a transport may read it
-      const int index = to[a.rank][a.peer_or_index][sent[a.rank][a.peer_or_index]++];
+    const size_t rz = static_cast<size_t>(a.rank);
+    Schedule& s = schedules[rz];
+    if (a.kind == kPostSend) {
+      const size_t p = static_cast<size_t>(a.peer_or_index);
+      const int index = model.per_peer_sends ? to[rz][p][posted[rz][p]] : static_cast<int>(next_send[rz]++);
       const SendStep& step = s.sends[static_cast<size_t>(index)];
-      Message m{step.offset, step.count, std::vector<char>(step.data, step.data + step.count * s.elem_size)};
-      if (t.host_of[a.rank] != t.host_of[step.peer]) crossing[t.host_of[a.rank]] += m.bytes.size();
-      wire[a.rank][step.peer].push_back(std::move(m));
-      send_done[a.rank][static_cast<size_t>(index)] = 1;
-    } else if (a.kind == 1) {
-      const int p = a.peer_or_index;
-      if (taken[a.rank][p] >= from[a.rank][p].size()) {
-        check(false, what + ": rank " + std::to_string(p) + " sent rank " + std::to_string(a.rank) +
-                         " a message no receive takes");
-        return false;
+      // The device executor copies the data into its send slot at posting.
+      Message m{index, !model.per_peer_sends || (rng() & 1) != 0, {}};
+      if (m.read) m.bytes.assign(step.data, step.data + step.count * s.elem_size);
+      if (!model.per_peer_sends && step.count > 0) --free_send_slots[rz];
+      wire[rz][p].push_back(std::move(m));
+      ++posted[rz][p];
+      ++sends_in_flight[rz];
+    } else if (a.kind == kPostRecv) {
+      const RecvStep& step = s.recvs[next_recv[rz]++];
+      if (recv_takes_slot(step, s.elem_size)) {
+        --free_recv_slots[rz];
+      } else {
+        ++direct_in_flight[rz];
       }
-      const int index = from[a.rank][p][taken[a.rank][p]++];
+      ++recvs_posted_from[rz][static_cast<size_t>(step.peer)];
+    } else if (a.kind == kDeliver) {
+      const size_t p = static_cast<size_t>(a.peer_or_index);
+      Message m = std::move(wire[p][rz].front());
+      wire[p][rz].pop_front();
+      const Schedule& sender = schedules[p];
+      const SendStep& sent = sender.sends[static_cast<size_t>(m.send_index)];
+      if (!m.read) m.bytes.assign(sent.data, sent.data + sent.count * sender.elem_size);
+      const size_t k = delivered[p][rz]++;
+      --sends_in_flight[p];
+      send_done[p][static_cast<size_t>(m.send_index)] = 1;
+      if (!model.per_peer_sends && sent.count > 0) ++free_send_slots[p];
+      if (t.host_of[p] != t.host_of[rz]) crossing[static_cast<size_t>(t.host_of[p])] += m.bytes.size();
+      const int index = from[rz][p][k];
       const RecvStep& step = s.recvs[static_cast<size_t>(index)];
-      Message m = std::move(wire[p][a.rank].front());
-      wire[p][a.rank].pop_front();
-      if (m.offset != step.offset || m.count != step.count) {
+      if (sent.offset != step.offset || sent.count != step.count) {
         check(false, what + ": rank " + std::to_string(a.rank) + " expected offset " + std::to_string(step.offset) +
                          " count " + std::to_string(step.count) + " from rank " + std::to_string(p) + ", got " +
-                         std::to_string(m.offset) + "/" + std::to_string(m.count));
+                         std::to_string(sent.offset) + "/" + std::to_string(sent.count));
         return false;
       }
-      arrived[a.rank].emplace_back(index, std::move(m));
+      arrived[rz].emplace_back(index, std::move(m.bytes));
     } else {
-      auto& entry = arrived[a.rank][static_cast<size_t>(a.peer_or_index)];
+      auto& entry = arrived[rz][static_cast<size_t>(a.peer_or_index)];
       const RecvStep& step = s.recvs[static_cast<size_t>(entry.first)];
-      std::vector<char>& staged = entry.second.bytes;
+      std::vector<char>& staged = entry.second;
       if (step.reduce_out != nullptr) {  // as PipelineExecutor::harvest
         if (step.staged_first) {
           reduceInto(staged.data(), staged.data(), step.reduce_in, step.count, s.op.dtype, s.op.reduce_op);
@@ -134,24 +207,29 @@ bool interpret(std::vector<Schedule>& schedules, const Topology& t, std::mt19937
         } else {
           reduceInto(step.reduce_out, step.reduce_in, staged.data(), step.count, s.op.dtype, s.op.reduce_op);
         }
-        if (step.divide_after) scaleDivide(step.reduce_out, step.count, s.op.dtype, static_cast<size_t>(P));
+        if (step.divide_after) scaleDivide(step.reduce_out, step.count, s.op.dtype, Pz);
       } else if (step.count > 0) {
         std::memcpy(step.direct, staged.data(), staged.size());
       }
-      recv_done[a.rank][static_cast<size_t>(entry.first)] = 1;
-      entry = std::move(arrived[a.rank].back());
-      arrived[a.rank].pop_back();
+      if (recv_takes_slot(step, s.elem_size)) {
+        ++free_recv_slots[rz];
+      } else {
+        --direct_in_flight[rz];
+      }
+      recv_done[rz][static_cast<size_t>(entry.first)] = 1;
+      entry = std::move(arrived[rz].back());
+      arrived[rz].pop_back();
     }
   }
   bool finished = true;
-  for (int r = 0; r < P; ++r) {
-    size_t done = 0, posted = 0;
-    for (uint8_t d : recv_done[r]) done += d;
-    for (uint8_t d : send_done[r]) posted += d;
-    if (posted != schedules[r].sends.size() || done != recv_done[r].size()) {
-      check(false, what + ": rank " + std::to_string(r) + " is stuck (" + std::to_string(posted) + "/" +
-                       std::to_string(schedules[r].sends.size()) + " sends posted, " + std::to_string(done) + "/" +
-                       std::to_string(recv_done[r].size()) + " receives done)");
+  for (size_t r = 0; r < Pz; ++r) {
+    size_t recvs = 0, sends = 0;
+    for (uint8_t d : recv_done[r]) recvs += d;
+    for (uint8_t d : send_done[r]) sends += d;
+    if (sends != schedules[r].sends.size() || recvs != recv_done[r].size()) {
+      check(false, what + " (" + model.name() + "): rank " + std::to_string(r) + " is stuck (" + std::to_string(sends) +
+                       "/" + std::to_string(schedules[r].sends.size()) + " sends delivered, " + std::to_string(recvs) +
+                       "/" + std::to_string(recv_done[r].size()) + " receives done)");
       finished = false;
     }
   }
@@ -185,8 +263,12 @@ void store(char* at, int64_t v, DataType dtype) {
 // One collective (allreduce of `count` elements, allgather or reduce-scatter
 // of `count` per rank) of float32 or int32 on the placement `layout`, `trials`
 // times in random orders.
+// Each trial runs under one executor model: `fixed`, or one drawn from the
+// executors' defaults and their tightest settings (one slot, a window of one).
 void runCase(const std::string& layout, OpKind kind, Algorithm algorithm, DataType dtype, ReduceOp op, size_t count,
-             Segmenter seg, int trials, bool in_place) {
+             Segmenter seg, int trials, bool in_place, const ExecutorModel* fixed = nullptr) {
+  static const std::vector<ExecutorModel> kModels = {{true, kSendWindow, 8}, {true, 1, 1},  {true, 3, 2},
+                                                     {false, 0, 1},          {false, 0, 3}, {false, 0, 8}};
   const Topology t = computeTopology(hostsOf(layout));
   const int P = static_cast<int>(layout.size());
   const size_t es = elementSize(dtype), Pz = static_cast<size_t>(P);
@@ -220,7 +302,7 @@ void runCase(const std::string& layout, OpKind kind, Algorithm algorithm, DataTy
         scratch(P, std::vector<char>(Pz * count * es));
     for (int r = 0; r < P; ++r) {
       for (size_t i = 0; i < in_len; ++i) store(&send[r][i * es], inputValue(r, i, P), dtype);
-      if (kind == OpKind::kAllgather) {  // the op table's local step
+      if (kind == OpKind::kAllgather && count > 0) {  // the op table's local step
         std::memcpy(recv[r].data() + static_cast<size_t>(r) * count * es, send[r].data(), count * es);
       } else if (in_place && kind == OpKind::kAllreduce) {
         recv[r] = send[r];
@@ -260,7 +342,9 @@ void runCase(const std::string& layout, OpKind kind, Algorithm algorithm, DataTy
       }
     }
     std::vector<uint64_t> crossing;
-    if (!interpret(schedules, t, rng, crossing, what + " trial " + std::to_string(trial))) return;
+    const ExecutorModel& model =
+        fixed != nullptr ? *fixed : kModels[std::uniform_int_distribution<size_t>(0, kModels.size() - 1)(rng)];
+    if (!interpret(schedules, t, model, rng, crossing, what + " trial " + std::to_string(trial))) return;
     for (int r = 0; r < P; ++r) {
       check(recv[r] == expected[r],
             what + " trial " + std::to_string(trial) + ": rank " + std::to_string(r) + " has a wrong result");
@@ -318,10 +402,30 @@ void testHierarchicalCollectives() {
         "one host: the ring (" + why + ")");
 }
 
+// More segments per block than the send window holds, under the host
+// executor's defaults: sends to a local peer that wait on its receiver must
+// not take the whole window from the sends to the other host (schedule.h,
+// sendWindowOpen). Before that rule, every rank stalled here.
+void testLongSchedulesUnderTheSendWindow() {
+  const ExecutorModel defaults{true, kSendWindow, 8};
+  const ExecutorModel tight{true, 2, 1};
+  const Algorithm H = Algorithm::kHierarchical;
+  for (const char* layout : {"AABB", "AAAABBBB"}) {
+    runCase(layout, OpKind::kAllreduce, H, DataType::kFloat32, ReduceOp::kSum, 6000, Segmenter{8, 8}, 2, false,
+            &defaults);
+    runCase(layout, OpKind::kAllreduce, H, DataType::kFloat32, ReduceOp::kSum, 600, Segmenter{4, 4}, 2, false, &tight);
+    runCase(layout, OpKind::kReduceScatter, H, DataType::kFloat32, ReduceOp::kSum, 1500, Segmenter{8, 8}, 1, false,
+            &defaults);
+    runCase(layout, OpKind::kAllgather, H, DataType::kFloat32, ReduceOp::kSum, 1500, Segmenter{8, 8}, 1, false,
+            &defaults);
+  }
+}
+
 }  // namespace
 
 int main() {
   try {
+    testLongSchedulesUnderTheSendWindow();
     testHierarchicalCollectives();
   } catch (const std::exception& e) {
     check(false, std::string("unexpected exception: ") + e.what());
