@@ -253,11 +253,19 @@ void Communicator::chooseAlgorithms() {
   const bool fits = topology_.host_order.size() == static_cast<size_t>(size_) && hierarchicalFits(topology_, &why);
   hierarchical_ = fits && config_.algo != Config::Algo::kRing;
   if (hierarchical_) {
-    RCOLL_INFO("rank %d: allgather, reduce_scatter and allreduce above %zu bytes: hierarchical (%s)", rank_,
-               config_.allreduce_rd_bytes, topology_.describe().c_str());
-  } else if (config_.algo == Config::Algo::kHierarchical || (!fits && topology_.hosts() > 1)) {
-    RCOLL_INFO("rank %d: allgather, reduce_scatter and allreduce: the ring in host order, not hierarchical: %s", rank_,
-               fits ? "RCOLL_ALGO=ring" : why.c_str());
+    algorithms_ = strFormat("allgather, reduce_scatter and allreduce above %zu bytes: hierarchical",
+                            config_.allreduce_rd_bytes);
+  } else {
+    algorithms_ = strFormat("allgather, reduce_scatter and allreduce above %zu bytes: the ring in host order",
+                            config_.allreduce_rd_bytes);
+    if (config_.algo == Config::Algo::kRing) {
+      algorithms_ += ", not hierarchical: RCOLL_ALGO=ring";
+    } else if (!why.empty() && (topology_.hosts() > 1 || config_.algo == Config::Algo::kHierarchical)) {
+      algorithms_ += ", not hierarchical: " + why;
+    }
+  }
+  if (hierarchical_ || config_.algo == Config::Algo::kHierarchical || topology_.hosts() > 1) {
+    RCOLL_INFO("rank %d: %s (%s)", rank_, algorithms_.c_str(), topology_.describe().c_str());
   }
 }
 

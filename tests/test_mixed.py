@@ -299,3 +299,33 @@ def test_info_prints_this_hosts_identity_and_the_rule():
     assert out.returncode == 0, out.stderr
     assert "identity    hostid:rack7-node3 (RCOLL_HOSTID)" in out.stdout, out.stdout
     assert "per pair of ranks: shared memory when both have this identity" in out.stdout, out.stdout
+
+
+def test_info_under_a_launcher_prints_the_jobs_topology():
+    """`python -m rcoll info` started by a launcher (RANK, WORLD_SIZE, LOCAL_RANK
+    as torchrun sets them) joins the job: rank 0 prints the topology every rank
+    computed, the algorithms and each rank's edges; each host's local rank 0
+    its machine report; the others nothing. Every rank exits 0, stderr empty."""
+    from rcoll.spawn import free_port
+
+    layout = "ABAB"
+    base = dict(os.environ, PYTHONPATH=_pythonpath(os.environ), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                WORLD_SIZE=str(len(layout)))
+    base.pop("RCOLL_DEBUG", None)
+    procs = []
+    for rank, host in enumerate(layout):
+        env = dict(base, RANK=str(rank), LOCAL_RANK=str(layout[:rank].count(host)), RCOLL_HOSTID=host)
+        procs.append(subprocess.Popen([sys.executable, "-m", "rcoll", "info"], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=120) for p in procs]
+    for rank, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and err == "", (rank, p.returncode, err)
+    report = outs[0][0]
+    assert "job: 4 ranks" in report and "topology    2 hosts: [0 2] [1 3]" in report, report
+    assert "ring order  0 2 1 3" in report, report
+    assert "algorithms  allgather, reduce_scatter and allreduce above" in report and ": hierarchical" in report, report
+    for rank, edges in enumerate([".tst", "t.ts", "st.t", "tst."]):
+        host, local = layout[rank], layout[:rank].count(layout[rank])
+        assert f"rank {rank:<5} host {'AB'.index(host):<4} local {local:<4} {edges}" in report, report
+    assert "identity    hostid:B (RCOLL_HOSTID)" in outs[1][0] and "job:" not in outs[1][0], outs[1][0]
+    assert outs[2][0] == "" and outs[3][0] == "", outs[2:]

@@ -571,10 +571,12 @@ PYBIND11_MODULE(_core, m) {
             d["local_rank"] = t.local_rank;
             d["host_order"] = t.host_order;
             d["text"] = t.describe();
+            d["algorithms"] = c.algorithms();
             return d;
           },
           "Where the ranks are (topology.h): hosts (each host's ranks), host_of, local_rank, host_order (the "
-          "rings' order) and text (\"2 hosts: [0 2] [1 3]\"); every rank computes the same.")
+          "rings' order), text (\"2 hosts: [0 2] [1 3]\") and algorithms (which ones the collectives use, "
+          "and why); every rank computes the same.")
       .def_property_readonly("device_path", &Communicator::devicePath)
       .def_property_readonly("timeout", [](const Communicator& c) { return c.defaultTimeout().count() / 1000.0; })
       .def_property_readonly("chunk_bytes", [](const Communicator& c) { return c.config().chunk_bytes; })

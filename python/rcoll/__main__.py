@@ -1,6 +1,7 @@
 """python -m rcoll info | demo | bench | train
 
-  info   version, build, RDMA library and devices, every RCOLL_* variable
+  info   version, build, RDMA library and devices, every RCOLL_* variable; under a
+         launcher (torchrun -m rcoll info, srun, mpirun) the job's topology too
   demo   a real allreduce / allgather / broadcast between local ranks, checked
          and timed (python -m rcoll demo --world-size 4 --megabytes 16 [--hosts AABB])
   bench  the nccl-tests style sweep: ops x sizes, algbw/busbw, results checked
@@ -27,10 +28,56 @@ def environment_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+_LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+
+
+def _launched() -> bool:
+    """Started by a launcher that gives this process a rank in a job (rcoll._environment)."""
+    from rcoll import _environment
+
+    return any(os.environ.get(name) for name in _environment._RANK_VARS) and \
+        any(os.environ.get(name) for name in _environment._SIZE_VARS)
+
+
+def _job(timeout: float) -> int:
+    """Joins the job the launcher started and, on rank 0, prints what every rank
+    computed from the host identities: hosts, the rings' order, the algorithms
+    and the transport of every edge (an allgather of each rank's edges)."""
+    import numpy as np
+
+    import rcoll
+
+    comm = rcoll.init(timeout=timeout)
+    kinds = ["self", "shm", "tcp", "ib"]
+    mine = np.array([kinds.index(k) for k in comm.transports] if comm.size > 1 else [0], np.int8)
+    edges = comm.allgather(mine)
+    if comm.rank == 0:
+        t = comm.topology
+        print(f"job: {comm.size} ranks, joined by rank 0 ({comm.transport})")
+        print(f"  topology    {t['text']}")
+        print(f"  ring order  {' '.join(map(str, t['host_order']))}")
+        print(f"  algorithms  {t['algorithms']}")
+        print("  edges       each rank's transport to ranks 0.. (. self, s shared memory, t TCP, i verbs)")
+        for r in range(comm.size):
+            print(f"    rank {r:<5} host {t['host_of'][r]:<4} local {t['local_rank'][r]:<4} "
+                  f"{''.join('.sti'[k] for k in edges[r])}")
+    comm.shutdown()
+    return 0
+
+
 def _info(args) -> int:
     if args.environment_markdown:
         sys.stdout.write(environment_markdown())
         return 0
+    join = args.job if args.job is not None else _launched()
+    local = next((os.environ[n] for n in _LOCAL_RANK_VARS if os.environ.get(n)), "0")
+    if join and local != "0":
+        return _job(args.timeout)  # one report of this machine per host is enough
+    _machine()
+    return _job(args.timeout) if join else 0
+
+
+def _machine() -> None:
     import numpy as np
 
     import rcoll
@@ -67,7 +114,6 @@ def _info(args) -> int:
         shown = value if value is not None else f"(unset, default {default or 'none'})"
         print(f"  {name:<{width}} {shown}")
         print(f"  {'':<{width}}   {meaning}")
-    return 0
 
 
 def _print_rdma(report) -> None:
@@ -123,6 +169,10 @@ def main(argv=None) -> int:
     info = sub.add_parser("info", help="version, build and environment")
     info.add_argument("--environment-markdown", action="store_true",
                       help="print only the table of RCOLL_* variables (docs/environment.md)")
+    info.add_argument("--job", action=argparse.BooleanOptionalAction, default=None,
+                      help="join the job of the launcher's environment (RANK/WORLD_SIZE, Slurm, mpirun) and "
+                           "print its topology on rank 0; default: when such a rank is set")
+    info.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for every rank (--job)")
     demo = sub.add_parser("demo", help="run collectives between local ranks and time them")
     demo.add_argument("--world-size", "-n", type=int, default=4)
     demo.add_argument("--megabytes", type=float, default=16.0)

@@ -130,8 +130,9 @@ class Communicator:
     def topology(self) -> dict:
         """Where the ranks are, as every rank computes it from the host identities
         they published: "hosts" (each host's ranks), "host_of", "local_rank",
-        "host_order" (the order rings follow, host by host) and "text"
-        ("2 hosts: [0 2] [1 3]", also in the RCOLL_DEBUG=INFO log)."""
+        "host_order" (the order rings follow, host by host), "text"
+        ("2 hosts: [0 2] [1 3]", also in the RCOLL_DEBUG=INFO log) and
+        "algorithms" (which ones the collectives use, and why)."""
         return dict(self._comm.topology)
 
     @property
