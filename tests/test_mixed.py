@@ -318,7 +318,7 @@ def test_info_under_a_launcher_prints_the_jobs_topology():
         procs.append(subprocess.Popen([sys.executable, "-m", "rcoll", "info"], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=120) for p in procs]
-    for rank, (p, (out, err)) in enumerate(zip(procs, outs)):
+    for rank, (p, (_out, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0 and err == "", (rank, p.returncode, err)
     report = outs[0][0]
     assert "job: 4 ranks" in report and "topology    2 hosts: [0 2] [1 3]" in report, report
