@@ -253,8 +253,8 @@ void Communicator::chooseAlgorithms() {
   const bool fits = topology_.host_order.size() == static_cast<size_t>(size_) && hierarchicalFits(topology_, &why);
   hierarchical_ = fits && config_.algo != Config::Algo::kRing;
   if (hierarchical_) {
-    algorithms_ = strFormat("allgather, reduce_scatter and allreduce above %zu bytes: hierarchical",
-                            config_.allreduce_rd_bytes);
+    algorithms_ =
+        strFormat("allgather, reduce_scatter and allreduce above %zu bytes: hierarchical", config_.allreduce_rd_bytes);
   } else {
     algorithms_ = strFormat("allgather, reduce_scatter and allreduce above %zu bytes: the ring in host order",
                             config_.allreduce_rd_bytes);

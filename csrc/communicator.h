@@ -213,7 +213,7 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   // Allreduces above the recursive doubling size take the hierarchical
   // algorithm (RCOLL_ALGO and hierarchicalFits(topology_)); the same on every rank.
   bool hierarchical_ = false;
-  std::string algorithms_;  // the choice and why, for the log and `python -m rcoll info`
+  std::string algorithms_;              // the choice and why, for the log and `python -m rcoll info`
   const char* op_algorithm_ = "";       // what ran the op in flight, for the timeline
   std::unique_ptr<Timeline> timeline_;  // RCOLL_TIMELINE; outlives the executor and p2p engine below
   std::unique_ptr<Transport> transport_;
