@@ -80,6 +80,12 @@ const std::vector<ConfigVar>& configVars() {
        "microseconds a waiting rank busy-polls its connections (yielding the core between polls) "
        "before it sleeps; `0`: sleep at once (least CPU, more latency)"},
       {"RCOLL_CONNECT_TIMEOUT", "300", "seconds to wait for the store and the peers at start-up"},
+      {"RCOLL_PEER_TIMEOUT", "15",
+       "seconds after which a peer whose host acknowledges nothing (a cut link, a host gone without closing "
+       "its sockets) is declared dead: every socket to a peer gets `TCP_USER_TIMEOUT` and keepalive probes, "
+       "so the op fails with a `PeerError` naming it within this bound, idle or not. A slow process is not "
+       "dead (its kernel still acknowledges); an outage shorter than about half of this is survived. `0`: "
+       "the kernel's defaults (about 15 minutes with data in flight, never on an idle connection)"},
       {"RCOLL_TIMEOUT", "1800", "default per-operation timeout in seconds (`rcoll.init(timeout=...)` overrides)"},
       {"RCOLL_IB_HCA", "",
        "RDMA devices/ports, NCCL-style: `mlx5_0:1,mlx5_1` (name prefixes, optional port), `=mlx5_0` "
@@ -273,6 +279,7 @@ Config Config::fromEnvironment(const Settings& overrides) {
   ifSet("RCOLL_TIMELINE", [&](const char*, S v) { c.timeline = v; });
   ifSet("RCOLL_DEVICE_RUNTIME", [&](const char*, S v) { c.device_runtime = v; });
   ifSet("RCOLL_CONNECT_TIMEOUT", [&](const char* n, S v) { c.connect_timeout = parseSeconds(n, v, false); });
+  ifSet("RCOLL_PEER_TIMEOUT", [&](const char* n, S v) { c.peer_timeout = parseSeconds(n, v, true); });
   ifSet("RCOLL_TIMEOUT", [&](const char* n, S v) { c.timeout = parseSeconds(n, v, false); });
   ifSet("RCOLL_SHUTDOWN_TIMEOUT", [&](const char* n, S v) { c.shutdown_timeout = parseSeconds(n, v, true); });
   return c;

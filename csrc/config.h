@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "socket_util.h"
+
 namespace rcoll {
 
 struct ConfigVar {
@@ -39,9 +41,10 @@ struct Config {
   int pipeline_slots = 8;                // RCOLL_PIPELINE_SLOTS: staging segments in flight
   size_t allreduce_rd_bytes = 32 << 10;  // RCOLL_ALLREDUCE_RD_BYTES: recursive doubling up to this size
   enum class Algo { kAuto, kRing, kHierarchical };
-  Algo algo = Algo::kAuto;               // RCOLL_ALGO: allreduce algorithm above the recursive doubling size
-  std::chrono::microseconds spin{50};    // RCOLL_SPIN_US: busy-poll this long before sleeping
-  size_t socket_buffer_bytes = 0;        // RCOLL_SOCKET_BUFFER_BYTES: 0 = kernel autotuning
+  Algo algo = Algo::kAuto;             // RCOLL_ALGO: allreduce algorithm above the recursive doubling size
+  std::chrono::microseconds spin{50};  // RCOLL_SPIN_US: busy-poll this long before sleeping
+  size_t socket_buffer_bytes = 0;      // RCOLL_SOCKET_BUFFER_BYTES: 0 = kernel autotuning
+  std::chrono::milliseconds peer_timeout{std::chrono::seconds(15)};  // RCOLL_PEER_TIMEOUT: 0 = the kernel's
   int sockets_per_peer = 1;              // RCOLL_SOCKETS_PER_PEER: TCP connections per pair (messages striped)
   std::string socket_ifname;             // RCOLL_SOCKET_IFNAME: interface for data sockets
   std::string transport = "auto";        // RCOLL_TRANSPORT: auto|shm|ib|tcp
@@ -74,6 +77,9 @@ struct Config {
   // RCOLL_DEVICE_RUNTIME are per process).
   static Config fromEnvironment(const Settings& overrides = {});
   std::string describe() const;  // one line for the INFO log
+
+  // How every connection to a peer is set up (peer_listener.h).
+  SocketOptions socketOptions() const { return SocketOptions{socket_buffer_bytes, peer_timeout}; }
 };
 
 // "4M", "65536", "64k" -> bytes. Throws RcollError(kConfig) naming `name`.

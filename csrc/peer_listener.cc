@@ -148,8 +148,9 @@ struct PeerListener::PendingHandshake {
   Deadline deadline;
 };
 
-PeerListener::PeerListener(const ConnectInfo& info, const std::string& bind_host, size_t socket_buffer_bytes, int lanes)
-    : info_(info), socket_buffer_bytes_(socket_buffer_bytes), lanes_(lanes) {
+PeerListener::PeerListener(const ConnectInfo& info, const std::string& bind_host, const SocketOptions& options,
+                           int lanes)
+    : info_(info), options_(options), lanes_(lanes) {
   sockaddr_storage addr{};
   unsigned len = 0;
   if (!resolveHost(bind_host, 0, &addr, &len)) {
@@ -288,8 +289,7 @@ int PeerListener::accept(Deadline deadline, const std::vector<bool>& connected, 
     if (fds[0].revents & POLLIN) {
       int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd >= 0) {
-        setNoDelay(fd);
-        setBufferSizes(fd, socket_buffer_bytes_);
+        applySocketOptions(fd, options_);
         auto p = std::make_unique<PendingHandshake>();
         p->fd = fd;
         p->from = peerName(fd);
@@ -303,7 +303,7 @@ int PeerListener::accept(Deadline deadline, const std::vector<bool>& connected, 
 }
 
 int dialPeer(const ConnectInfo& info, int peer, const std::string& address, Deadline deadline,
-             size_t socket_buffer_bytes, int lane, int lanes) {
+             const SocketOptions& options, int lane, int lanes) {
   std::string host;
   int port = 0;
   sockaddr_storage addr{};
@@ -316,8 +316,7 @@ int dialPeer(const ConnectInfo& info, int peer, const std::string& address, Dead
   while (std::chrono::steady_clock::now() < deadline) {
     int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) throwError(ErrorKind::kPeer, "socket(): " + errnoText(errno));
-    setNoDelay(fd);
-    setBufferSizes(fd, socket_buffer_bytes);
+    applySocketOptions(fd, options);
     if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
       why = errnoText(errno);
       ::close(fd);

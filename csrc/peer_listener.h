@@ -26,7 +26,7 @@ namespace rcoll {
 class PeerListener {
  public:
   // `lanes`: sockets per peer that this rank expects (and dials); 1 for verbs.
-  PeerListener(const ConnectInfo& info, const std::string& bind_host, size_t socket_buffer_bytes, int lanes = 1);
+  PeerListener(const ConnectInfo& info, const std::string& bind_host, const SocketOptions& options, int lanes = 1);
   ~PeerListener();
   PeerListener(const PeerListener&) = delete;
   PeerListener& operator=(const PeerListener&) = delete;
@@ -48,7 +48,7 @@ class PeerListener {
   bool serviceHandshake(PendingHandshake& pending, const std::vector<bool>& connected, int* peer);
 
   ConnectInfo info_;
-  size_t socket_buffer_bytes_;
+  SocketOptions options_;
   int lanes_;
   int listen_fd_ = -1;
   std::string address_;
@@ -61,7 +61,7 @@ class PeerListener {
 // not that rank of this job, RcollError(kConfig) if it expects another number
 // of sockets per peer.
 int dialPeer(const ConnectInfo& info, int peer, const std::string& address, Deadline deadline,
-             size_t socket_buffer_bytes, int lane = 0, int lanes = 1);
+             const SocketOptions& options, int lane = 0, int lanes = 1);
 
 // An abort message's header: kAbort, the sender's ErrorKind and text length.
 WireHeader makeAbortHeader(const ConnectInfo& info, ErrorKind kind, size_t text_bytes);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <climits>
 #include <cstring>
 
@@ -126,16 +127,29 @@ void setNonBlocking(int fd, bool on) {
   fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK));
 }
 
-void setNoDelay(int fd) {
+void applySocketOptions(int fd, const SocketOptions& options) {
+  // Best effort: a refused option costs speed or detection time, never correctness.
   int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
-void setBufferSizes(int fd, size_t bytes) {
-  if (bytes == 0) return;
-  int value = bytes > static_cast<size_t>(INT_MAX) ? INT_MAX : static_cast<int>(bytes);
-  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &value, sizeof(value));
-  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &value, sizeof(value));
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (options.buffer_bytes > 0) {
+    int value = options.buffer_bytes > static_cast<size_t>(INT_MAX) ? INT_MAX : static_cast<int>(options.buffer_bytes);
+    (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &value, sizeof(value));
+    (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &value, sizeof(value));
+  }
+  const long long total_ms = options.dead_after.count();
+  if (total_ms <= 0) return;
+  // Unacknowledged data fails the socket after 2/3 of the bound. An idle
+  // connection is probed after 1/3 of it, then every 1/6: the kernel drops it
+  // at the first unanswered probe past the user timeout, so by 5/6 of the bound.
+  const unsigned user_timeout_ms = static_cast<unsigned>(std::min<long long>(total_ms * 2 / 3, INT_MAX));
+  const int idle_s = static_cast<int>(std::max<long long>(1, total_ms / 3000));
+  const int interval_s = static_cast<int>(std::max<long long>(1, total_ms / 6000));
+  const int probes = 3;
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms));
+  (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s));
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
 }
 
 static bool waitFor(int fd, short events, Deadline deadline, std::string* why) {

@@ -34,8 +34,21 @@ std::string sourceAddressFor(const std::string& host);
 std::string peerName(int fd);
 
 void setNonBlocking(int fd, bool on);
-void setNoDelay(int fd);
-void setBufferSizes(int fd, size_t bytes);  // no-op when bytes == 0
+
+// How every connection between ranks is set up (peer_listener.h): the TCP,
+// shared-memory and verbs transports all hold one per peer.
+struct SocketOptions {
+  size_t buffer_bytes = 0;  // SO_SNDBUF and SO_RCVBUF; 0: the kernel's autotuning (RCOLL_SOCKET_BUFFER_BYTES)
+  // A peer whose host acknowledges nothing for this long is dead
+  // (RCOLL_PEER_TIMEOUT): a cut link or a vanished host is then seen in
+  // seconds, not after the kernel's retransmissions (15 minutes) or never
+  // (an idle connection). A slow process is not dead: its kernel still acknowledges. 0: the kernel's defaults.
+  std::chrono::milliseconds dead_after{0};
+};
+// TCP_NODELAY, the buffer sizes, and for dead_after: TCP_USER_TIMEOUT (data
+// unacknowledged) and keepalive probes (an idle connection), so that either
+// fails the socket within dead_after.
+void applySocketOptions(int fd, const SocketOptions& options);
 
 // Blocking-with-deadline helpers for the handshake phase. They return false on
 // EOF, error or expiry, with errno-style text in *why.

@@ -70,7 +70,7 @@ TcpTransport::TcpTransport(const ConnectInfo& info, const Config& config, const 
     : info_(info),
       config_(config),
       lanes_(std::max(1, config.sockets_per_peer)),
-      listener_(std::make_unique<PeerListener>(info, bind_host, config.socket_buffer_bytes, lanes_)),
+      listener_(std::make_unique<PeerListener>(info, bind_host, config.socketOptions(), lanes_)),
       connections_(static_cast<size_t>(info.size) * static_cast<size_t>(lanes_)),
       posted_(static_cast<size_t>(info.size)) {
   listen_address_ = listener_->address();
@@ -99,8 +99,7 @@ bool TcpTransport::connected(int peer) const {
 
 void TcpTransport::adopt(int peer, int lane, int fd) {
   setNonBlocking(fd, true);
-  setNoDelay(fd);
-  setBufferSizes(fd, config_.socket_buffer_bytes);
+  applySocketOptions(fd, config_.socketOptions());  // again: adoptConnectedSocket's sockets came from elsewhere
   auto conn = std::make_unique<Connection>();
   conn->fd = fd;
   conn->peer = peer;
@@ -121,7 +120,7 @@ void TcpTransport::adoptConnectedSocket(int peer, int fd) {
 
 void TcpTransport::connect(int peer, const std::string& address, Deadline deadline) {
   for (int k = 0; k < lanes_; ++k) {
-    adopt(peer, k, dialPeer(info_, peer, address, deadline, config_.socket_buffer_bytes, k, lanes_));
+    adopt(peer, k, dialPeer(info_, peer, address, deadline, config_.socketOptions(), k, lanes_));
   }
 }
 

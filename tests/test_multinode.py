@@ -10,7 +10,6 @@ job's last line and nothing else on stderr (tests/launch.py).
 Skipped, saying why, where namespaces cannot be made (not root, no iproute2);
 CI is root. The recipe for real hosts is in docs/launching.md."""
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import launch
 import pytest
+from emulated_hosts import TwoHosts, netns_unavailable
 
 pytestmark = pytest.mark.slow  # two torchrun agents, four torch ranks
 
@@ -30,53 +30,10 @@ ADDRS = ["198.18.7.1", "198.18.7.2"]
 TORCH_WARNINGS = (r"\[c10d\] The hostname of the client socket cannot be retrieved",)
 
 
-def _netns_unavailable():
-    if os.geteuid() != 0:
-        return "needs root to create network namespaces"
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "iproute2 (`ip`, `tc`) is not installed"
-    return None
-
-
-def _sh(*cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    assert r.returncode == 0, f"`{' '.join(cmd)}` failed: {r.stderr.strip()}"
-
-
-class TwoHosts:
-    """Two network namespaces joined by a veth pair, each end shaped to `rate`."""
-
-    def __init__(self, rate="1gbit"):
-        tag = f"rcoll-mn-{os.getpid()}"
-        self.spaces = [f"{tag}-a", f"{tag}-b"]
-        self.rate = rate
-
-    def __enter__(self):
-        try:
-            for ns in self.spaces:
-                _sh("ip", "netns", "add", ns)
-                _sh("ip", "-n", ns, "link", "set", "lo", "up")
-            _sh("ip", "-n", self.spaces[0], "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns",
-                self.spaces[1])
-            for ns, addr in zip(self.spaces, ADDRS):
-                _sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
-                _sh("ip", "-n", ns, "link", "set", "eth0", "up")
-                _sh("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate",
-                    self.rate, "burst", "256kb", "latency", "50ms")
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc):
-        for ns in self.spaces:  # deleting a namespace deletes its end of the veth, and so the pair
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-
-
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("options", [[], ["--hook", "fp16", "--no-sync"]], ids=["ddp", "fp16_hook_no_sync"])
 def test_torchrun_two_nodes_ddp_job_exits_cleanly(tmp_path, options):
-    why = _netns_unavailable()
+    why = netns_unavailable()
     if why:
         pytest.skip(why)
     port = launch.free_port()

@@ -21,6 +21,15 @@ namespace rcoll {
 
 namespace {
 
+// The side channel carries handshakes and abort messages, not data: default
+// buffers, but the same dead-peer bound as every connection (a cut link is
+// seen there while the queue pairs only retry).
+SocketOptions sideChannelOptions(const Config& config) {
+  SocketOptions options = config.socketOptions();
+  options.buffer_bytes = 0;
+  return options;
+}
+
 constexpr uint32_t kQpInfoMagic = 0x50514352;  // "RCQP"
 constexpr size_t kCtrlBytes = 128;             // one control slot
 constexpr int kWantRecvSlots = 128;            // posted receives per peer (credits, data immediates)
@@ -134,7 +143,7 @@ VerbsTransport::VerbsTransport(const ConnectInfo& info, const Config& config, co
       info_(info),
       config_(config),
       port_(port),
-      listener_(std::make_unique<PeerListener>(info, bind_host, 0)),
+      listener_(std::make_unique<PeerListener>(info, bind_host, sideChannelOptions(config))),
       connections_(static_cast<size_t>(info.size)) {
   auto fail = [&](const std::string& what) {
     throwError(ErrorKind::kConfig, strFormat("rank %d: RDMA device %s: %s failed: %s", info_.rank, port_.device.c_str(),
@@ -247,7 +256,7 @@ bool VerbsTransport::connected(int peer) const {
 }
 
 void VerbsTransport::connect(int peer, const std::string& address, Deadline deadline) {
-  setUpConnection(peer, dialPeer(info_, peer, address, deadline, 0), deadline);
+  setUpConnection(peer, dialPeer(info_, peer, address, deadline, sideChannelOptions(config_)), deadline);
 }
 
 int VerbsTransport::accept(Deadline deadline) {

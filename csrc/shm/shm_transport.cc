@@ -84,7 +84,7 @@ ShmTransport::ShmTransport(const ConnectInfo& info, const Config& config, const 
     : info_(info),
       config_(config),
       ring_bytes_(config.shm_ring_bytes),
-      listener_(std::make_unique<PeerListener>(info, bind_host, config.socket_buffer_bytes)),
+      listener_(std::make_unique<PeerListener>(info, bind_host, config.socketOptions())),
       connections_(static_cast<size_t>(info.size)) {
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   doorbell_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -134,7 +134,7 @@ void ShmTransport::connect(int peer, const std::string& address, Deadline deadli
   if (peer < 0 || peer >= info_.size || peer == info_.rank || connected(peer)) {
     throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: connect(%d): not a free peer slot", info_.rank, peer));
   }
-  adopt(peer, dialPeer(info_, peer, address, deadline, config_.socket_buffer_bytes), deadline, /*creator=*/false);
+  adopt(peer, dialPeer(info_, peer, address, deadline, config_.socketOptions()), deadline, /*creator=*/false);
 }
 
 int ShmTransport::accept(Deadline deadline) {
