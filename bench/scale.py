@@ -3,6 +3,8 @@
 
     python bench/scale.py --ranks 64,128,256 --ranks-per-host 1,8 [--json out.json]
 
+(rcoll installed, or PYTHONPATH=python in a checkout with the core built.)
+
 Each configuration starts P ranks as threads (the core releases the GIL while
 it blocks, as tests/rank_threads.py relies on), in as few worker processes as
 the per-process descriptor limit allows (every rank holds sockets), every
@@ -37,11 +39,8 @@ import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
-
-import rcoll  # noqa: E402
-from rcoll.spawn import free_port  # noqa: E402
+import rcoll  # an installed rcoll, or PYTHONPATH=<checkout>/python with the core built there
+from rcoll.spawn import free_port
 
 
 def _sockets() -> int:

@@ -64,8 +64,16 @@ def test_every_rank_computes_the_same_topology(layout):
                 "local_rank": [layout[:r].count(layout[r]) for r in range(len(layout))],
                 "host_order": [r for h in hosts for r in h],
                 "text": f"{len(hosts)} hosts: " + " ".join("[" + " ".join(map(str, h)) + "]" for h in hosts)}
+    # Equal hosts of two or more ranks take the hierarchical algorithms; uneven ones the ring, saying why.
+    uneven = len({len(h) for h in hosts}) > 1
     for rank, topology in enumerate(rank_threads.run(w.topology, len(layout), timeout=60, env=_hosts(layout))):
+        algorithms = topology.pop("algorithms")
         assert topology == expected, (rank, topology)
+        if uneven:
+            assert "the ring in host order, not hierarchical:" in algorithms and "different numbers" in algorithms, \
+                algorithms
+        else:
+            assert algorithms.endswith(": hierarchical"), algorithms
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
