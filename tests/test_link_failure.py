@@ -4,7 +4,8 @@ allreduces of 4 MiB in a loop, then one host's end of the link taken down.
 Every rank, on both sides, must raise a PeerError naming a rank of the other
 host within RCOLL_PEER_TIMEOUT (here 6 s), then shut down and exit 0; nobody
 waits for the op timeout (120 s). A link down for one second is survived: the
-job completes with every result right. Skipped, saying why, where namespaces
+job completes with every result right, and so does a job whose rank sleeps
+for more than three times the bound (slow is not dead). Skipped, saying why, where namespaces
 cannot be made (not root, no iproute2); CI is root."""
 import json
 import os
@@ -25,7 +26,7 @@ ADDRS = ("198.18.9.1", "198.18.9.2")
 HOST_OF = [0, 0, 1, 1]  # 2 x 2
 
 
-def _start(hosts, tmp_path, ops):
+def _start(hosts, tmp_path, ops, slow=None):
     port = launch.free_port()
     env = launch._clean_env({})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(os.path.dirname(
@@ -36,7 +37,7 @@ def _start(hosts, tmp_path, ops):
     procs = []
     for rank, host in enumerate(HOST_OF):
         cmd = ["ip", "netns", "exec", hosts.spaces[host], sys.executable, os.path.join(HERE, "link_worker.py"),
-               str(ready), str(ops)]
+               str(ready), str(ops), *([slow] if slow else [])]
         procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(rank)), stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     deadline = time.monotonic() + 60
@@ -102,6 +103,24 @@ def test_a_link_down_for_one_second_is_survived(tmp_path):
         hosts.link(1, up=False)
         time.sleep(1.0)
         hosts.link(1, up=True)
+        reports = _finish(procs, 120)
+    for report, err in reports:
+        assert report["error"] is None, (report, err[-2000:])
+        assert report["ops"] == ops and report["wrong"] == 0, report
+        assert err.strip() == "", (report["rank"], err[-3000:])
+
+
+@pytest.mark.timeout(200)
+def test_a_slow_rank_is_not_declared_dead(tmp_path):
+    """Rank 3 sleeps 3.5 x RCOLL_PEER_TIMEOUT before its second allreduce while
+    the others wait in theirs, on idle connections across the link: its kernel
+    answers the keepalive probes, so nobody fails and every result is right."""
+    why = netns_unavailable()
+    if why:
+        pytest.skip(why)
+    ops = 20
+    with TwoHosts(addrs=ADDRS, tag="slow") as hosts:
+        procs = _start(hosts, tmp_path, ops=ops, slow=f"3:{3.5 * PEER_TIMEOUT}")
         reports = _finish(procs, 120)
     for report, err in reports:
         assert report["error"] is None, (report, err[-2000:])
