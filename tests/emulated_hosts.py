@@ -7,6 +7,8 @@ import os
 import shutil
 import subprocess
 
+import pytest
+
 
 def netns_unavailable():
     """Why namespaces cannot be made here, or None (CI is root)."""
@@ -15,6 +17,12 @@ def netns_unavailable():
     if shutil.which("ip") is None or shutil.which("tc") is None:
         return "iproute2 (`ip`, `tc`) is not installed"
     return None
+
+
+def needs_netns():
+    """A pytest mark: the test is skipped, saying why, where namespaces cannot be made."""
+    why = netns_unavailable()
+    return pytest.mark.skipif(why is not None, reason=why or "")
 
 
 def sh(*cmd):

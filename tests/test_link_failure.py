@@ -16,9 +16,9 @@ import time
 
 import launch
 import pytest
-from emulated_hosts import TwoHosts, netns_unavailable
+from emulated_hosts import TwoHosts, needs_netns
 
-pytestmark = pytest.mark.slow  # emulated hosts, seconds of detection per trial
+pytestmark = [pytest.mark.slow, needs_netns()]  # emulated hosts, seconds of detection per trial
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEER_TIMEOUT = 6.0
@@ -66,9 +66,6 @@ def _finish(procs, limit):
 
 @pytest.mark.timeout(300)
 def test_a_cut_link_fails_every_rank_within_the_peer_timeout(tmp_path):
-    why = netns_unavailable()
-    if why:
-        pytest.skip(why)
     trials = int(os.environ.get("RCOLL_TEST_TRIALS", "3"))
     detection = []
     for trial in range(trials):
@@ -93,9 +90,6 @@ def test_a_cut_link_fails_every_rank_within_the_peer_timeout(tmp_path):
 
 @pytest.mark.timeout(200)
 def test_a_link_down_for_one_second_is_survived(tmp_path):
-    why = netns_unavailable()
-    if why:
-        pytest.skip(why)
     ops = 150
     with TwoHosts(addrs=ADDRS, tag="blip") as hosts:
         procs = _start(hosts, tmp_path, ops=ops)
@@ -115,9 +109,6 @@ def test_a_slow_rank_is_not_declared_dead(tmp_path):
     """Rank 3 sleeps 3.5 x RCOLL_PEER_TIMEOUT before its second allreduce while
     the others wait in theirs, on idle connections across the link: its kernel
     answers the keepalive probes, so nobody fails and every result is right."""
-    why = netns_unavailable()
-    if why:
-        pytest.skip(why)
     ops = 20
     with TwoHosts(addrs=ADDRS, tag="slow") as hosts:
         procs = _start(hosts, tmp_path, ops=ops, slow=f"3:{3.5 * PEER_TIMEOUT}")

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import launch
 import pytest
-from emulated_hosts import TwoHosts, netns_unavailable
+from emulated_hosts import TwoHosts, needs_netns
 
-pytestmark = pytest.mark.slow  # two torchrun agents, four torch ranks
+pytestmark = [pytest.mark.slow, needs_netns()]  # two torchrun agents, four torch ranks
 
 torch = pytest.importorskip("torch")
 
@@ -33,9 +33,6 @@ TORCH_WARNINGS = (r"\[c10d\] The hostname of the client socket cannot be retriev
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("options", [[], ["--hook", "fp16", "--no-sync"]], ids=["ddp", "fp16_hook_no_sync"])
 def test_torchrun_two_nodes_ddp_job_exits_cleanly(tmp_path, options):
-    why = netns_unavailable()
-    if why:
-        pytest.skip(why)
     port = launch.free_port()
     torchrun = str(Path(sys.executable).parent / "torchrun")
     # Gloo (the job's reference replica) finds its interface by name; rcoll

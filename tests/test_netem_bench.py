@@ -6,32 +6,21 @@ algorithm must move. Skipped, saying why, where namespaces cannot be made
 (not root, no iproute2); CI is root."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
+from emulated_hosts import needs_netns
 
 import rcoll
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-pytestmark = pytest.mark.slow  # namespaces, a shaped link, two backends
-
-
-def _netns_unavailable():
-    if os.geteuid() != 0:
-        return "needs root to create network namespaces"
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "iproute2 (`ip`, `tc`) is not installed"
-    return None
+pytestmark = [pytest.mark.slow, needs_netns()]  # namespaces, a shaped link, two backends
 
 
 @pytest.mark.timeout(300)
 def test_hierarchical_allreduce_on_emulated_hosts_moves_what_it_must(tmp_path):
-    why = _netns_unavailable()
-    if why:
-        pytest.skip(why)
     out = tmp_path / "netem.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (os.path.dirname(os.path.dirname(rcoll.__file__)), os.environ.get("PYTHONPATH")) if p))
