@@ -1,5 +1,7 @@
 #include "communicator.h"
 
+#include <algorithm>
+
 #include "device_staging_executor.h"
 #include "error.h"
 #include "log.h"
@@ -558,6 +560,17 @@ void Communicator::shutdown(std::chrono::milliseconds grace) {
 std::string Communicator::poisonMessage() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return poison_message_;
+}
+
+ErrorKind Communicator::poisonKind() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return poison_kind_;
+}
+
+std::vector<int> Communicator::lostPeers() const {
+  std::vector<int> lost = transport_ ? transport_->lostPeers() : std::vector<int>{};
+  std::sort(lost.begin(), lost.end());
+  return lost;
 }
 
 }  // namespace rcoll

@@ -25,6 +25,7 @@
 #include "config.h"
 #include "device_runtime.h"
 #include "dtype.h"
+#include "error.h"
 #include "schedule.h"
 #include "store.h"
 #include "topology.h"
@@ -161,8 +162,13 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   // RCOLL_SHUTDOWN_TIMEOUT, 10 s) to finish, aborts what is left, and closes the
   // connections. Safe from any thread; later calls raise.
   void shutdown(std::chrono::milliseconds grace = {});
-  // "" while healthy, else the first error.
+  // "" while healthy, else the first error, and its kind.
   std::string poisonMessage() const;
+  ErrorKind poisonKind() const;
+  // Thread-safe: the ranks whose connections died under this one (closed,
+  // reset, unreachable), sorted; not those that reported their own failure.
+  // What a shrink leaves out without waiting for them (python/rcoll/shrink.py).
+  std::vector<int> lostPeers() const;
 
  private:
   struct Op {

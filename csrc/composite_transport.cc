@@ -256,6 +256,14 @@ void CompositeTransport::abortPeers(ErrorKind kind, const std::string& message) 
   for (auto& child : children_) child->abortPeers(kind, message);
 }
 
+std::vector<int> CompositeTransport::lostPeers() const {
+  std::vector<int> lost;
+  for (const auto& child : children_) {
+    for (int peer : child->lostPeers()) lost.push_back(peer);
+  }
+  return lost;  // the children serve disjoint peers: no duplicates
+}
+
 // --- published addresses ---------------------------------------------------------
 
 std::string listenAddresses(const Transport& transport) {

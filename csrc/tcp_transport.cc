@@ -188,11 +188,12 @@ Request* TcpTransport::post(TcpRequest* r) {
   return r;
 }
 
-void TcpTransport::failConnection(Connection& c, ErrorKind kind, const std::string& message) {
+void TcpTransport::failConnection(Connection& c, ErrorKind kind, const std::string& message, bool peer_reported) {
   // Only a mismatch (or a local abort) leaves the socket usable: it can still
   // carry our abort message to the peer. Everything else means it is gone.
   if (kind != ErrorKind::kMismatch && kind != ErrorKind::kAborted) c.socket_broken = true;
   if (c.failed) return;
+  if (kind == ErrorKind::kPeer && !peer_reported) markLost(c.peer);
   // The lanes to a peer carry one ordered stream between them: when one fails,
   // they all do, with its cause (the others stay usable for our abort message).
   const TransportFailure failure{kind, message};
@@ -315,7 +316,7 @@ bool TcpTransport::driveRecvs(Connection& c) {
       }
       c.socket_broken = true;  // the peer has stopped: no point in answering it
       failConnection(c, errorKindFromWire(c.in_header.error_kind),
-                     strFormat("rank %d failed: %s", c.peer, validUtf8(c.abort_text).c_str()));
+                     strFormat("rank %d failed: %s", c.peer, validUtf8(c.abort_text).c_str()), true);
       return true;
     }
     // 3. A data message: it must match the oldest posted receive.

@@ -84,7 +84,9 @@ class TcpTransport : public Transport {
   ssize_t readStream(Connection& c, char* dst, size_t want);
   bool wantsRead(const Connection& c) const;
   bool lastOpenLane(const Connection& c) const;  // no other lane to c's peer can still bring a message
-  void failConnection(Connection& c, ErrorKind kind, const std::string& message);  // every lane of c's peer
+  // Every lane of c's peer. `peer_reported`: the peer told us why it failed (an
+  // abort message), so it is not lost (Transport::lostPeers).
+  void failConnection(Connection& c, ErrorKind kind, const std::string& message, bool peer_reported = false);
   void failLane(Connection& c, const TransportFailure& failure);
   void finish(TcpRequest* r, Request::State state, const TransportFailure* why);
   bool finishPartialSend(Connection& c, Deadline deadline);

@@ -12,10 +12,12 @@
 
 #include <poll.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -149,8 +151,25 @@ class Transport {
   // "connection closed", then stops all traffic.
   virtual void abortPeers(ErrorKind kind, const std::string& message) = 0;
 
+  // Thread-safe: the ranks whose connection died under this transport (closed,
+  // reset, unreachable past RCOLL_PEER_TIMEOUT, garbage), not those that told
+  // us they failed and why: a shrink leaves them out without waiting for them.
+  virtual std::vector<int> lostPeers() const {
+    std::lock_guard<std::mutex> lock(lost_mutex_);
+    return lost_;
+  }
+
+ protected:
+  // Called by a transport where it learns that `peer`'s connection is gone.
+  void markLost(int peer) {
+    std::lock_guard<std::mutex> lock(lost_mutex_);
+    if (std::find(lost_.begin(), lost_.end(), peer) == lost_.end()) lost_.push_back(peer);
+  }
+
  private:
   std::vector<bool> served_;  // empty: every peer
+  mutable std::mutex lost_mutex_;
+  std::vector<int> lost_;
 };
 
 }  // namespace rcoll

@@ -466,7 +466,21 @@ PYBIND11_MODULE(_core, m) {
 #endif
   );
 
-  py::class_<Store, std::shared_ptr<Store>>(m, "Store");
+  // The calls rendezvous makes, the same on every store (a shrink agrees on its survivors through them).
+  py::class_<Store, std::shared_ptr<Store>>(m, "Store")
+      .def("set",
+           [](Store& s, const std::string& key, const py::bytes& value) {
+             std::string v = value;
+             withoutGil([&] { s.set(key, std::vector<uint8_t>(v.begin(), v.end())); });
+           })
+      .def(
+          "get",
+          [](Store& s, const std::string& key, double timeout) {
+            std::vector<uint8_t> v = withoutGil([&] { return s.get(key, toMillis(timeout)); });
+            return py::bytes(reinterpret_cast<const char*>(v.data()), v.size());
+          },
+          "Blocks until `key` exists (raises rcoll.TimeoutError after `timeout` seconds).")
+      .def("add", releasingGil(&Store::add));
   py::class_<PythonStore, Store, std::shared_ptr<PythonStore>>(m, "PythonStore")
       .def(py::init<py::object>(), py::arg("store"),
            "Adapts a Python store (torch.distributed.Store or set/get/add duck type) for rendezvous.");
@@ -482,17 +496,6 @@ PYBIND11_MODULE(_core, m) {
              return std::make_shared<TcpStoreClient>(host, port, toMillis(timeout));
            })),
            py::arg("host"), py::arg("port"), py::arg("timeout"))
-      .def("set",
-           [](TcpStoreClient& s, const std::string& key, const py::bytes& value) {
-             std::string v = value;
-             withoutGil([&] { s.set(key, std::vector<uint8_t>(v.begin(), v.end())); });
-           })
-      .def("get",
-           [](TcpStoreClient& s, const std::string& key, double timeout) {
-             std::vector<uint8_t> v = withoutGil([&] { return s.get(key, toMillis(timeout)); });
-             return py::bytes(reinterpret_cast<const char*>(v.data()), v.size());
-           })
-      .def("add", releasingGil(&TcpStoreClient::add))
       .def("check", releasingGil(&TcpStoreClient::check))
       .def_property_readonly("local_address", &TcpStoreClient::localAddress);
 
@@ -761,6 +764,17 @@ PYBIND11_MODULE(_core, m) {
       .def("shutdown", releasingGil([](Communicator& c, double grace) { c.shutdown(toMillis(grace)); }),
            py::arg("grace") = 0.0)
       .def("poison_message", &Communicator::poisonMessage)
+      .def_property_readonly("lost_peers", &Communicator::lostPeers)
+      .def(
+          "error",
+          [](const Communicator& c) -> py::
+                                        object {
+                                          const std::string message = c.poisonMessage();
+                                          if (message.empty()) return py::none();
+                                          return py::reinterpret_borrow<py::object>(
+                                              g_errors[static_cast<int>(c.poisonKind())])(message);
+                                        },
+          "The error that ended this communicator, as an rcoll.RcollError instance; None while it is healthy.")
       .def_property_readonly("caches_registrations", &Communicator::cachesRegistrations)
       .def("invalidate_memory", releasingGil([](Communicator& c, uintptr_t data, size_t bytes) {
              c.invalidateMemory(reinterpret_cast<const void*>(data), bytes);

@@ -809,7 +809,7 @@ void VerbsTransport::serviceSideChannel(Connection& c) {
       return;
     case SideChannelNews::Kind::kAbort:
       c.socket_broken = true;  // the peer has stopped: no point in answering it
-      failConnection(c, news.abort_kind, strFormat("rank %d failed: %s", c.peer, news.text.c_str()));
+      failConnection(c, news.abort_kind, strFormat("rank %d failed: %s", c.peer, news.text.c_str()), true);
       return;
   }
 }
@@ -819,6 +819,7 @@ void VerbsTransport::serviceSideChannel(Connection& c) {
 // and exited before our NIC saw the ack), so they finish or fail on their own.
 void VerbsTransport::peerClosed(Connection& c) {
   if (c.failed || c.closed) return;
+  markLost(c.peer);
   c.closed = true;
   c.failure = {ErrorKind::kPeer,
                strFormat("rank %d closed its connection (its process exited, crashed or was killed)", c.peer)};
@@ -833,8 +834,9 @@ void VerbsTransport::peerClosed(Connection& c) {
   if (c.in_flight.empty()) failConnection(c, c.failure.kind, c.failure.message);
 }
 
-void VerbsTransport::failConnection(Connection& c, ErrorKind kind, const std::string& message) {
+void VerbsTransport::failConnection(Connection& c, ErrorKind kind, const std::string& message, bool peer_reported) {
   if (c.failed) return;
+  if (kind == ErrorKind::kPeer && !peer_reported) markLost(c.peer);
   c.failed = true;
   c.failure = {kind, message};
   // The error state stops the NIC writing into receive buffers before they are

@@ -106,7 +106,8 @@ class VerbsTransport : public Transport {
   void onData(Connection& c, uint64_t seq);
   void serviceSideChannel(Connection& c);
   void peerClosed(Connection& c);
-  void failConnection(Connection& c, ErrorKind kind, const std::string& message);
+  // `peer_reported`: the peer told us why it failed (an abort), so it is not lost (Transport::lostPeers).
+  void failConnection(Connection& c, ErrorKind kind, const std::string& message, bool peer_reported = false);
   std::string completionError(const Connection& c, const ibv_wc& wc) const;
 
   const IbvApi& api_;

@@ -288,7 +288,7 @@ Request* ShmTransport::post(ShmRequest* r) {
     // The peer is gone, but what it wrote before going is still in the ring
     // (as a TCP socket still delivers what arrived before the FIN).
     driveRecvs(*c);
-    if (!c->failed && !c->recvs.empty()) failConnection(*c, c->failure.kind, c->failure.message);
+    if (!c->failed && !c->recvs.empty()) failConnection(*c, c->failure.kind, c->failure.message, true);
   }
   return r;
 }
@@ -599,7 +599,7 @@ void ShmTransport::serviceSideChannel(Connection& c) {
       return;
     case SideChannelNews::Kind::kAbort:
       c.socket_broken = true;  // the peer has stopped: no point in answering it
-      peerClosed(c, {news.abort_kind, strFormat("rank %d failed: %s", c.peer, news.text.c_str())});
+      peerClosed(c, {news.abort_kind, strFormat("rank %d failed: %s", c.peer, news.text.c_str())}, true);
       return;
   }
 }
@@ -607,19 +607,21 @@ void ShmTransport::serviceSideChannel(Connection& c) {
 // The peer's process is gone (or it aborted): it will never read or write
 // again. Unfinished sends fail; receives complete from what it wrote before it
 // went, and those that cannot fail at once with `why`.
-void ShmTransport::peerClosed(Connection& c, const TransportFailure& why) {
+void ShmTransport::peerClosed(Connection& c, const TransportFailure& why, bool peer_reported) {
   if (c.failed || c.closed) return;
+  if (why.kind == ErrorKind::kPeer && !peer_reported) markLost(c.peer);
   c.closed = true;
   c.failure = why;
   for (ShmRequest* r : c.sends) finish(r, Request::State::kFailed, &c.failure);
   c.sends.clear();
   driveRecvs(c);
-  if (!c.failed && !c.recvs.empty()) failConnection(c, why.kind, why.message);
+  if (!c.failed && !c.recvs.empty()) failConnection(c, why.kind, why.message, true);  // marked above
   RCOLL_INFO("rank %d: shared-memory connection to rank %d closed: %s", info_.rank, c.peer, why.message.c_str());
 }
 
-void ShmTransport::failConnection(Connection& c, ErrorKind kind, const std::string& message) {
+void ShmTransport::failConnection(Connection& c, ErrorKind kind, const std::string& message, bool peer_reported) {
   if (c.failed) return;
+  if (kind == ErrorKind::kPeer && !peer_reported) markLost(c.peer);
   c.failed = true;
   c.failure = {kind, message};
   for (ShmRequest* r : c.sends) finish(r, Request::State::kFailed, &c.failure);

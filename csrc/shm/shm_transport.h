@@ -135,8 +135,9 @@ class ShmTransport : public Transport {
   void takeInterrupt();
 
   void serviceSideChannel(Connection& c);
-  void peerClosed(Connection& c, const TransportFailure& why);
-  void failConnection(Connection& c, ErrorKind kind, const std::string& message);
+  // `peer_reported`: the peer told us why it failed (an abort), so it is not lost (Transport::lostPeers).
+  void peerClosed(Connection& c, const TransportFailure& why, bool peer_reported = false);
+  void failConnection(Connection& c, ErrorKind kind, const std::string& message, bool peer_reported = false);
 
   ConnectInfo info_;
   Config config_;

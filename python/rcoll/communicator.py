@@ -11,6 +11,7 @@ from ._buffers import address, as_array, displacements, dtype_code, reduce_op_co
 from ._environment import launcher_store, resolve
 from ._in_flight import InFlight
 from ._registrations import RegistrationTracker
+from .shrink import survivors
 
 
 class Handle:
@@ -95,12 +96,16 @@ class Communicator:
             store = _core.TcpStore(master_addr, master_port, connect_timeout)
         bind_hint = getattr(store, "local_address", "") or ""
         if not isinstance(store, _core.Store):
+            store = _core.PythonStore(store)
+        if isinstance(store, _core.PythonStore):
             # A caller's store (torch.distributed.Store, ...): bind data sockets to
             # the address that routes to MASTER_ADDR.
-            store = _core.PythonStore(store)
             bind_hint = _core.source_address_for(master_addr)
         self._store = store
         self._comm = _core.Communicator(store, rank, world_size, name, float(timeout or 0), bind_hint, settings)
+        # What a shrink needs to build the survivors' communicator like this one.
+        self._name, self._timeout_arg, self._settings, self._master_addr = name, timeout, settings, master_addr
+        self._connect_timeout = connect_timeout
         self._registrations = (RegistrationTracker(self._comm.invalidate_memory)
                                if self._comm.caches_registrations else None)
         self._in_flight = InFlight()
@@ -548,6 +553,31 @@ class Communicator:
         (default RCOLL_SHUTDOWN_TIMEOUT, 10 s), aborts what is left, closes the
         connections. Safe from any thread."""
         self._comm.shutdown(float(grace or 0))
+
+    def shrink(self, exclude=None, *, timeout: Optional[float] = None) -> "Communicator":
+        """The communicator of the survivors, after a rank failed: call it on every
+        surviving rank (typically on catching rcoll.PeerError). It ends this
+        communicator (its pending ops fail, the peers are told) and returns a new
+        one whose ranks are the survivors in their old order (new rank = position
+        among them), with this one's settings and timeout; shrink it again after
+        another failure.
+
+        `exclude`: the ranks to leave out, the same list on every survivor (those
+        ranks must not call shrink); no waiting, as NCCL's ncclCommShrink. Without
+        it the survivors agree through the rendezvous store: ranks whose
+        connections died are left out at once, any other rank is waited for until
+        `timeout` (default RCOLL_CONNECT_TIMEOUT) and left out if it does not come
+        (python/rcoll/shrink.py). The store must outlive the failed ranks: under
+        torchrun the agent hosts it; rcoll's own store lives in rank 0's process,
+        so without torchrun a failure of rank 0 cannot be shrunk past (pass
+        store= a store hosted elsewhere)."""
+        name = f"{self._name}/shrink"
+        members = survivors(self._comm, self._store, f"rcoll-shrink/{name}", exclude,
+                            float(timeout or self._connect_timeout), "store=")
+        shrunk = Communicator(members.index(self.rank), len(members), store=self._store, name=name,
+                              master_addr=self._master_addr, timeout=self._timeout_arg, settings=self._settings)
+        shrunk._server, self._server = self._server, None  # rank 0's store serves the survivors too
+        return shrunk
 
     def __enter__(self):
         return self

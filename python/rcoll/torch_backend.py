@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import os
 from datetime import timedelta
-from typing import List
+from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -29,6 +29,7 @@ from . import _core, _device
 from ._buffers import displacements
 from ._registrations import RegistrationTracker
 from ._torch_work import RcollWork, _combined, _done_work, _FinishedWork
+from .shrink import survivors
 
 BACKEND_NAME = "rcoll"
 
@@ -207,6 +208,7 @@ class RcollProcessGroup(dist.ProcessGroup):
         self._group_desc = ""
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout or 0)
         # torch hands each group its own (prefixed) store, so one name suffices.
+        self._store = store  # shrink() agrees on the survivors through it
         self._comm = _core.Communicator(_core.PythonStore(store), rank, size, "torch", seconds, _bind_hint(store))
         self._registrations = (RegistrationTracker(self._comm.invalidate_memory)
                                if self._comm.caches_registrations else None)
@@ -726,11 +728,17 @@ class RcollProcessGroup(dist.ProcessGroup):
         return finish
 
     # -- life cycle ---------------------------------------------------------------
+    # What fault-tolerant trainers (torchft's ProcessGroup) call on a group.
     def abort(self):
         self._comm.abort("torch called ProcessGroup.abort()")
 
     def shutdown(self):
         self._comm.shutdown()
+
+    def errored(self) -> Optional[Exception]:
+        """The error that ended this group (an rcoll.RcollError: PeerError for a
+        dead or unreachable peer), or None while it is healthy."""
+        return self._comm.error()
 
 
 # ---------------------------------------------------------------------------------------
@@ -741,12 +749,37 @@ def device_path(group=None) -> str:
     moved its data: "cuda-ipc" (device to device, every rank on one host),
     "gdr" (GPUDirect RDMA over verbs), "staging" (pinned host memory over the
     network) or "none" yet."""
+    return _rcoll_group(group, "device_path", "cuda")._comm.device_path
+
+
+def _rcoll_group(group, what, device="cpu"):
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     if not isinstance(pg, RcollProcessGroup):
-        pg = pg._get_backend(torch.device("cuda"))
+        pg = pg._get_backend(torch.device(device))
     if not isinstance(pg, RcollProcessGroup):
-        raise ValueError(f"{group!r} is not an rcoll process group")
-    return pg._comm.device_path
+        raise ValueError(f"{what}: {group!r} is not an rcoll process group")
+    return pg
+
+
+def shrink(*, exclude=None, timeout: Optional[float] = None) -> Tuple[int, int]:
+    """After a rank of the default group failed (an op raised rcoll.PeerError),
+    call this on every survivor: they agree on who is left (as
+    rcoll.Communicator.shrink(), through the group's store, which torchrun's
+    agent hosts), the default group is destroyed and a new one of the survivors
+    made on a fresh store prefix, with the same timeout. Returns (new rank, new
+    world size); ranks keep their order. Rebuild what holds the old group (DDP,
+    optimizer state sharded across it) afterwards. `exclude`: the ranks to leave
+    out, the same on every survivor, with no agreement (they must not call it).
+    `timeout` (default 60 s): how long to wait for a rank no one saw die."""
+    pg = _rcoll_group(None, "shrink")
+    members = survivors(pg._comm, _core.PythonStore(pg._store), "rcoll-shrink", exclude,
+                        float(timeout or 60.0), "init_process_group(store=...)")
+    rank, timeout_td, store = members.index(pg._rank), pg._timeout, pg._store
+    dist.destroy_process_group()
+    # pg's store is the old group's own prefix: nested once more, new for every shrink.
+    dist.init_process_group(BACKEND_NAME, store=dist.PrefixStore("rcoll-survivors", store), rank=rank,
+                            world_size=len(members), timeout=timeout_td)
+    return rank, len(members)
 
 
 def _create_process_group(store, rank, size, timeout):

@@ -229,6 +229,7 @@ void testPeerDies(bool kill) {
   CHECK(f.kind == ErrorKind::kPeer);
   CHECK(contains(f.message, "rank 1 closed its connection (its process exited, crashed or was killed)"));
   CHECK(contains(t0->failure(send).message, "rank 1 closed its connection"));
+  CHECK(t0->lostPeers() == std::vector<int>{1});   // what a shrink leaves out without waiting
   CHECK(std::count(in.begin(), in.end(), 7) > 0);  // it was mid-transfer
   const double latency = static_cast<double>(failed_ns - death_ns) * 1e-9;
   std::printf("peer %s mid-transfer: the pending receive failed %.1f ms later: %s\n", kill ? "SIGKILLed" : "_exited",
@@ -495,6 +496,7 @@ void testAbort() {
   peer.join();
   CHECK(seen.kind == ErrorKind::kMismatch);
   CHECK(seen.message == "rank 0 failed: " + text);
+  CHECK(w[1]->lostPeers().empty());  // it told us: not lost
   std::printf("abort reached the peer after %.0f ms: %s\n", waited * 1e3 - 200, seen.message.c_str());
   CHECK(waited < 2.0);
   CHECK(own->state == Request::State::kFailed && w[0]->failure(own).kind == ErrorKind::kAborted);
@@ -515,6 +517,7 @@ void testAbort() {
   CHECK(f.kind == ErrorKind::kPeer);
   CHECK(f.message.size() <= std::string("rank 0 failed: ").size() + 4096 && f.message.size() > 4000);
   CHECK(f.message.find("\xEF\xBF\xBD") == std::string::npos);  // no broken character
+  CHECK(v[1]->lostPeers().empty());
   v[1]->release(r);
 }
 
