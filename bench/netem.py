@@ -144,17 +144,25 @@ def netem_available():
         subprocess.run(["ip", "netns", "del", probe], capture_output=True)
 
 
+def remove_namespace(ns):
+    """Kills whatever still runs in network namespace `ns`, then deletes it, taking
+    its veth ends and bridges with it (also tests/emulated_hosts.py's). Returns
+    the number of processes killed and why it could not be deleted, or ""."""
+    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+    r = subprocess.run(["ip", "netns", "del", ns], capture_output=True, text=True)
+    return len(pids), r.stderr.strip() if r.returncode != 0 else ""
+
+
 def cleanup_leftovers():
     names = [line.split()[0] for line in sh("ip", "netns", "list").splitlines() if line.startswith(PREFIX)]
     for n in names:
-        pids = subprocess.run(["ip", "netns", "pids", n], capture_output=True, text=True).stdout.split()
-        for pid in pids:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except (OSError, ValueError):
-                pass
-        subprocess.run(["ip", "netns", "del", n], capture_output=True)
-        print(f"deleted namespace {n}" + (f" (killed {len(pids)} processes in it)" if pids else ""))
+        killed, _ = remove_namespace(n)
+        print(f"deleted namespace {n}" + (f" (killed {killed} processes in it)" if killed else ""))
     if not names:
         print(f"no namespace named {PREFIX}* found")
 
@@ -247,17 +255,9 @@ class Cluster:
     def close(self):
         self.kill_all()
         for ns in reversed(self.created):
-            # anything still inside (it should not be) is killed, then the namespace goes,
-            # taking its veth ends and the bridge with it
-            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (OSError, ValueError):
-                    pass
-            r = subprocess.run(["ip", "netns", "del", ns], capture_output=True, text=True)
-            if r.returncode != 0:
-                print(f"warning: could not delete namespace {ns}: {r.stderr.strip()}", file=sys.stderr)
+            _, why = remove_namespace(ns)  # anything still inside (it should not be) is killed
+            if why:
+                print(f"warning: could not delete namespace {ns}: {why}", file=sys.stderr)
         self.created = []
 
 

@@ -530,6 +530,9 @@ void Communicator::stopThread() {
   queue_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   if (p2p_) p2p_->stop();
+  // The peers were told why this communicator failed: let them read it before
+  // the connections close (bounded; nothing to do otherwise).
+  if (transport_ && peers_told_) transport_->settleAbort();
   // Both threads are gone, so nothing writes to the timeline any more: close it.
   std::lock_guard<std::mutex> lock(mutex_);
   if (timeline_) {

@@ -256,6 +256,10 @@ void CompositeTransport::abortPeers(ErrorKind kind, const std::string& message) 
   for (auto& child : children_) child->abortPeers(kind, message);
 }
 
+void CompositeTransport::settleAbort() {
+  for (auto& child : children_) child->settleAbort();
+}
+
 std::vector<int> CompositeTransport::lostPeers() const {
   std::vector<int> lost;
   for (const auto& child : children_) {

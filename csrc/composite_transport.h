@@ -76,6 +76,7 @@ class CompositeTransport : public Transport {
   void release(Request* request) override;
   void interrupt() override;
   void abortPeers(ErrorKind kind, const std::string& message) override;
+  void settleAbort() override;
   std::vector<int> lostPeers() const override;  // every child's
 
  private:

@@ -4,6 +4,8 @@
 #include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <linux/sockios.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -497,6 +499,57 @@ void TcpTransport::abortPeers(ErrorKind kind, const std::string& message) {
   // written send) the loop above still needed.
   for (auto& c : connections_) {
     if (c) failConnection(*c, ErrorKind::kAborted, "the communicator was aborted: " + message);
+  }
+}
+
+// The abort message waits in each socket's send queue, perhaps behind
+// megabytes of payload on a slow link. Closing a socket with unread input
+// resets the connection, which throws away what it still had to send, and the
+// peer would see "connection reset" instead of the reason. So, bounded: keep
+// reading (and dropping) what the peer sends until everything sent here is
+// acknowledged (SIOCOUTQ 0) and the peer has gone quiet (it read the abort
+// and stopped sending) or closed.
+void TcpTransport::settleAbort() {
+  if (!aborted_ || settled_) return;
+  settled_ = true;
+  constexpr auto kQuiet = std::chrono::milliseconds(50);
+  const Deadline deadline = std::chrono::steady_clock::now() + kAbortLinger;
+  struct Open {
+    int fd;
+    std::chrono::steady_clock::time_point heard;
+  };
+  std::vector<Open> open;
+  for (auto& c : connections_) {
+    if (c && c->fd >= 0) open.push_back({c->fd, std::chrono::steady_clock::now()});
+  }
+  std::vector<char> sink(64 << 10);
+  std::vector<pollfd> fds;
+  while (!open.empty() && std::chrono::steady_clock::now() < deadline) {
+    fds.clear();
+    for (const Open& o : open) fds.push_back({o.fd, POLLIN, 0});
+    ::poll(fds.data(), fds.size(), 10);
+    const auto now = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < open.size();) {
+      bool closed = false;
+      for (;;) {
+        const ssize_t n = ::recv(open[i].fd, sink.data(), sink.size(), MSG_DONTWAIT);
+        if (n > 0) {
+          open[i].heard = now;
+          continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        closed = n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
+        break;
+      }
+      int unsent = 0;
+      const bool delivered = ::ioctl(open[i].fd, SIOCOUTQ, &unsent) == 0 && unsent == 0;
+      if (closed || (delivered && now - open[i].heard >= kQuiet)) {
+        open[i] = open.back();
+        open.pop_back();
+      } else {
+        ++i;
+      }
+    }
   }
 }
 

@@ -58,6 +58,7 @@ class TcpTransport : public Transport {
   void release(Request* request) override;
   void interrupt() override;
   void abortPeers(ErrorKind kind, const std::string& message) override;
+  void settleAbort() override;
 
   // For tests and fuzzers (tests/fuzz): takes ownership of an already-connected
   // socket as the next free lane to `peer`, skipping the handshake. Throws
@@ -102,6 +103,7 @@ class TcpTransport : public Transport {
   RequestLifecycle<TcpRequest> requests_;
   std::vector<pollfd> poll_fds_;  // progress() scratch
   bool aborted_ = false;
+  bool settled_ = false;  // settleAbort() ran
 };
 
 }  // namespace rcoll

@@ -150,6 +150,10 @@ class Transport {
   // and why, so that they fail with the original cause instead of a bare
   // "connection closed", then stops all traffic.
   virtual void abortPeers(ErrorKind kind, const std::string& message) = 0;
+  // After abortPeers(), before the connections close (bounded, a no-op
+  // otherwise): waits until the peers can have read the abort message, where
+  // closing too early would throw it away.
+  virtual void settleAbort() {}
 
   // Thread-safe: the ranks whose connection died under this transport (closed,
   // reset, unreachable past RCOLL_PEER_TIMEOUT, garbage), not those that told

@@ -9,15 +9,11 @@ job's last line and nothing else on stderr (tests/launch.py).
 
 Skipped, saying why, where namespaces cannot be made (not root, no iproute2);
 CI is root. The recipe for real hosts is in docs/launching.md."""
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import launch
 import pytest
-from emulated_hosts import TwoHosts, needs_netns
+from emulated_hosts import TwoHosts, needs_netns, torchrun_on_hosts
 
 pytestmark = [pytest.mark.slow, needs_netns()]  # two torchrun agents, four torch ranks
 
@@ -33,39 +29,11 @@ TORCH_WARNINGS = (r"\[c10d\] The hostname of the client socket cannot be retriev
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("options", [[], ["--hook", "fp16", "--no-sync"]], ids=["ddp", "fp16_hook_no_sync"])
 def test_torchrun_two_nodes_ddp_job_exits_cleanly(tmp_path, options):
-    port = launch.free_port()
-    torchrun = str(Path(sys.executable).parent / "torchrun")
     # Gloo (the job's reference replica) finds its interface by name; rcoll
     # binds to the address that reaches the rendezvous store by itself.
-    env = launch._clean_env({"GLOO_SOCKET_IFNAME": "eth0"})
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(os.path.dirname(
-        __import__("rcoll").__file__)), env.get("PYTHONPATH")) if p)
-    with TwoHosts() as hosts:
-        agents = []
-        for node, (ns, addr) in enumerate(zip(hosts.spaces, ADDRS)):
-            log_dir = tmp_path / f"node{node}"
-            cmd = ["ip", "netns", "exec", ns, torchrun, "--nnodes", "2", "--nproc-per-node", "2",
-                   "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{ADDRS[0]}:{port}", "--rdzv-id", f"rcoll-{port}",
-                   # The endpoint's address is on this namespace's eth0, which torch's
-                   # hostname check cannot see: say which node hosts the store.
-                   "--rdzv-conf", f"is_host={int(node == 0)}",
-                   "--local-addr", addr, "--log-dir", str(log_dir), "--redirects", "3",
-                   str(JOURNEYS / "ddp.py"), *options]
-            agents.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        deadline = time.monotonic() + 300
-        outputs = []
-        try:
-            for node, agent in enumerate(agents):
-                try:
-                    out, err = agent.communicate(timeout=max(1.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    raise AssertionError(f"node {node}'s torchrun did not end within 300 s") from None
-                outputs.append((agent.returncode, err))
-        finally:
-            for agent in agents:
-                if agent.poll() is None:
-                    agent.kill()
-                    agent.wait()
+    with TwoHosts(addrs=ADDRS) as hosts:
+        outputs = torchrun_on_hosts(hosts, JOURNEYS / "ddp.py", tmp_path, nproc=2, host_args=[options, options],
+                                    env={"GLOO_SOCKET_IFNAME": "eth0"})
     ranks = []
     for node in range(2):
         for d in sorted((tmp_path / f"node{node}").glob("*/attempt_*/*"), key=lambda p: int(p.name)):
