@@ -1,6 +1,8 @@
 #include "mesh.h"
 
+#include <algorithm>
 #include <cstring>
+#include <random>
 #include <thread>
 
 #include "agreed_settings.h"
@@ -37,6 +39,7 @@ class MeshBuilder {
   Mesh take() { return std::move(mesh_); }
 
  private:
+  std::string freshPrefix(Store& store, const std::string& base, Deadline deadline);
   std::vector<HostEntry> exchangeHosts(Store& store, const std::string& prefix, Deadline deadline);
   bool agreeOnVerbs(Store& store, const std::string& prefix, Deadline deadline, const std::vector<HostEntry>& hosts,
                     IbPortChoice* port);
@@ -49,11 +52,7 @@ class MeshBuilder {
 
 void MeshBuilder::build(Store& store, const std::string& bind_hint) {
   const auto deadline = std::chrono::steady_clock::now() + mesh_.config.connect_timeout;
-  // Each set of ranks that joins under this name gets its own generation, so a
-  // communicator re-created on the same store never reads stale keys.
-  std::string base = "rcoll/" + name_ + "/";
-  int64_t joined = store.add(base + "joined", 1);
-  std::string prefix = base + std::to_string((joined - 1) / size_) + "/";
+  const std::string prefix = freshPrefix(store, "rcoll/" + name_ + "/", deadline);
 
   JobInfo job{};
   if (rank_ == 0) {
@@ -172,6 +171,56 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
 // and so choose alike for every edge. RCOLL_TRANSPORT=shm asks for shared
 // memory on every edge: a rank elsewhere (or one that will not) is a
 // ConfigError naming it, never a silent fallback.
+// Each set of ranks that creates a communicator of this name on this store
+// gets keys of its own, so that it never reads another's. Keys cannot be
+// deleted, and a launcher that restarts a job (torchrun) hands the new workers
+// the same store with the keys of the earlier attempts in it, which may have
+// been cut short anywhere (a worker killed before it joined): counting joins
+// cannot tell the attempts apart. So rank 0 takes a new epoch from a counter;
+// every other rank reads the counter and proves the epoch current with a ping
+// that this epoch's rank 0 answers. The rank 0 of an earlier epoch is gone and
+// stays silent: the rank then reads the counter again, until the new rank 0
+// has taken its epoch. The polls are add(key, 0), which never block: a
+// caller's store (torch's TCPStore) logs every get that times out.
+std::string MeshBuilder::freshPrefix(Store& store, const std::string& base, Deadline deadline) {
+  const std::string epochs = base + "epochs";
+  if (rank_ == 0) {
+    const std::string prefix = base + std::to_string(store.add(epochs, 1)) + "/";
+    for (int r = 1; r < size_; ++r) {
+      std::vector<uint8_t> ping;
+      try {
+        ping = store.get(prefix + strFormat("ping/%d", r), std::chrono::milliseconds(millisecondsUntil(deadline)));
+      } catch (const RcollError& e) {
+        if (e.kind() != ErrorKind::kTimeout) throw;
+        throwError(ErrorKind::kTimeout, strFormat("rank 0: rendezvous: rank %d did not join communicator '%s' (%s)", r,
+                                                  name_.c_str(), e.what()));
+      }
+      store.add(prefix + strFormat("pong/%d", r), std::stoll(fromBytes(ping)));
+    }
+    return prefix;
+  }
+  std::random_device random;
+  const int64_t nonce = static_cast<int64_t>((uint64_t{random()} << 31 ^ random()) | 1);  // never 0: "no pong yet"
+  int64_t pinged = 0;
+  auto poll = std::chrono::milliseconds(1);
+  for (;;) {
+    const int64_t epoch = store.add(epochs, 0);  // 0: no rank 0 has come yet
+    const std::string prefix = base + std::to_string(epoch) + "/";
+    if (epoch != 0 && epoch != pinged) {
+      store.set(prefix + strFormat("ping/%d", rank_), toBytes(std::to_string(nonce)));
+      pinged = epoch;
+    }
+    if (epoch != 0 && store.add(prefix + strFormat("pong/%d", rank_), 0) == nonce) return prefix;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      throwError(ErrorKind::kTimeout,
+                 strFormat("rank %d: rendezvous: rank 0 of communicator '%s' did not answer: %s", rank_, name_.c_str(),
+                           timedOut(std::chrono::duration<double>(mesh_.config.connect_timeout).count()).c_str()));
+    }
+    std::this_thread::sleep_for(poll);
+    poll = std::min(poll * 2, std::chrono::milliseconds(100));
+  }
+}
+
 std::vector<HostEntry> MeshBuilder::exchangeHosts(Store& store, const std::string& prefix, Deadline deadline) {
   const HostEntry mine = thisHost(mesh_.config);
   store.set(prefix + "host/" + std::to_string(rank_), toBytes(encodeHostEntry(mine)));

@@ -129,7 +129,8 @@ def _stray_clients(port, stop, errors):
 
 def _knock(port, stop):
     store = _core.TcpStore("127.0.0.1", port, 30)
-    published = store.get("rcoll/default/0/addr/0", 30).decode()  # "kind=host:port", one per transport
+    # A fresh store: the first epoch (csrc/mesh.cc freshPrefix); "kind=host:port", one per transport.
+    published = store.get("rcoll/default/1/addr/0", 30).decode()
     host, p = published.split()[0].split("=", 1)[1].rsplit(":", 1)
     held = []
 
@@ -226,7 +227,7 @@ class _StoreThatTimesOut:
         pass
 
     def add(self, key, delta):
-        return 1 if key.endswith("joined") else delta
+        return delta
 
     def get(self, key):
         raise TimeoutError(f"no key {key}")
@@ -234,7 +235,7 @@ class _StoreThatTimesOut:
 
 def test_a_caller_store_timeout_is_an_rcoll_timeout():
     with pytest.raises(rcoll.TimeoutError, match="rendezvous store raised"):
-        rcoll.Communicator(1, 2, store=_StoreThatTimesOut())
+        rcoll.Communicator(0, 2, store=_StoreThatTimesOut())  # rank 0 waits (get) for rank 1 to join
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

@@ -52,8 +52,10 @@ def launcher_store(master_addr: str, master_port: int, timeout: float):
     torchrun's agent hosts a torch TCPStore on MASTER_PORT itself (and says so
     with TORCHELASTIC_USE_AGENT_STORE=True), so rank 0 cannot host rcoll's own
     there: rcoll joins torchrun's as a client, as torch's env:// rendezvous
-    does, under a prefix of its own per run and restart (a restarted group
-    never reads an earlier attempt's keys)."""
+    does, under a prefix of its own per run. A restarted group reuses the
+    store with the earlier attempts' keys in it; the rendezvous itself keeps
+    the attempts apart (csrc/mesh.cc freshPrefix). The restart count cannot:
+    torchrun's agents count restarts differently on different hosts."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
         return None
     if str(master_addr) != os.environ.get("MASTER_ADDR") or str(master_port) != os.environ.get("MASTER_PORT"):
@@ -63,6 +65,4 @@ def launcher_store(master_addr: str, master_port: int, timeout: float):
     import torch.distributed as dist  # torchrun comes with torch
 
     store = dist.TCPStore(master_addr, master_port, is_master=False, timeout=timedelta(seconds=timeout))
-    prefix = "rcoll/{}/{}".format(os.environ.get("TORCHELASTIC_RUN_ID", "run"),
-                                  os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    return dist.PrefixStore(prefix, store)
+    return dist.PrefixStore("rcoll/{}".format(os.environ.get("TORCHELASTIC_RUN_ID", "run")), store)
