@@ -100,8 +100,7 @@ bool TcpTransport::connected(int peer) const {
 }
 
 void TcpTransport::adopt(int peer, int lane, int fd) {
-  setNonBlocking(fd, true);
-  applySocketOptions(fd, config_.socketOptions());  // again: adoptConnectedSocket's sockets came from elsewhere
+  setNonBlocking(fd, true);  // dialPeer() and the listener applied the socket options already
   auto conn = std::make_unique<Connection>();
   conn->fd = fd;
   conn->peer = peer;
@@ -117,6 +116,7 @@ void TcpTransport::adoptConnectedSocket(int peer, int fd) {
   }
   int k = 0;
   while (laneTo(peer, k) != nullptr) ++k;
+  applySocketOptions(fd, config_.socketOptions());  // the socket came from elsewhere
   adopt(peer, k, fd);
 }
 
