@@ -40,6 +40,7 @@ class MeshBuilder {
 
  private:
   std::string freshPrefix(Store& store, const std::string& base, Deadline deadline);
+  std::vector<std::string> allGather(Store& store, const std::string& key, const std::string& mine, Deadline deadline);
   std::vector<HostEntry> exchangeHosts(Store& store, const std::string& prefix, Deadline deadline);
   bool agreeOnVerbs(Store& store, const std::string& prefix, Deadline deadline, const std::vector<HostEntry>& hosts,
                     IbPortChoice* port);
@@ -134,24 +135,26 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
   shm_settings = &p2p_shm_config;
   network_settings = &p2p_network_config;
   auto p2p_transport = makeTransport(p2p_info);
-  store.set(prefix + "addr/" + std::to_string(rank_), toBytes(listenAddresses(*mesh_.transport)));
-  store.set(prefix + "p2paddr/" + std::to_string(rank_), toBytes(listenAddresses(*p2p_transport)));
+  // One string per rank: its two meshes' addresses, each "kind=host:port ...".
+  const std::string mine = listenAddresses(*mesh_.transport) + "\n" + listenAddresses(*p2p_transport);
+  const std::vector<std::string> addresses = allGather(store, prefix + "addr", mine, deadline);
 
   // Connect to every lower rank, accept every higher one: lower ranks never wait
   // on higher ones, so the set-up cannot deadlock (composite_transport.h: nor
   // with one listener per transport).
-  auto connectMesh = [&](Transport& transport, const std::string& key) {
+  auto connectMesh = [&](Transport& transport, bool p2p) {
     for (int peer = 0; peer < rank_; ++peer) {
-      int ms = millisecondsUntil(deadline);
-      std::string published = fromBytes(store.get(prefix + key + std::to_string(peer), std::chrono::milliseconds(ms)));
+      const std::string& both = addresses[static_cast<size_t>(peer)];
+      const size_t newline = both.find('\n');
+      const std::string published = p2p ? both.substr(newline + 1) : both.substr(0, newline);
       transport.connect(peer, pickAddress(published, mesh_.peer_transports[static_cast<size_t>(peer)], rank_, peer),
                         deadline);
     }
     for (int accepted = 0; accepted < size_ - 1 - rank_; ++accepted) transport.accept(deadline);
     transport.closeListener();
   };
-  connectMesh(*mesh_.transport, "addr/");
-  connectMesh(*p2p_transport, "p2paddr/");
+  connectMesh(*mesh_.transport, false);
+  connectMesh(*p2p_transport, true);
   if (auto* shm = dynamic_cast<ShmTransport*>(mesh_.transport.get())) {
     if (ShmCollectives::available(*shm, size_)) {
       mesh_.shm_coll =
@@ -221,15 +224,44 @@ std::string MeshBuilder::freshPrefix(Store& store, const std::string& base, Dead
   }
 }
 
+// Every rank's `mine`, indexed by rank, the same on every rank. Rank 0 reads
+// each rank's key and publishes the whole table under one key, which every
+// other rank reads once: 2P store requests in all, not P^2 (docs/scale.md).
+// Entries are length-prefixed, so any bytes may be in them.
+std::vector<std::string> MeshBuilder::allGather(Store& store, const std::string& key, const std::string& mine,
+                                                Deadline deadline) {
+  auto timeout = [&] { return std::chrono::milliseconds(millisecondsUntil(deadline)); };
+  std::vector<std::string> all(static_cast<size_t>(size_));
+  if (rank_ != 0) {
+    store.set(key + "/" + std::to_string(rank_), toBytes(mine));
+    const std::string table = fromBytes(store.get(key, timeout()));
+    size_t at = 0;
+    for (auto& entry : all) {
+      const size_t colon = table.find(':', at);
+      if (colon == std::string::npos) {
+        throwError(ErrorKind::kPeer,
+                   strFormat("rank %d: rendezvous: a malformed table under '%s'", rank_, key.c_str()));
+      }
+      const size_t length = std::stoul(table.substr(at, colon - at));
+      entry = table.substr(colon + 1, length);
+      at = colon + 1 + length;
+    }
+    return all;
+  }
+  std::string table;
+  for (int r = 0; r < size_; ++r) {
+    all[static_cast<size_t>(r)] = r == 0 ? mine : fromBytes(store.get(key + "/" + std::to_string(r), timeout()));
+    table += std::to_string(all[static_cast<size_t>(r)].size()) + ":" + all[static_cast<size_t>(r)];
+  }
+  store.set(key, toBytes(table));
+  return all;
+}
+
 std::vector<HostEntry> MeshBuilder::exchangeHosts(Store& store, const std::string& prefix, Deadline deadline) {
   const HostEntry mine = thisHost(mesh_.config);
-  store.set(prefix + "host/" + std::to_string(rank_), toBytes(encodeHostEntry(mine)));
-  std::vector<HostEntry> hosts(static_cast<size_t>(size_));
-  for (int r = 0; r < size_; ++r) {
-    hosts[static_cast<size_t>(r)] =
-        r == rank_ ? mine
-                   : decodeHostEntry(fromBytes(store.get(prefix + "host/" + std::to_string(r),
-                                                         std::chrono::milliseconds(millisecondsUntil(deadline)))));
+  std::vector<HostEntry> hosts;
+  for (const std::string& entry : allGather(store, prefix + "host", encodeHostEntry(mine), deadline)) {
+    hosts.push_back(decodeHostEntry(entry));
   }
   const std::string read_key = prefix + "hosts_read";
   store.add(read_key, 1);
@@ -286,17 +318,15 @@ bool MeshBuilder::agreeOnVerbs(Store& store, const std::string& prefix, Deadline
     *port = chooseIbPort(mesh_.config);
     mine = port->ok ? "ok" : port->why_not;
   }
+  // Every rank of a job across hosts has an edge to another host: all take part.
+  const std::vector<std::string> all = allGather(store, prefix + "ib", mine, deadline);
   if (mesh_.config.transport == "ib" && !port->ok) {
-    store.set(prefix + "ib/" + std::to_string(rank_), toBytes(mine));
     throwError(ErrorKind::kConfig,
                strFormat("rank %d: RCOLL_TRANSPORT=ib but this rank cannot use RDMA: %s", rank_, mine.c_str()));
   }
-  store.set(prefix + "ib/" + std::to_string(rank_), toBytes(mine));
   for (int r = 0; r < size_; ++r) {
     if (!needsNetwork(r, hosts)) continue;
-    std::string theirs = r == rank_ ? mine
-                                    : fromBytes(store.get(prefix + "ib/" + std::to_string(r),
-                                                          std::chrono::milliseconds(millisecondsUntil(deadline))));
+    const std::string& theirs = all[static_cast<size_t>(r)];
     if (theirs == "ok") continue;
     if (mesh_.config.transport == "ib") {
       throwError(ErrorKind::kConfig,
