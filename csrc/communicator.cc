@@ -27,6 +27,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, con
   Mesh mesh = buildMesh(*store, rank, size, name_, config_, options.bind_hint);
   config_ = mesh.config;
   comm_id_ = mesh.info.comm_id;
+  rendezvous_prefix_ = mesh.prefix;
   topology_ = std::move(mesh.topology);
   chooseAlgorithms();
   peer_transports_ = std::move(mesh.peer_transports);
@@ -572,7 +573,11 @@ ErrorKind Communicator::poisonKind() const {
 
 std::vector<int> Communicator::lostPeers() const {
   std::vector<int> lost = transport_ ? transport_->lostPeers() : std::vector<int>{};
+  if (p2p_) {
+    for (int peer : p2p_->transport().lostPeers()) lost.push_back(peer);
+  }
   std::sort(lost.begin(), lost.end());
+  lost.erase(std::unique(lost.begin(), lost.end()), lost.end());
   return lost;
 }
 

@@ -165,10 +165,15 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   // "" while healthy, else the first error, and its kind.
   std::string poisonMessage() const;
   ErrorKind poisonKind() const;
-  // Thread-safe: the ranks whose connections died under this one (closed,
-  // reset, unreachable), sorted; not those that reported their own failure.
-  // What a shrink leaves out without waiting for them (python/rcoll/shrink.py).
+  // Thread-safe: the ranks whose connections died under this one (collective
+  // or point-to-point; closed, reset, unreachable), sorted; not those that
+  // reported their own failure. What a shrink leaves out without waiting for
+  // them (python/rcoll/shrink.py).
   std::vector<int> lostPeers() const;
+  // This communicator's keys in the rendezvous store ("rcoll/<name>/<epoch>/"),
+  // new for every communicator, also on a store that outlived earlier jobs:
+  // where a shrink's agreement keeps its own.
+  const std::string& rendezvousPrefix() const { return rendezvous_prefix_; }
 
  private:
   struct Op {
@@ -214,7 +219,8 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   std::string name_;
   Config config_;
   std::chrono::milliseconds timeout_;
-  uint64_t comm_id_ = 0;  // tells this communicator's connections from any other's (mesh.h)
+  uint64_t comm_id_ = 0;           // tells this communicator's connections from any other's (mesh.h)
+  std::string rendezvous_prefix_;  // its keys in the store, new for every communicator
   Topology topology_;
   // Allreduces above the recursive doubling size take the hierarchical
   // algorithm (RCOLL_ALGO and hierarchicalFits(topology_)); the same on every rank.

@@ -1,6 +1,7 @@
 #include "mesh.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -54,6 +55,7 @@ class MeshBuilder {
 void MeshBuilder::build(Store& store, const std::string& bind_hint) {
   const auto deadline = std::chrono::steady_clock::now() + mesh_.config.connect_timeout;
   const std::string prefix = freshPrefix(store, "rcoll/" + name_ + "/", deadline);
+  mesh_.prefix = prefix;
 
   JobInfo job{};
   if (rank_ == 0) {
@@ -184,7 +186,10 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
 // that this epoch's rank 0 answers. The rank 0 of an earlier epoch is gone and
 // stays silent: the rank then reads the counter again, until the new rank 0
 // has taken its epoch. The polls are add(key, 0), which never block: a
-// caller's store (torch's TCPStore) logs every get that times out.
+// caller's store (torch's TCPStore) logs every get that times out. This
+// assumes the earlier attempt's processes are gone (launchers stop every
+// worker before they start the next attempt); ranks of an attempt still
+// rendezvousing beside the next one could answer or take its pings.
 std::string MeshBuilder::freshPrefix(Store& store, const std::string& base, Deadline deadline) {
   const std::string epochs = base + "epochs";
   if (rank_ == 0) {
@@ -198,7 +203,7 @@ std::string MeshBuilder::freshPrefix(Store& store, const std::string& base, Dead
         throwError(ErrorKind::kTimeout, strFormat("rank 0: rendezvous: rank %d did not join communicator '%s' (%s)", r,
                                                   name_.c_str(), e.what()));
       }
-      store.add(prefix + strFormat("pong/%d", r), std::stoll(fromBytes(ping)));
+      store.add(prefix + strFormat("pong/%d", r), std::strtoll(fromBytes(ping).c_str(), nullptr, 10));
     }
     return prefix;
   }
@@ -231,26 +236,37 @@ std::string MeshBuilder::freshPrefix(Store& store, const std::string& base, Dead
 std::vector<std::string> MeshBuilder::allGather(Store& store, const std::string& key, const std::string& mine,
                                                 Deadline deadline) {
   auto timeout = [&] { return std::chrono::milliseconds(millisecondsUntil(deadline)); };
+  // A timeout names the rank that is missing, not just a key.
+  auto get = [&](const std::string& k, const char* what) {
+    try {
+      return fromBytes(store.get(k, timeout()));
+    } catch (const RcollError& e) {
+      if (e.kind() != ErrorKind::kTimeout) throw;
+      throwError(ErrorKind::kTimeout, strFormat("rank %d: rendezvous: %s (%s)", rank_, what, e.what()));
+    }
+  };
   std::vector<std::string> all(static_cast<size_t>(size_));
   if (rank_ != 0) {
     store.set(key + "/" + std::to_string(rank_), toBytes(mine));
-    const std::string table = fromBytes(store.get(key, timeout()));
+    const std::string table = get(key, "rank 0 published no table; it waits for every rank's entry");
     size_t at = 0;
     for (auto& entry : all) {
       const size_t colon = table.find(':', at);
-      if (colon == std::string::npos) {
+      char* end = nullptr;
+      const unsigned long long length = colon == std::string::npos ? 0 : std::strtoull(table.c_str() + at, &end, 10);
+      if (colon == std::string::npos || end != table.c_str() + colon || length > table.size() - colon - 1) {
         throwError(ErrorKind::kPeer,
                    strFormat("rank %d: rendezvous: a malformed table under '%s'", rank_, key.c_str()));
       }
-      const size_t length = std::stoul(table.substr(at, colon - at));
-      entry = table.substr(colon + 1, length);
-      at = colon + 1 + length;
+      entry = table.substr(colon + 1, static_cast<size_t>(length));
+      at = colon + 1 + static_cast<size_t>(length);
     }
     return all;
   }
   std::string table;
   for (int r = 0; r < size_; ++r) {
-    all[static_cast<size_t>(r)] = r == 0 ? mine : fromBytes(store.get(key + "/" + std::to_string(r), timeout()));
+    all[static_cast<size_t>(r)] =
+        r == 0 ? mine : get(key + "/" + std::to_string(r), strFormat("rank %d did not publish its entry", r).c_str());
     table += std::to_string(all[static_cast<size_t>(r)].size()) + ":" + all[static_cast<size_t>(r)];
   }
   store.set(key, toBytes(table));

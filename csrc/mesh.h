@@ -23,8 +23,9 @@ namespace rcoll {
 class ShmCollectives;
 
 struct Mesh {
-  Config config;     // this rank's settings, with the agreed ones taken from rank 0
-  ConnectInfo info;  // the job's token and this communicator's id
+  Config config;       // this rank's settings, with the agreed ones taken from rank 0
+  ConnectInfo info;    // the job's token and this communicator's id
+  std::string prefix;  // this communicator's keys in the store, new for every one (freshPrefix in mesh.cc)
   Topology topology;
   std::vector<std::string> peer_transports;  // per rank: "self", "shm", "tcp" or "ib"; empty in a world of 1
   std::unique_ptr<Transport> transport;      // collectives' connections; null in a world of 1

@@ -1,8 +1,11 @@
 """One rank of the shrink trials (tests/test_shrink.py), run as a script with
 the launcher's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 
-argv: victims store out
+argv: victims store out [stop]
   victims  original ranks to kill, one per round, in order ("2" or "5,1")
+  stop     instead: the (single) victim stops itself (SIGSTOP: alive to the
+           kernel, so nobody sees it die) and the others shrink with a 3 s
+           timeout without a failure; the test kills it afterwards
   store    "own": rcoll's store, hosted by rank 0; else host:port of a store
            hosted outside the job (then rank 0 may die too)
   out      where each survivor writes its JSON report (out.<rank>)
@@ -47,6 +50,7 @@ def check_at_new_size(comm, members, me):
 def main():
     victims = [int(v) for v in sys.argv[1].split(",")]
     store_arg, out = sys.argv[2], sys.argv[3]
+    stop = sys.argv[4:] == ["stop"]
     me = int(os.environ["RANK"])
     kwargs = {}
     if store_arg != "own":
@@ -58,6 +62,17 @@ def main():
     rounds = []
     for victim in victims:
         comm.allreduce(x, "max")  # everyone is connected and past the previous round
+        if stop:
+            if me == victim:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            time.sleep(0.5)
+            start = time.monotonic()
+            comm = comm.shrink(timeout=3.0)  # waits 3 s for the rank nobody saw die
+            members = [r for r in members if r != victim]
+            check_at_new_size(comm, members, me)
+            rounds.append({"victim": victim, "error": "", "shrink_s": time.monotonic() - start, "rank": comm.rank,
+                           "size": comm.size})
+            continue
         if me == victim:
             comm.allreduce(x, "max", async_op=True)
             time.sleep(0.02)  # the peers are inside the op

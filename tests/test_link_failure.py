@@ -177,7 +177,11 @@ def test_abort_fails_every_rank_across_hosts(tmp_path, aborters):
             signal.write_text(repr(time.time() + 0.3))  # a few allreduces later
             os.replace(signal, f"{ready}.abort")  # whole, or not at all
             reports = _finish(procs, 60)
-        first = min(reports[r][0]["abort_called"] for r in aborters)
+        called = [reports[r][0].get("abort_called") for r in aborters]
+        if None in called:
+            problems.append((trial, f"abort() was not called on every aborting rank: {called}"))
+            continue
+        first = min(called)
         for report, err in reports:
             rank = report["rank"]
             if rank in aborters:
@@ -189,6 +193,9 @@ def test_abort_fails_every_rank_across_hosts(tmp_path, aborters):
             expected = ("AbortedError",) if aborters == [rank] else ("AbortedError", "PeerError")
             if report["error"] not in expected or "test abort" not in report["message"] or report["wrong"]:
                 problems.append((trial, rank, report["error"], report["message"], report["wrong"]))
+            if report.get("failed_at") is None:
+                problems.append((trial, rank, "its op never failed", report))
+                continue
             failed.append(report["failed_at"] - first)
             if failed[-1] > ABORT_BOUND:
                 problems.append((trial, rank, f"failed {failed[-1]:.3f} s after the abort"))

@@ -27,19 +27,26 @@ TRIALS = int(os.environ.get("RCOLL_TEST_TRIALS", "2"))
 WARN = r"^\[rcoll \d+ rank \d+\] WARN: "
 
 
-def _job(world, victims, store, tmp_path, connect_timeout=30, script="shrink_worker.py", env=None):
-    """Runs `script` on `world` ranks; returns {rank: (returncode, stdout, stderr, report or None)}."""
+def _job(world, victims, store, tmp_path, connect_timeout=30, script="shrink_worker.py", env=None, args=()):
+    """Runs `script` on `world` ranks; returns {rank: (returncode, stdout, stderr, report or None)}.
+    The victims are waited for last, and killed once the others are done."""
     port = launch.free_port()
     out = tmp_path / f"report-{port}"
     env = launch._clean_env({"WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                              "RCOLL_CONNECT_TIMEOUT": str(connect_timeout), **(env or {})})
     cmd = [sys.executable, os.path.join(HERE, script), ",".join(map(str, victims)), *([store] if store else []),
-           str(out)]
+           str(out), *args]
     procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for r in range(world)]
     results = {}
     try:
-        for r, p in enumerate(procs):
+        for r in sorted(range(world), key=lambda r: r in victims):
+            p = procs[r]
+            if r in victims:
+                try:
+                    p.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    p.kill()  # a stopped victim
             try:
                 stdout, stderr = p.communicate(timeout=90)
             except subprocess.TimeoutExpired:
@@ -98,13 +105,30 @@ def test_survivors_shrink_after_kill9_and_compute_at_the_new_size(world, victims
               f"worst {max(shrink_times) * 1e3:.1f} ms")
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_rank_nobody_saw_die_is_waited_for_then_left_out(tmp_path):
+    """Rank 2 of 4 is stopped (SIGSTOP: its kernel still answers, nobody sees it
+    die); the others shrink with a 3 s timeout: the first to check in waits that
+    long for it, then every survivor gets the same three members."""
+    results = _job(4, [2], "own", tmp_path, args=["stop"])
+    assert results[2][0] == -9, results[2]
+    for r in (0, 1, 3):
+        code, stdout, stderr, report = results[r]
+        assert code == 0, f"rank {r} exited {code}:\n{stderr[-3000:]}"
+        launch.check_rank_output(f"rank {r}", stdout, stderr, allow=[WARN])
+        assert (report[0]["rank"], report[0]["size"]) == ([0, 1, 3].index(r), 3), report
+        assert 2.5 < report[0]["shrink_s"] < 3.0 + 5.0 + 10, report  # the wait, the slack, the new rendezvous
+
+
 @pytest.mark.timeout(120)
 def test_rank0s_death_with_its_own_store_says_what_to_do(tmp_path):
     results = _job(4, [0], "own", tmp_path, connect_timeout=10)
     assert results[0][0] == -9
     for r in (1, 2, 3):
         _, _, stderr, _ = results[r]
-        assert f"rank {r}: shrink: lost the connection to the rendezvous store" in stderr, stderr[-2000:]
+        assert f"rank {r}: shrink: the rendezvous store failed: lost the connection to the rendezvous store" \
+            in stderr, stderr[-2000:]
         assert "outlive the failed ranks" in stderr, stderr[-2000:]
 
 
@@ -131,12 +155,11 @@ def test_shrink_with_exclude_leaves_out_the_given_ranks():
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_torch_survivors_shrink_the_default_group_and_train_on():
+def test_torch_survivors_shrink_the_default_group_and_train_on(tmp_path):
     """rcoll.torch_backend.shrink() after kill -9 of rank 2 of 4 (ranks started as
     srun would start them; torchrun would kill the survivors itself)."""
-    import tempfile
-    with tempfile.TemporaryDirectory() as tmp:
-        results = _job(4, [2], None, __import__("pathlib").Path(tmp), script="shrink_torch_worker.py")
+    pytest.importorskip("torch")
+    results = _job(4, [2], None, tmp_path, script="shrink_torch_worker.py")
     assert results[2][0] == -9, results[2]
     for r in (0, 1, 3):
         code, stdout, stderr, report = results[r]
@@ -145,3 +168,21 @@ def test_torch_survivors_shrink_the_default_group_and_train_on():
         assert report["error"].startswith("PeerError: ") and "rank 2 " in report["error"], report
         assert report["errored"].startswith("PeerError: "), report
         assert (report["rank"], report["size"]) == ([0, 1, 3].index(r), 3), report
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_torchft_style_configure_reforms_the_group_after_a_death(tmp_path):
+    """RcollProcessGroup.configure() (torchft's reconfiguration) after kill -9 of
+    rank 1 of 3: the survivors re-form the group at world 2 on a fresh prefix of
+    a store that outlives every rank (torchft's lighthouse/manager hosts one)."""
+    torch = pytest.importorskip("torch")
+    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    results = _job(3, [1], str(store.port), tmp_path, script="configure_torch_worker.py")
+    assert results[1][0] == -9, results[1]
+    for r in (0, 2):
+        code, stdout, stderr, report = results[r]
+        assert code == 0, f"rank {r} exited {code}:\n{stderr[-3000:]}"
+        launch.check_rank_output(f"rank {r}", stdout, stderr, allow=[WARN])
+        assert re.search(r"rank 1\b", report["error"]) and report["errored"].startswith("PeerError: "), report
+        assert report["rank"] == [0, 2].index(r), report

@@ -765,6 +765,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("grace") = 0.0)
       .def("poison_message", &Communicator::poisonMessage)
       .def_property_readonly("lost_peers", &Communicator::lostPeers)
+      .def_property_readonly("rendezvous_prefix", &Communicator::rendezvousPrefix)
       .def(
           "error",
           [](const Communicator& c) -> py::

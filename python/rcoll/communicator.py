@@ -572,7 +572,7 @@ class Communicator:
         so without torchrun a failure of rank 0 cannot be shrunk past (pass
         store= a store hosted elsewhere)."""
         name = f"{self._name}/shrink"
-        members = survivors(self._comm, self._store, f"rcoll-shrink/{name}", exclude,
+        members = survivors(self._comm, self._store, self._comm.rendezvous_prefix + "shrink", exclude,
                             float(timeout or self._connect_timeout), "store=")
         shrunk = Communicator(members.index(self.rank), len(members), store=self._store, name=name,
                               master_addr=self._master_addr, timeout=self._timeout_arg, settings=self._settings)

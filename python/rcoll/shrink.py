@@ -1,26 +1,35 @@
 """Survivors agreeing on who they are after a failure, through the rendezvous store.
 
-Used by Communicator.shrink() and by rcoll.torch_backend.survivors(). The store
+Used by Communicator.shrink() and by rcoll.torch_backend.shrink(). The store
 is the only thing every survivor can still reach (the old connections are
-failing), and its atomic add() gives a total order of check-ins:
+failing), and its atomic add() orders what the survivors do:
 
-1. Every survivor checks in: `add(count, 1)` gives it a ticket n, and it writes
-   `arrival/n` = its rank and the ranks whose connections it saw die (its lost
-   peers: closed, reset or unreachable, not those that reported an error).
-2. The holder of ticket 1 decides. It reads the check-ins in ticket order
+1. Every survivor checks in: it writes `lost/<rank>`, the ranks whose
+   connections it saw die (closed, reset or unreachable, not those that
+   reported an error), then bumps `in/<rank>`, then takes a ticket from
+   `count`.
+2. The holder of ticket 1 decides: it polls the `in/` counters (add(key, 0)
+   never blocks, and a store such as torch's logs every get that times out)
    until every rank has checked in or is lost to someone, or until the
-   timeout; then it reads what else has checked in by then and publishes
-   `members`, the ranks that checked in, sorted.
-3. Everyone reads `members`; the new rank is the index in it.
+   timeout. Then it claims the decision (`claim`, first add wins), publishes
+   `members`, the ranks that had checked in, sorted, and returns that list.
+3. Everyone else waits for `members` a little longer than the decider may
+   take. If nothing comes (the decider died too), each decides itself from
+   what has checked in by then, and the one that wins `claim` publishes: there
+   is never more than one list.
 
 A dead rank never checks in. When someone saw its connection die, no one waits
 for it; otherwise the decider waits for it until the timeout. A survivor that a
-peer suspected wrongly is still a member if it checked in before the decision.
-A rank checking in after the decision learns that it was left out.
+peer suspected wrongly is a member if it checked in before the decision; one
+checking in after the decision learns that it was left out.
 
 A rank checks in before it closes its old connections (Communicator.shrink),
-so that a survivor which sees that close and suspects it has checked in
-after it: the decider, which waits for that survivor, reads both.
+so that a survivor which sees that close and suspects it checks in after it:
+the decider, which waits for that survivor, has seen both.
+
+The keys live under the old communicator's own rendezvous keys (new for every
+communicator, also on a store that outlives jobs), so a shrink never reads
+another's.
 """
 
 import operator
@@ -28,6 +37,8 @@ import time
 from typing import Iterable, List, Optional
 
 from . import _core
+
+_SLACK = 5.0  # s the others wait for the decision beyond the decider's timeout
 
 
 def _encode(ranks: Iterable[int]) -> bytes:
@@ -50,55 +61,55 @@ class SurvivorAgreement:
         self._rank = rank
         self._size = world_size
         self._timeout = timeout
-        self._deadline = None
+        self._start = None
         self._ticket = 0
 
     def _key(self, name):
         return f"{self._prefix}/{name}"
 
-    def _remaining(self):
-        return max(0.001, self._deadline - time.monotonic())
-
     def check_in(self, lost: Iterable[int]):
-        self._deadline = time.monotonic() + self._timeout
+        self._start = time.monotonic()
+        self._store.set(self._key(f"lost/{self._rank}"), _encode(lost))
+        self._store.add(self._key(f"in/{self._rank}"), 1)
         self._ticket = self._store.add(self._key("count"), 1)
-        self._store.set(self._key(f"arrival/{self._ticket}"), _encode([self._rank, *lost]))
 
     def members(self) -> List[int]:
         """The agreed survivors, sorted (this rank may be missing from them:
         it checked in after the decision)."""
         if self._ticket == 1:
-            self._decide()
+            return self._decide(wait=True)
+        wait = self._timeout + _SLACK - (time.monotonic() - self._start)
         try:
-            return _decode(self._store.get(self._key("members"), self._remaining()))
-        except _core.TimeoutError as e:
-            raise _core.TimeoutError(
-                f"rank {self._rank}: shrink: no decision on the survivors within {self._timeout:g} s (the rank "
-                f"that checked in first must have failed too): {e}") from None
+            return _decode(self._store.get(self._key("members"), max(wait, 0.1)))
+        except _core.TimeoutError:
+            return self._decide(wait=False)  # the decider failed too: take over
 
-    def _read_arrival(self, ticket, arrived, suspected, timeout=None):
-        entry = _decode(self._store.get(self._key(f"arrival/{ticket}"), timeout or self._remaining()))
-        arrived.add(entry[0])
-        suspected.update(entry[1:])
+    def _arrived(self, arrived, suspected):
+        """Adds the ranks that have checked in since (and whom they lost)."""
+        for r in range(self._size):
+            if r not in arrived and self._store.add(self._key(f"in/{r}"), 0) > 0:
+                arrived.add(r)
+                suspected.update(_decode(self._store.get(self._key(f"lost/{r}"), 10.0)))  # written before in/r
 
-    def _decide(self):
+    def _decide(self, wait):
         arrived, suspected = set(), set()
-        ticket = 1
-        while set(range(self._size)) - arrived - suspected and time.monotonic() < self._deadline:
-            try:
-                self._read_arrival(ticket, arrived, suspected)
-            except _core.TimeoutError:
-                break
-            ticket += 1
-        # Those that checked in meanwhile are members too, suspected or not. A
-        # ticket is written right after it is taken: a short wait, unless its
-        # holder died in between.
-        for later in range(ticket, self._store.add(self._key("count"), 0) + 1):
-            try:
-                self._read_arrival(later, arrived, suspected, timeout=2.0)
-            except _core.TimeoutError:
-                pass
-        self._store.set(self._key("members"), _encode(sorted(arrived)))
+        self._arrived(arrived, suspected)
+        deadline = self._start + self._timeout
+        pause = 0.001
+        while wait and set(range(self._size)) - arrived - suspected and time.monotonic() < deadline:
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+            self._arrived(arrived, suspected)
+        if self._store.add(self._key("claim"), 1) == 1:
+            members = sorted(arrived)
+            self._store.set(self._key("members"), _encode(members))
+            return members
+        try:  # another rank decided: its list is the one
+            return _decode(self._store.get(self._key("members"), _SLACK))
+        except _core.TimeoutError:
+            raise _core.TimeoutError(
+                f"rank {self._rank}: shrink: no decision on the survivors: the rank that claimed it failed before "
+                f"it published the list") from None
 
 
 def survivors(comm, store, prefix: str, exclude: Optional[Iterable[int]], timeout: float, store_hint: str) -> List[int]:
@@ -112,7 +123,7 @@ def survivors(comm, store, prefix: str, exclude: Optional[Iterable[int]], timeou
 
     def end(reason):  # pending ops fail with `reason`, and the peers are told it
         comm.abort(reason)
-        comm.shutdown(0.0)
+        comm.shutdown(1.0)  # after the abort nothing is left to wait for
 
     if exclude is not None:
         try:
@@ -133,11 +144,11 @@ def survivors(comm, store, prefix: str, exclude: Optional[Iterable[int]], timeou
     lost = comm.lost_peers
     try:
         agreement.check_in(lost)
-    except _core.PeerError as e:
+    except _core.RcollError as e:  # PeerError from rcoll's store, ConfigError from a caller's that went away
         end(f"shrink failed: {e}")
         raise _core.PeerError(
-            f"rank {rank}: shrink: {e}. A shrink agrees through the rendezvous store, which must outlive the "
-            f"failed ranks: torchrun's, or one hosted outside the job ({store_hint})") from None
+            f"rank {rank}: shrink: the rendezvous store failed: {e}. A shrink agrees through the store, which must "
+            f"outlive the failed ranks: torchrun's, or one hosted outside the job ({store_hint})") from None
     # After the check-in (see the top of this file): peers still in an op fail
     # with this reason, and come to shrink too.
     end("shrinking the communicator to the survivors" + (f" (lost: ranks {lost})" if lost else ""))

@@ -201,12 +201,15 @@ class RcollProcessGroup(dist.ProcessGroup):
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta):
         super().__init__(rank, size)
-        self._rank = rank
-        self._size = size
         self._timeout = timeout
         self._group_name = ""
         self._group_desc = ""
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout or 0)
+        self._connect(store, rank, size)
+
+    def _connect(self, store, rank: int, size: int):
+        self._rank = rank
+        self._size = size
+        seconds = self._timeout.total_seconds() if isinstance(self._timeout, timedelta) else float(self._timeout or 0)
         # torch hands each group its own (prefixed) store, so one name suffices.
         self._store = store  # shrink() agrees on the survivors through it
         self._comm = _core.Communicator(_core.PythonStore(store), rank, size, "torch", seconds, _bind_hint(store))
@@ -740,6 +743,23 @@ class RcollProcessGroup(dist.ProcessGroup):
         dead or unreachable peer), or None while it is healthy."""
         return self._comm.error()
 
+    def configure(self, store_addr: str, rank: int, world_size: int) -> None:
+        """Re-forms this group in place, as torchft reconfigures a process group
+        for each new quorum: ends the current communicator (its pending ops fail,
+        the peers are told) and joins `world_size` ranks as `rank` at
+        `store_addr`, "host:port/prefix" (a TCPStore; a prefix new for every
+        call). For a group used on its own, as torchft uses its groups:
+        getRank() and getSize() give the new values; rank() and size(), which
+        torch recorded at creation, do not change."""
+        host, _, rest = store_addr.partition(":")
+        port, _, prefix = rest.partition("/")
+        timeout = self._timeout if isinstance(self._timeout, timedelta) else timedelta(seconds=60)
+        store = dist.PrefixStore(prefix, dist.TCPStore(host, int(port), is_master=False, wait_for_workers=False,
+                                                       timeout=timeout))
+        self._comm.abort("torch called configure(): the group is re-formed")
+        self._comm.shutdown()
+        self._connect(store, rank, world_size)
+
 
 # ---------------------------------------------------------------------------------------
 # Registration
@@ -772,13 +792,14 @@ def shrink(*, exclude=None, timeout: Optional[float] = None) -> Tuple[int, int]:
     out, the same on every survivor, with no agreement (they must not call it).
     `timeout` (default 60 s): how long to wait for a rank no one saw die."""
     pg = _rcoll_group(None, "shrink")
-    members = survivors(pg._comm, _core.PythonStore(pg._store), "rcoll-shrink", exclude,
+    members = survivors(pg._comm, _core.PythonStore(pg._store), pg._comm.rendezvous_prefix + "shrink", exclude,
                         float(timeout or 60.0), "init_process_group(store=...)")
     rank, timeout_td, store = members.index(pg._rank), pg._timeout, pg._store
+    # Under the old group's own rendezvous keys: new for every group, also on a
+    # store that earlier attempts of a restarted job used.
+    fresh = dist.PrefixStore(pg._comm.rendezvous_prefix + "survivors", store)
     dist.destroy_process_group()
-    # pg's store is the old group's own prefix: nested once more, new for every shrink.
-    dist.init_process_group(BACKEND_NAME, store=dist.PrefixStore("rcoll-survivors", store), rank=rank,
-                            world_size=len(members), timeout=timeout_td)
+    dist.init_process_group(BACKEND_NAME, store=fresh, rank=rank, world_size=len(members), timeout=timeout_td)
     return rank, len(members)
 
 

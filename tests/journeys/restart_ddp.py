@@ -13,11 +13,15 @@ At the end every rank checks that all ranks hold the same parameters and that
 they equal, bit for bit, those of an uninterrupted run of the same job (trained
 again here from the seed, over the same group), writes DIR/result-<rank>.json
 and prints the job-done marker last (tests/launch.py)."""
+# ruff: noqa: E402 (the start time is taken before the imports)
+import time
+
+started = time.time()  # before the imports: a busy machine's torch import is not the restart's delay
+
 import argparse
 import json
 import os
 import signal
-import time
 
 import torch
 import torch.distributed as dist
@@ -31,7 +35,6 @@ parser.add_argument("dir")
 parser.add_argument("--kill-local-rank", type=int, default=None)
 parser.add_argument("--before-init", action="store_true")
 args = parser.parse_args()
-started = time.time()
 restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 local_rank = int(os.environ["LOCAL_RANK"])
 ckpt = os.path.join(args.dir, "ckpt.pt")
