@@ -129,8 +129,13 @@ def run_ranks(script: Path, rank_envs: Sequence[Dict[str, str]], *, allow: Seque
             check_rank_output(f"process {i}", out, err, allow)
             outputs.append(out)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_leftovers(procs)
     return outputs
+
+
+def kill_leftovers(procs) -> None:
+    """Kills (and reaps) whichever of `procs` still run: after a failure, nothing outlives the test."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

@@ -54,10 +54,7 @@ def _job(world, victims, store, tmp_path, connect_timeout=30, script="shrink_wor
             report = out.with_name(f"{out.name}.{r}")
             results[r] = (p.returncode, stdout, stderr, json.loads(report.read_text()) if report.exists() else None)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        launch.kill_leftovers(procs)
     return results
 
 
