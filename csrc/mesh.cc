@@ -27,6 +27,16 @@ constexpr uint64_t kPointToPointIdSalt = 0x7032707032703270ull;  // "p2p" mesh i
 std::vector<uint8_t> toBytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 std::string fromBytes(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 
+// store.get() whose timeout says who is missing (`why`), not just which key.
+std::string getOrSayWhy(Store& store, const std::string& key, Deadline deadline, int rank, const std::string& why) {
+  try {
+    return fromBytes(store.get(key, std::chrono::milliseconds(millisecondsUntil(deadline))));
+  } catch (const RcollError& e) {
+    if (e.kind() != ErrorKind::kTimeout) throw;
+    throwError(ErrorKind::kTimeout, strFormat("rank %d: rendezvous: %s (%s)", rank, why.c_str(), e.what()));
+  }
+}
+
 // Builds one Mesh: the steps of the set-up share the rank, the world size and
 // the settings being agreed.
 class MeshBuilder {
@@ -171,11 +181,6 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
   mesh_.p2p_transport = std::move(p2p_transport);
 }
 
-// Every rank publishes its host identity and whether it will use shared
-// memory (edge_plan.h), then reads every rank's: all ranks see the same table
-// and so choose alike for every edge. RCOLL_TRANSPORT=shm asks for shared
-// memory on every edge: a rank elsewhere (or one that will not) is a
-// ConfigError naming it, never a silent fallback.
 // Each set of ranks that creates a communicator of this name on this store
 // gets keys of its own, so that it never reads another's. Keys cannot be
 // deleted, and a launcher that restarts a job (torchrun) hands the new workers
@@ -195,15 +200,9 @@ std::string MeshBuilder::freshPrefix(Store& store, const std::string& base, Dead
   if (rank_ == 0) {
     const std::string prefix = base + std::to_string(store.add(epochs, 1)) + "/";
     for (int r = 1; r < size_; ++r) {
-      std::vector<uint8_t> ping;
-      try {
-        ping = store.get(prefix + strFormat("ping/%d", r), std::chrono::milliseconds(millisecondsUntil(deadline)));
-      } catch (const RcollError& e) {
-        if (e.kind() != ErrorKind::kTimeout) throw;
-        throwError(ErrorKind::kTimeout, strFormat("rank 0: rendezvous: rank %d did not join communicator '%s' (%s)", r,
-                                                  name_.c_str(), e.what()));
-      }
-      store.add(prefix + strFormat("pong/%d", r), std::strtoll(fromBytes(ping).c_str(), nullptr, 10));
+      const std::string ping = getOrSayWhy(store, prefix + strFormat("ping/%d", r), deadline, rank_,
+                                           strFormat("rank %d did not join communicator '%s'", r, name_.c_str()));
+      store.add(prefix + strFormat("pong/%d", r), std::strtoll(ping.c_str(), nullptr, 10));
     }
     return prefix;
   }
@@ -235,20 +234,11 @@ std::string MeshBuilder::freshPrefix(Store& store, const std::string& base, Dead
 // Entries are length-prefixed, so any bytes may be in them.
 std::vector<std::string> MeshBuilder::allGather(Store& store, const std::string& key, const std::string& mine,
                                                 Deadline deadline) {
-  auto timeout = [&] { return std::chrono::milliseconds(millisecondsUntil(deadline)); };
-  // A timeout names the rank that is missing, not just a key.
-  auto get = [&](const std::string& k, const char* what) {
-    try {
-      return fromBytes(store.get(k, timeout()));
-    } catch (const RcollError& e) {
-      if (e.kind() != ErrorKind::kTimeout) throw;
-      throwError(ErrorKind::kTimeout, strFormat("rank %d: rendezvous: %s (%s)", rank_, what, e.what()));
-    }
-  };
   std::vector<std::string> all(static_cast<size_t>(size_));
   if (rank_ != 0) {
     store.set(key + "/" + std::to_string(rank_), toBytes(mine));
-    const std::string table = get(key, "rank 0 published no table; it waits for every rank's entry");
+    const std::string table =
+        getOrSayWhy(store, key, deadline, rank_, "rank 0 published no table; it waits for every rank's entry");
     size_t at = 0;
     for (auto& entry : all) {
       const size_t colon = table.find(':', at);
@@ -265,14 +255,20 @@ std::vector<std::string> MeshBuilder::allGather(Store& store, const std::string&
   }
   std::string table;
   for (int r = 0; r < size_; ++r) {
-    all[static_cast<size_t>(r)] =
-        r == 0 ? mine : get(key + "/" + std::to_string(r), strFormat("rank %d did not publish its entry", r).c_str());
+    all[static_cast<size_t>(r)] = r == 0 ? mine
+                                         : getOrSayWhy(store, key + "/" + std::to_string(r), deadline, 0,
+                                                       strFormat("rank %d did not publish its entry", r));
     table += std::to_string(all[static_cast<size_t>(r)].size()) + ":" + all[static_cast<size_t>(r)];
   }
   store.set(key, toBytes(table));
   return all;
 }
 
+// Every rank publishes its host identity and whether it will use shared
+// memory (edge_plan.h), then reads every rank's: all ranks see the same table
+// and so choose alike for every edge. RCOLL_TRANSPORT=shm asks for shared
+// memory on every edge: a rank elsewhere (or one that will not) is a
+// ConfigError naming it, never a silent fallback.
 std::vector<HostEntry> MeshBuilder::exchangeHosts(Store& store, const std::string& prefix, Deadline deadline) {
   const HostEntry mine = thisHost(mesh_.config);
   std::vector<HostEntry> hosts;

@@ -278,6 +278,13 @@ OpKind deviceOpKind(const std::string& name) {
 const void* ptr(uintptr_t address) { return reinterpret_cast<const void*>(address); }
 void* mptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
+// The error that ended `c`, as an instance of the exception class of its kind; None while it is healthy.
+py::object communicatorError(const Communicator& c) {
+  const std::string message = c.poisonMessage();
+  if (message.empty()) return py::none();
+  return py::reinterpret_borrow<py::object>(g_errors[static_cast<int>(c.poisonKind())])(message);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -766,16 +773,8 @@ PYBIND11_MODULE(_core, m) {
       .def("poison_message", &Communicator::poisonMessage)
       .def_property_readonly("lost_peers", &Communicator::lostPeers)
       .def_property_readonly("rendezvous_prefix", &Communicator::rendezvousPrefix)
-      .def(
-          "error",
-          [](const Communicator& c) -> py::
-                                        object {
-                                          const std::string message = c.poisonMessage();
-                                          if (message.empty()) return py::none();
-                                          return py::reinterpret_borrow<py::object>(
-                                              g_errors[static_cast<int>(c.poisonKind())])(message);
-                                        },
-          "The error that ended this communicator, as an rcoll.RcollError instance; None while it is healthy.")
+      .def("error", &communicatorError,
+           "The error that ended this communicator, as an rcoll.RcollError instance; None while it is healthy.")
       .def_property_readonly("caches_registrations", &Communicator::cachesRegistrations)
       .def("invalidate_memory", releasingGil([](Communicator& c, uintptr_t data, size_t bytes) {
              c.invalidateMemory(reinterpret_cast<const void*>(data), bytes);
