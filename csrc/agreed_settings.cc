@@ -48,6 +48,9 @@ const AgreedSetting kAgreedSettings[kAgreedSettingCount] = {
     // Both ends of a pair must open the same number of sockets.
     {"RCOLL_SOCKETS_PER_PEER", [](const Config& c) -> uint64_t { return static_cast<uint64_t>(c.sockets_per_peer); },
      [](Config& c, uint64_t v) { c.sockets_per_peer = static_cast<int>(v); }},
+    // A rank that connects at start-up would wait for a peer that connects on first use.
+    {"RCOLL_RUNTIME_CONNECT", [](const Config& c) -> uint64_t { return c.runtime_connect ? 1 : 0; },
+     [](Config& c, uint64_t v) { c.runtime_connect = v != 0; }},
 };
 
 void fillRandom(void* out, size_t bytes) {

@@ -15,7 +15,7 @@
 
 namespace rcoll {
 
-constexpr int kAgreedSettingCount = 9;
+constexpr int kAgreedSettingCount = 10;
 
 #pragma pack(push, 1)
 struct JobInfo {

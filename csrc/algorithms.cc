@@ -332,4 +332,45 @@ void buildPairwiseAllToAll(Schedule& s, const AlgorithmContext& ctx, const char*
   }
 }
 
+std::vector<bool> collectivePeers(int rank, const Topology& t) {
+  const int P = static_cast<int>(t.host_of.size());
+  std::vector<bool> used(static_cast<size_t>(P), false);
+  auto use = [&](int peer) {
+    if (peer != rank) used[static_cast<size_t>(mod(peer, P))] = true;
+  };
+  // Rings (and the chains of broadcast and reduce) in host order.
+  const int position = t.position[static_cast<size_t>(rank)];
+  use(t.host_order[static_cast<size_t>(mod(position + 1, P))]);
+  use(t.host_order[static_cast<size_t>(mod(position - 1, P))]);
+  // Dissemination barrier: rank +- 2^k.
+  for (int dist = 1; dist < P; dist *= 2) {
+    use(rank + dist);
+    use(rank - dist);
+  }
+  // Recursive doubling (buildRecursiveDoublingAllreduce): the fold, then
+  // partners by the bits of the new rank.
+  int pof2 = 1;
+  while (pof2 * 2 <= P) pof2 *= 2;
+  const int rem = P - pof2;
+  if (rank < 2 * rem) use(rank % 2 == 0 ? rank + 1 : rank - 1);
+  if (rank >= 2 * rem || rank % 2 == 1) {
+    const int newrank = rank < 2 * rem ? rank / 2 : rank - rem;
+    for (int mask = 1; mask < pof2; mask <<= 1) {
+      const int partner = newrank ^ mask;
+      use(partner < rem ? partner * 2 + 1 : partner + rem);
+    }
+  }
+  // This host's ranks, and the hierarchical algorithms' ring between hosts.
+  const int host = t.host_of[static_cast<size_t>(rank)];
+  for (int peer : t.ranks_on_host[static_cast<size_t>(host)]) use(peer);
+  std::string why;
+  if (hierarchicalFits(t, &why)) {
+    const auto local = static_cast<size_t>(t.local_rank[static_cast<size_t>(rank)]);
+    const int H = t.hosts();
+    use(t.ranks_on_host[static_cast<size_t>(mod(host + 1, H))][local]);
+    use(t.ranks_on_host[static_cast<size_t>(mod(host - 1, H))][local]);
+  }
+  return used;
+}
+
 }  // namespace rcoll

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "schedule.h"
 #include "topology.h"
@@ -146,5 +147,14 @@ void buildDirectScatter(Schedule& s, const AlgorithmContext& ctx, const char* se
 void buildPairwiseAllToAll(Schedule& s, const AlgorithmContext& ctx, const char* send, char* recv,
                            const uint64_t* send_counts, const uint64_t* send_displs, const uint64_t* recv_counts,
                            const uint64_t* recv_displs);
+
+// The peers this rank's collectives exchange with whatever the sizes: its
+// neighbours in the host-ordered ring, its recursive-doubling and barrier
+// partners, the ranks of its host, and, where the hierarchical algorithms
+// apply, the ranks of its local index on the neighbouring hosts. The relation
+// is symmetric (each end of a pair finds the other), so both connect the pair
+// at start-up; a rooted op's other ranks and alltoall's connect on first use
+// (mesh.cc). O(log P + local ranks) per rank.
+std::vector<bool> collectivePeers(int rank, const Topology& topology);
 
 }  // namespace rcoll

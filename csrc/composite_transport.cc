@@ -97,6 +97,19 @@ void CompositeTransport::closeListener() {
   for (auto& child : children_) child->closeListener();
 }
 
+bool CompositeTransport::canConnectOnDemand(int peer) const { return childOf(peer).canConnectOnDemand(peer); }
+
+// Each child gets the addresses of its own peers.
+void CompositeTransport::connectOnDemand(const std::vector<std::string>& addresses) {
+  for (auto& child : children_) {
+    std::vector<std::string> mine(addresses.size());
+    for (size_t p = 0; p < addresses.size(); ++p) {
+      if (child->serves(static_cast<int>(p))) mine[p] = addresses[p];
+    }
+    child->connectOnDemand(mine);
+  }
+}
+
 bool CompositeTransport::connected(int peer) const {
   if (peer < 0 || peer >= info_.size || route_[static_cast<size_t>(peer)] < 0) return false;
   return childOf(peer).connected(peer);

@@ -54,6 +54,8 @@ class CompositeTransport : public Transport {
   int accept(Deadline deadline) override;
   void closeListener() override;
   bool connected(int peer) const override;
+  bool canConnectOnDemand(int peer) const override;
+  void connectOnDemand(const std::vector<std::string>& addresses) override;
   const char* transportOf(int peer) const override;  // the serving child's name
 
   bool needsRegistration() const override { return registrar_ != nullptr; }

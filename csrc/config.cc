@@ -63,6 +63,14 @@ const std::vector<ConfigVar>& configVars() {
        "held to what one stream, copied by one core, carries; point-to-point traffic keeps one "
        "socket. On loopback or a host whose cores are already busy it gains nothing (see "
        "bench/README.md)"},
+      {"RCOLL_RUNTIME_CONNECT", "1",
+       "`1`: TCP connections are made on first use (the higher rank of a pair dials, the lower one asks "
+       "it to), except those the collectives always need, made at start-up: the neighbours in the "
+       "host-ordered ring, the recursive-doubling and barrier partners, the ranks of the same host and "
+       "those of the same local index on the neighbouring hosts. A rank then holds sockets to O(log P + "
+       "local ranks) peers instead of two to each of the P - 1; alltoall, rooted ops and send/recv connect "
+       "the rest as they need them. `0`: every rank connects to every other at start-up, twice "
+       "(collectives and point-to-point). Shared memory and RDMA connect at start-up either way"},
       {"RCOLL_CHUNK_BYTES", "1M", "largest pipeline segment of the ring algorithms"},
       {"RCOLL_MIN_CHUNK_BYTES", "64K", "smallest segment a ring block is cut into for overlap"},
       {"RCOLL_PIPELINE_SLOTS", "8", "staging segments in flight per operation"},
@@ -253,6 +261,7 @@ Config Config::fromEnvironment(const Settings& overrides) {
   ifSet("RCOLL_SOCKET_BUFFER_BYTES", [&](const char* n, S v) { c.socket_buffer_bytes = parseByteSize(n, v); });
   ifSet("RCOLL_SOCKETS_PER_PEER",
         [&](const char* n, S v) { c.sockets_per_peer = static_cast<int>(parseInt(n, v, 1, 16)); });
+  ifSet("RCOLL_RUNTIME_CONNECT", [&](const char* n, S v) { c.runtime_connect = parseFlag(n, v); });
   ifSet("RCOLL_SOCKET_IFNAME", [&](const char*, S v) { c.socket_ifname = v; });
   ifSet("RCOLL_TRANSPORT", [&](const char* n, S v) { c.transport = parseChoice(n, v, {"auto", "shm", "ib", "tcp"}); });
   ifSet("RCOLL_SHM_DISABLE", [&](const char* n, S v) { c.shm_disable = parseFlag(n, v); });

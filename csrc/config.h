@@ -45,6 +45,7 @@ struct Config {
   std::chrono::microseconds spin{50};  // RCOLL_SPIN_US: busy-poll this long before sleeping
   size_t socket_buffer_bytes = 0;      // RCOLL_SOCKET_BUFFER_BYTES: 0 = kernel autotuning
   std::chrono::milliseconds peer_timeout{std::chrono::seconds(15)};  // RCOLL_PEER_TIMEOUT: 0 = the kernel's
+  bool runtime_connect = true;           // RCOLL_RUNTIME_CONNECT: point-to-point connects across hosts on first use
   int sockets_per_peer = 1;              // RCOLL_SOCKETS_PER_PEER: TCP connections per pair (messages striped)
   std::string socket_ifname;             // RCOLL_SOCKET_IFNAME: interface for data sockets
   std::string transport = "auto";        // RCOLL_TRANSPORT: auto|shm|ib|tcp

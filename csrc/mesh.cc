@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "agreed_settings.h"
+#include "algorithms.h"
 #include "composite_transport.h"
 #include "error.h"
 #include "log.h"
@@ -153,16 +154,37 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
 
   // Connect to every lower rank, accept every higher one: lower ranks never wait
   // on higher ones, so the set-up cannot deadlock (composite_transport.h: nor
-  // with one listener per transport).
+  // with one listener per transport). With RCOLL_RUNTIME_CONNECT, TCP edges
+  // connect on first use (transport.h) but for the peers the collectives'
+  // algorithms always use (collectivePeers): a rank keeps sockets to
+  // O(log P + local ranks) peers, not to all P - 1, twice.
   auto connectMesh = [&](Transport& transport, bool p2p) {
-    for (int peer = 0; peer < rank_; ++peer) {
+    auto addressOf = [&](int peer) {
       const std::string& both = addresses[static_cast<size_t>(peer)];
       const size_t newline = both.find('\n');
       const std::string published = p2p ? both.substr(newline + 1) : both.substr(0, newline);
-      transport.connect(peer, pickAddress(published, mesh_.peer_transports[static_cast<size_t>(peer)], rank_, peer),
-                        deadline);
+      return pickAddress(published, mesh_.peer_transports[static_cast<size_t>(peer)], rank_, peer);
+    };
+    const std::vector<bool> needed =
+        p2p ? std::vector<bool>(static_cast<size_t>(size_), false) : collectivePeers(rank_, mesh_.topology);
+    std::vector<std::string> on_demand(static_cast<size_t>(size_));
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer != rank_ && !needed[static_cast<size_t>(peer)] && mesh_.config.runtime_connect &&
+          transport.canConnectOnDemand(peer)) {
+        on_demand[static_cast<size_t>(peer)] = addressOf(peer);
+      }
     }
-    for (int accepted = 0; accepted < size_ - 1 - rank_; ++accepted) transport.accept(deadline);
+    transport.connectOnDemand(on_demand);
+    int to_accept = 0;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_ || !on_demand[static_cast<size_t>(peer)].empty()) continue;
+      if (peer < rank_) {
+        transport.connect(peer, addressOf(peer), deadline);
+      } else {
+        ++to_accept;
+      }
+    }
+    for (int accepted = 0; accepted < to_accept; ++accepted) transport.accept(deadline);
     transport.closeListener();
   };
   connectMesh(*mesh_.transport, false);

@@ -18,11 +18,15 @@ namespace {
 constexpr uint32_t kHandshakeMagic = 0x53484352;  // "RCHS"
 constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
 
+// A dialer's hello, the acceptor's ack, or a lower rank's note asking the
+// acceptor to dial it (askToDial).
+enum HandshakeKind : uint16_t { kHello = 0, kAck = 1, kDialMe = 2 };
+
 #pragma pack(push, 1)
 struct Handshake {
   uint32_t magic;
   uint16_t version;
-  uint16_t is_ack;
+  uint16_t kind;  // HandshakeKind
   uint32_t src_rank;
   uint32_t dst_rank;
   uint64_t comm_id;
@@ -34,11 +38,11 @@ struct Handshake {
 static_assert(sizeof(Handshake) == 44, "the handshake is 44 bytes");
 constexpr int kMaxLanes = 64;
 
-Handshake makeHandshake(const ConnectInfo& info, int dst_rank, bool is_ack, int lane, int lanes) {
+Handshake makeHandshake(const ConnectInfo& info, int dst_rank, HandshakeKind kind, int lane, int lanes) {
   Handshake h{};
   h.magic = kHandshakeMagic;
   h.version = kWireVersion;
-  h.is_ack = is_ack ? 1 : 0;
+  h.kind = kind;
   h.src_rank = static_cast<uint32_t>(info.rank);
   h.dst_rank = static_cast<uint32_t>(dst_rank);
   h.comm_id = info.comm_id;
@@ -55,20 +59,25 @@ bool sameToken(const uint8_t* a, const uint8_t* b) {
   return diff == 0;
 }
 
-// "" if `h` is a valid handshake of our communicator from `expected_src`
-// (-1 = any rank above ours) to us.
+// "" if `h` is a valid handshake of our communicator from `expected_src` to
+// us. -1: any rank above ours for a hello (the higher rank dials), any rank
+// below for a note asking us to dial; an ack comes from the rank we dialed.
 std::string checkHandshake(const Handshake& h, const ConnectInfo& info, int expected_src, bool want_ack) {
   if (h.magic != kHandshakeMagic) return "not an rcoll handshake";
   if (h.version != kWireVersion) {
     return strFormat("rcoll wire version %u, this rank speaks %u", h.version, kWireVersion);
   }
-  if ((h.is_ack != 0) != want_ack) return "unexpected handshake direction";
+  const bool dial_me = !want_ack && h.kind == kDialMe;
+  if (!dial_me && h.kind != (want_ack ? kAck : kHello)) return "unexpected handshake direction";
   if (h.comm_id != info.comm_id || !sameToken(h.token, info.token)) {
     return "wrong job token (a process of another job or communicator?)";
   }
   if (static_cast<int>(h.dst_rank) != info.rank) return "addressed to another rank";
   int src = static_cast<int>(h.src_rank);
-  if (expected_src >= 0 ? src != expected_src : (src <= info.rank || src >= info.size)) {
+  const bool src_ok = expected_src >= 0 ? src == expected_src
+                      : dial_me         ? src >= 0 && src < info.rank
+                                        : src > info.rank && src < info.size;
+  if (!src_ok) {
     return strFormat("claims to be rank %d", src);
   }
   if (h.lanes == 0 || h.lanes > kMaxLanes || h.lane >= h.lanes) {
@@ -84,6 +93,15 @@ std::string lanesMismatch(const ConnectInfo& info, int peer, int peer_lanes, int
       "rank %d: rank %d opens %d TCP socket(s) per peer while this rank opens %d: set "
       "RCOLL_SOCKETS_PER_PEER to the same value on every rank",
       info.rank, peer, peer_lanes, lanes);
+}
+
+// A peer whose listener refuses after set-up: every rank listens from before
+// it publishes its address until its communicator ends.
+std::string goneText(const ConnectInfo& info, int peer, const std::string& address) {
+  return strFormat(
+      "rank %d: rank %d refused the connection at %s: its process exited, or its communicator was shut down or "
+      "failed",
+      info.rank, peer, address.c_str());
 }
 
 }  // namespace
@@ -157,7 +175,7 @@ PeerListener::PeerListener(const ConnectInfo& info, const std::string& bind_host
     throwError(ErrorKind::kConfig,
                strFormat("rank %d: cannot resolve the data-socket address '%s'", info.rank, bind_host.c_str()));
   }
-  listen_fd_ = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  listen_fd_ = ::socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
       ::listen(listen_fd_, std::max(128, info.size)) != 0) {
     int err = errno;
@@ -205,6 +223,13 @@ bool PeerListener::serviceHandshake(PendingHandshake& p, const std::vector<bool>
   }
   std::string bad = checkHandshake(p.hello, info_, -1, /*want_ack=*/false);
   const int peer = static_cast<int>(p.hello.src_rank);
+  if (bad.empty() && p.hello.kind == kDialMe) {  // a note, not a connection: nothing to answer
+    RCOLL_TRACE("rank %d: rank %d asks to be dialed", info_.rank, peer);
+    dial_requests_.push_back(peer);
+    ::close(p.fd);
+    p.fd = -1;
+    return false;
+  }
   const int lane = p.hello.lane;
   const bool lanes_differ = bad.empty() && p.hello.lanes != lanes_;
   if (bad.empty() && !lanes_differ && connected[static_cast<size_t>(peer * lanes_ + lane)]) {
@@ -219,7 +244,7 @@ bool PeerListener::serviceHandshake(PendingHandshake& p, const std::vector<bool>
   }
   // A rank of this job (it knows the token) that counts sockets differently:
   // the ack carries our count so that it fails at once too, with the same words.
-  Handshake ack = makeHandshake(info_, peer, /*is_ack=*/true, lane, lanes_);
+  Handshake ack = makeHandshake(info_, peer, kAck, lane, lanes_);
   std::string why;
   if (lanes_differ) {
     sendAll(p.fd, &ack, sizeof(ack), std::chrono::steady_clock::now() + kHandshakeTimeout, &why);
@@ -237,9 +262,9 @@ bool PeerListener::serviceHandshake(PendingHandshake& p, const std::vector<bool>
   return true;
 }
 
-int PeerListener::accept(Deadline deadline, const std::vector<bool>& connected, int* fd_out, int* lane_out) {
-  if (listen_fd_ < 0) throwError(ErrorKind::kGeneric, "accept() after the listener was closed");
-  std::vector<pollfd> fds;
+// One pass: drops handshakes that stalled, reads what has arrived of the
+// others and takes new connections, without blocking.
+int PeerListener::step(const std::vector<bool>& connected, int* fd_out, int* lane_out) {
   auto take = [&](PendingHandshake& p, int peer) {
     setNonBlocking(p.fd, false);
     *fd_out = p.fd;
@@ -247,21 +272,47 @@ int PeerListener::accept(Deadline deadline, const std::vector<bool>& connected, 
     p.fd = -1;
     return peer;
   };
-  for (;;) {
-    auto now = std::chrono::steady_clock::now();
-    // Drop handshakes that stalled: a slow or silent client must not hold a slot.
-    for (auto& p : pending_) {
-      if (p->fd >= 0 && now >= p->deadline) {
-        RCOLL_WARN("rank %d: dropped a connection from %s that sent no valid handshake within %lld s", info_.rank,
-                   p->from.c_str(),
-                   static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(kHandshakeTimeout).count()));
-        ::close(p->fd);
-        p->fd = -1;
-      }
+  const auto now = std::chrono::steady_clock::now();
+  // A slow or silent client must not hold a slot.
+  for (auto& p : pending_) {
+    if (p->fd >= 0 && now >= p->deadline) {
+      RCOLL_WARN("rank %d: dropped a connection from %s that sent no valid handshake within %lld s", info_.rank,
+                 p->from.c_str(),
+                 static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(kHandshakeTimeout).count()));
+      ::close(p->fd);
+      p->fd = -1;
     }
-    pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [](const auto& p) { return p->fd < 0; }),
-                   pending_.end());
-    if (now >= deadline) {
+  }
+  int peer = -1;
+  for (auto& p : pending_) {
+    if (p->fd >= 0 && serviceHandshake(*p, connected, &peer)) return take(*p, peer);
+  }
+  pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [](const auto& p) { return p->fd < 0; }),
+                 pending_.end());
+  for (;;) {
+    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR) continue;
+      return -1;  // EAGAIN: nobody else is waiting; anything else is the next pass's
+    }
+    applySocketOptions(fd, options_);
+    auto p = std::make_unique<PendingHandshake>();
+    p->fd = fd;
+    p->from = peerName(fd);
+    p->deadline = std::chrono::steady_clock::now() + kHandshakeTimeout;
+    pending_.push_back(std::move(p));
+    // The hello often arrives with the SYN's ACK.
+    if (serviceHandshake(*pending_.back(), connected, &peer)) return take(*pending_.back(), peer);
+  }
+}
+
+int PeerListener::accept(Deadline deadline, const std::vector<bool>& connected, int* fd_out, int* lane_out) {
+  if (listen_fd_ < 0) throwError(ErrorKind::kGeneric, "accept() after the listener was closed");
+  std::vector<pollfd> fds;
+  for (;;) {
+    const int peer = step(connected, fd_out, lane_out);
+    if (peer >= 0) return peer;
+    if (std::chrono::steady_clock::now() >= deadline) {
       size_t done = 0;  // peers with every lane
       for (size_t i = 0; i + static_cast<size_t>(lanes_) <= connected.size(); i += static_cast<size_t>(lanes_)) {
         done += std::all_of(connected.begin() + static_cast<long>(i), connected.begin() + static_cast<long>(i) + lanes_,
@@ -271,39 +322,42 @@ int PeerListener::accept(Deadline deadline, const std::vector<bool>& connected, 
                                                 info_.rank, done, info_.size - 1));
     }
     fds.clear();
-    fds.push_back({listen_fd_, POLLIN, 0});
+    appendPollFds(&fds);
     Deadline wake = deadline;
-    for (auto& p : pending_) {
-      fds.push_back({p->fd, POLLIN, 0});
-      wake = std::min(wake, p->deadline);
-    }
+    for (auto& p : pending_) wake = std::min(wake, p->deadline);
     int rc = ::poll(fds.data(), fds.size(), std::max(1, millisecondsUntil(wake)));
     if (rc < 0 && errno != EINTR) throwError(ErrorKind::kGeneric, "poll(): " + errnoText(errno));
-    if (rc <= 0) continue;
-    int peer = -1;
-    for (size_t i = 1; i < fds.size(); ++i) {
-      if (fds[i].revents != 0 && serviceHandshake(*pending_[i - 1], connected, &peer)) {
-        return take(*pending_[i - 1], peer);
-      }
-    }
-    if (fds[0].revents & POLLIN) {
-      int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd >= 0) {
-        applySocketOptions(fd, options_);
-        auto p = std::make_unique<PendingHandshake>();
-        p->fd = fd;
-        p->from = peerName(fd);
-        p->deadline = std::chrono::steady_clock::now() + kHandshakeTimeout;
-        pending_.push_back(std::move(p));
-        // The hello often arrives with the SYN's ACK.
-        if (serviceHandshake(*pending_.back(), connected, &peer)) return take(*pending_.back(), peer);
-      }
-    }
   }
 }
 
+int PeerListener::acceptNow(const std::vector<bool>& connected, int* fd_out, int* lane_out) {
+  if (listen_fd_ < 0) return -1;
+  try {
+    return step(connected, fd_out, lane_out);
+  } catch (const RcollError& e) {  // a rank that counts sockets differently: it fails itself, from the ack
+    RCOLL_WARN("%s", e.what());
+    pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [](const auto& p) { return p->fd < 0; }),
+                   pending_.end());
+    return -1;
+  }
+}
+
+void PeerListener::appendPollFds(std::vector<pollfd>* fds) const {
+  if (listen_fd_ < 0) return;
+  fds->push_back({listen_fd_, POLLIN, 0});
+  for (const auto& p : pending_) {
+    if (p->fd >= 0) fds->push_back({p->fd, POLLIN, 0});
+  }
+}
+
+std::vector<int> PeerListener::takeDialRequests() {
+  std::vector<int> requests;
+  requests.swap(dial_requests_);
+  return requests;
+}
+
 int dialPeer(const ConnectInfo& info, int peer, const std::string& address, Deadline deadline,
-             const SocketOptions& options, int lane, int lanes) {
+             const SocketOptions& options, int lane, int lanes, bool refusal_is_final) {
   std::string host;
   int port = 0;
   sockaddr_storage addr{};
@@ -318,12 +372,14 @@ int dialPeer(const ConnectInfo& info, int peer, const std::string& address, Dead
     if (fd < 0) throwError(ErrorKind::kPeer, "socket(): " + errnoText(errno));
     applySocketOptions(fd, options);
     if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
-      why = errnoText(errno);
+      const int err = errno;
+      why = errnoText(err);
       ::close(fd);
+      if (refusal_is_final && err == ECONNREFUSED) throwError(ErrorKind::kPeer, goneText(info, peer, address));
       ::usleep(50 * 1000);  // the peer listens before it publishes; this is only a transient refusal
       continue;
     }
-    Handshake hello = makeHandshake(info, peer, /*is_ack=*/false, lane, lanes);
+    Handshake hello = makeHandshake(info, peer, kHello, lane, lanes);
     Handshake ack{};
     if (sendAll(fd, &hello, sizeof(hello), deadline, &why) && recvAll(fd, &ack, sizeof(ack), deadline, &why)) {
       std::string bad = checkHandshake(ack, info, peer, /*want_ack=*/true);
@@ -343,6 +399,44 @@ int dialPeer(const ConnectInfo& info, int peer, const std::string& address, Dead
   }
   throwError(ErrorKind::kTimeout, strFormat("rank %d: could not connect to rank %d at %s: %s", info.rank, peer,
                                             address.c_str(), why.c_str()));
+}
+
+void askToDial(const ConnectInfo& info, int peer, const std::string& address, Deadline deadline,
+               const SocketOptions& options) {
+  std::string host;
+  int port = 0;
+  sockaddr_storage addr{};
+  unsigned len = 0;
+  if (!splitHostPort(address, &host, &port) || !resolveHost(host, port, &addr, &len)) {
+    throwError(ErrorKind::kConfig,
+               strFormat("rank %d: rank %d published an unusable address '%s'", info.rank, peer, address.c_str()));
+  }
+  int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) throwError(ErrorKind::kPeer, "socket(): " + errnoText(errno));
+  applySocketOptions(fd, options);
+  // The kernel completes the connection from the listen queue; the peer's
+  // thread need not be there. Non-blocking, so that a host that is gone costs
+  // at most until `deadline`, not the kernel's SYN retries.
+  int err = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) == 0 ? 0 : errno;
+  if (err == EINPROGRESS) {
+    pollfd p{fd, POLLOUT, 0};
+    int rc = 0;
+    do {
+      rc = ::poll(&p, 1, std::max(1, millisecondsUntil(deadline)));
+    } while (rc < 0 && errno == EINTR);
+    socklen_t err_len = sizeof(err);
+    err = rc == 0 ? ETIMEDOUT : 0;
+    if (rc > 0) getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &err_len);
+  }
+  const Handshake note = makeHandshake(info, peer, kDialMe, 0, 1);
+  std::string why;
+  if (err == 0 && !sendAll(fd, &note, sizeof(note), deadline, &why)) err = EPIPE;
+  ::close(fd);  // nothing comes back: the peer answers by dialing
+  if (err == ECONNREFUSED) throwError(ErrorKind::kPeer, goneText(info, peer, address));
+  if (err != 0) {
+    throwError(ErrorKind::kPeer, strFormat("rank %d: could not reach rank %d at %s to ask it to connect: %s", info.rank,
+                                           peer, address.c_str(), why.empty() ? errnoText(err).c_str() : why.c_str()));
+  }
 }
 
 }  // namespace rcoll

@@ -40,12 +40,22 @@ class PeerListener {
   // number of sockets per peer (after telling it so in the ack). `lane` may
   // be null where one socket per peer is all there is.
   int accept(Deadline deadline, const std::vector<bool>& connected, int* fd, int* lane = nullptr);
+  // The same without blocking, for a transport that keeps accepting after
+  // set-up (connections on demand, transport.h): one pass over what has
+  // arrived; -1 when no handshake completed. A peer that errs is dropped with
+  // a WARN, never thrown. appendPollFds() adds what a sleep must watch.
+  int acceptNow(const std::vector<bool>& connected, int* fd, int* lane = nullptr);
+  void appendPollFds(std::vector<pollfd>* fds) const;
+  // The lower ranks that asked this one to dial them (askToDial) since the
+  // last call.
+  std::vector<int> takeDialRequests();
   void close();  // no more peers will come
   bool closed() const { return listen_fd_ < 0; }
 
  private:
   struct PendingHandshake;
   bool serviceHandshake(PendingHandshake& pending, const std::vector<bool>& connected, int* peer);
+  int step(const std::vector<bool>& connected, int* fd, int* lane);  // one pass; -1: nothing complete
 
   ConnectInfo info_;
   SocketOptions options_;
@@ -53,6 +63,7 @@ class PeerListener {
   int listen_fd_ = -1;
   std::string address_;
   std::vector<std::unique_ptr<PendingHandshake>> pending_;
+  std::vector<int> dial_requests_;
 };
 
 // Connects to `peer` at `address` and completes the handshake of socket `lane`
@@ -60,8 +71,19 @@ class PeerListener {
 // peer may not listen yet); throws RcollError(kPeer) if the process there is
 // not that rank of this job, RcollError(kConfig) if it expects another number
 // of sockets per peer.
+// `refusal_is_final`: after set-up every peer listens, so a refusal means it
+// is gone (RcollError(kPeer) at once) rather than not listening yet.
 int dialPeer(const ConnectInfo& info, int peer, const std::string& address, Deadline deadline,
-             const SocketOptions& options, int lane = 0, int lanes = 1);
+             const SocketOptions& options, int lane = 0, int lanes = 1, bool refusal_is_final = false);
+
+// Connections on demand: the higher rank of a pair dials, so that two dials
+// never cross. A lower rank that needs a higher one asks it to, with a note
+// (the handshake, marked "dial me") that it sends without waiting for an
+// answer: a rank blocked in a dial never waits on one that is waiting for it.
+// Throws RcollError(kPeer) when `peer`'s listener refuses or cannot be reached
+// before `deadline`.
+void askToDial(const ConnectInfo& info, int peer, const std::string& address, Deadline deadline,
+               const SocketOptions& options);
 
 // An abort message's header: kAbort, the sender's ErrorKind and text length.
 WireHeader makeAbortHeader(const ConnectInfo& info, ErrorKind kind, size_t text_bytes);

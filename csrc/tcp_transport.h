@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "config.h"
+#include "on_demand_connector.h"
 #include "peer_listener.h"
 #include "request_lifecycle.h"
 #include "socket_util.h"
@@ -42,6 +43,8 @@ class TcpTransport : public Transport {
   int accept(Deadline deadline) override;
   void closeListener() override;
   bool connected(int peer) const override;
+  bool canConnectOnDemand(int) const override { return true; }
+  void connectOnDemand(const std::vector<std::string>& addresses) override;
 
   MemoryHandle registerMemory(void*, size_t) override { return nullptr; }
   void deregisterMemory(MemoryHandle) override {}
@@ -77,6 +80,11 @@ class TcpTransport : public Transport {
   };
 
   Request* post(TcpRequest* r);  // queues r on its lane, or fails it at once
+  // Adopts what the connector finished; true if a request failed. From
+  // set-up's accept() (`setup_peer`): at most one peer of set-up, returned
+  // there, the others kept for the next call.
+  bool adoptOnDemand(int* setup_peer = nullptr);
+  int acceptFromConnector(Deadline deadline);
   void adopt(int peer, int lane, int fd);
   Connection* laneTo(int peer, int k) const { return connections_[static_cast<size_t>(peer * lanes_ + k)].get(); }
   bool driveAll();  // true if any request completed or failed
@@ -104,6 +112,13 @@ class TcpTransport : public Transport {
   std::vector<pollfd> poll_fds_;  // progress() scratch
   bool aborted_ = false;
   bool settled_ = false;  // settleAbort() ran
+  // Connections on demand (null when every peer connected at set-up); per
+  // peer, the requests posted before it connected (in order) and why it
+  // could not be reached.
+  std::unique_ptr<OnDemandConnector> connector_;
+  std::vector<std::deque<TcpRequest*>> awaiting_;
+  std::vector<std::unique_ptr<TransportFailure>> unreachable_;
+  std::deque<OnDemandConnector::Outcome> delivered_;  // taken from the connector, not yet adopted
 };
 
 }  // namespace rcoll

@@ -75,6 +75,15 @@ class Transport {
   virtual int accept(std::chrono::steady_clock::time_point deadline) = 0;  // returns the peer's rank
   virtual void closeListener() = 0;                                        // no more peers will come: stop accepting
   virtual bool connected(int peer) const = 0;
+  // Connections on first use, for the peers where canConnectOnDemand(peer).
+  // Called before set-up connects the others: `addresses` holds the published
+  // address of each peer to connect on first use ("" for the peers of
+  // set-up). accept() then returns set-up peers only, and closeListener()
+  // leaves the listener open for the rest. The first isend/irecv to such a
+  // peer connects it (on_demand_connector.h); its messages wait in order
+  // until it is.
+  virtual bool canConnectOnDemand(int /*peer*/) const { return false; }
+  virtual void connectOnDemand(const std::vector<std::string>& /*addresses*/) {}
   // Which peers this transport serves (all by default, indexed by rank). A
   // composite gives each child its share before the mesh forms, so that a
   // child's accept() takes its own peers only and drops any other with a WARN.
