@@ -86,11 +86,12 @@ std::vector<OnDemandConnector::Outcome> OnDemandConnector::take() {
 
 void OnDemandConnector::deliver(Outcome outcome) {
   state_[static_cast<size_t>(outcome.peer)] = PeerState::kDone;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    outcomes_.push_back(std::move(outcome));
-    has_outcomes_.store(true, std::memory_order_release);
-  }
+  // Signalled under the lock, so that take()'s drain always goes with the
+  // outcomes it takes: a signal left behind would keep the transport's
+  // poll(2) waking with nothing to take.
+  std::lock_guard<std::mutex> lock(mutex_);
+  outcomes_.push_back(std::move(outcome));
+  has_outcomes_.store(true, std::memory_order_release);
   signal(ready_fd_);
 }
 
