@@ -28,6 +28,8 @@ void drain(int fd) {
 // How often the thread looks again with nothing to wake it: the listener's
 // stalled handshakes have deadlines of their own.
 constexpr auto kIdleWake = std::chrono::milliseconds(500);
+// How often a note is sent again to a higher rank that has not dialed yet.
+constexpr auto kNoteInterval = std::chrono::seconds(1);
 
 }  // namespace
 
@@ -41,17 +43,27 @@ OnDemandConnector::OnDemandConnector(const ConnectInfo& info, std::unique_ptr<Pe
       lanes_(lanes),
       dial_timeout_(dial_timeout),
       state_(static_cast<size_t>(info.size), PeerState::kIdle),
-      accepted_(static_cast<size_t>(info.size) * static_cast<size_t>(lanes), -1) {
+      sockets_(static_cast<size_t>(info.size) * static_cast<size_t>(lanes), -1),
+      asked_until_(static_cast<size_t>(info.size)),
+      next_note_(static_cast<size_t>(info.size)) {
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   ready_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (wake_fd_ < 0 || ready_fd_ < 0) throwError(ErrorKind::kGeneric, "eventfd(): " + errnoText(errno));
+  if (wake_fd_ < 0 || ready_fd_ < 0) {
+    const int err = errno;
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+    if (ready_fd_ >= 0) ::close(ready_fd_);
+    throwError(ErrorKind::kGeneric, "eventfd(): " + errnoText(err));
+  }
   thread_ = std::thread([this] { loop(); });
 }
 
+// Nothing here blocks for long: dials are non-blocking, so stop() ends the
+// thread within one poll.
 OnDemandConnector::~OnDemandConnector() {
   stop();
   if (thread_.joinable()) thread_.join();
-  for (int fd : accepted_) {
+  dials_.clear();
+  for (int fd : sockets_) {
     if (fd >= 0) ::close(fd);
   }
   for (const Outcome& o : outcomes_) {
@@ -95,23 +107,18 @@ void OnDemandConnector::deliver(Outcome outcome) {
   signal(ready_fd_);
 }
 
-// A lower rank: every lane, or nothing. Its connector answers at once unless
-// it is dialing a rank lower still.
-void OnDemandConnector::dial(int peer) {
+void OnDemandConnector::deliverFailure(int peer, const TransportFailure& failure) {
+  // The peer's other lanes: what was connected closes, what was dialing stops.
+  for (int k = 0; k < lanes_; ++k) {
+    int& fd = sockets_[static_cast<size_t>(peer * lanes_ + k)];
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+  dials_.erase(std::remove_if(dials_.begin(), dials_.end(), [&](const auto& d) { return d->peer() == peer; }),
+               dials_.end());
   Outcome outcome;
   outcome.peer = peer;
-  const std::string& address = addresses_[static_cast<size_t>(peer)];
-  const auto deadline = std::chrono::steady_clock::now() + dial_timeout_;
-  RCOLL_INFO("rank %d: connecting to rank %d on first use (%s)", info_.rank, peer, address.c_str());
-  try {
-    for (int k = 0; k < lanes_; ++k) {
-      outcome.fds.push_back(dialPeer(info_, peer, address, deadline, options_, k, lanes_, true));
-    }
-  } catch (const RcollError& e) {
-    for (int fd : outcome.fds) ::close(fd);
-    outcome.fds.clear();
-    outcome.failure = {ErrorKind::kPeer, e.what()};
-  }
+  outcome.failure = failure;
   deliver(std::move(outcome));
 }
 
@@ -120,14 +127,23 @@ void OnDemandConnector::loop() {
   while (!stopping_.load()) {
     acceptDialers();
     connectWanted();
+    finishDials();
     fds.clear();
     fds.push_back({wake_fd_, POLLIN, 0});
     listener_->appendPollFds(&fds);
-    if (::poll(fds.data(), fds.size(), static_cast<int>(kIdleWake.count())) < 0 && errno != EINTR) {
+    const size_t first_dial = fds.size();
+    auto wake = std::chrono::steady_clock::now() + kIdleWake;
+    for (const auto& d : dials_) {
+      fds.push_back(d->pollFd());
+      wake = std::min(wake, d->deadline());
+    }
+    for (int peer : asked_) wake = std::min(wake, next_note_[static_cast<size_t>(peer)]);
+    if (::poll(fds.data(), fds.size(), std::max(1, millisecondsUntil(wake))) < 0 && errno != EINTR) {
       RCOLL_WARN("rank %d: connections on demand stopped: poll(): %s", info_.rank, errnoText(errno).c_str());
       break;
     }
     drain(wake_fd_);
+    for (size_t k = 0; k < dials_.size(); ++k) dials_[k]->step(fds[first_dial + k].revents);
   }
   listener_->close();
 }
@@ -136,16 +152,16 @@ void OnDemandConnector::loop() {
 // every lane of it is in.
 void OnDemandConnector::acceptDialers() {
   for (;;) {
-    std::vector<bool> taken(accepted_.size());
+    std::vector<bool> taken(sockets_.size());
     for (size_t i = 0; i < taken.size(); ++i) {
-      taken[i] = accepted_[i] >= 0 || state_[i / static_cast<size_t>(lanes_)] == PeerState::kDone;
+      taken[i] = sockets_[i] >= 0 || state_[i / static_cast<size_t>(lanes_)] == PeerState::kDone;
     }
     int fd = -1;
     int lane = 0;
     const int peer = listener_->acceptNow(taken, &fd, &lane);
     if (peer < 0) return;
-    accepted_[static_cast<size_t>(peer * lanes_ + lane)] = fd;
-    const auto first = accepted_.begin() + peer * lanes_;
+    sockets_[static_cast<size_t>(peer * lanes_ + lane)] = fd;
+    const auto first = sockets_.begin() + peer * lanes_;
     if (std::all_of(first, first + lanes_, [](int f) { return f >= 0; })) {
       Outcome outcome;
       outcome.peer = peer;
@@ -157,7 +173,8 @@ void OnDemandConnector::acceptDialers() {
   }
 }
 
-// Lower ranks that asked to be dialed, and the peers the transport wants.
+// Lower ranks that asked to be dialed and the peers the transport wants:
+// every lane of a lower rank is dialed at once; a higher rank gets a note.
 void OnDemandConnector::connectWanted() {
   std::vector<int> todo = listener_->takeDialRequests();
   {
@@ -165,25 +182,88 @@ void OnDemandConnector::connectWanted() {
     todo.insert(todo.end(), wanted_.begin(), wanted_.end());
     wanted_.clear();
   }
+  const auto now = std::chrono::steady_clock::now();
   for (int peer : todo) {
-    if (stopping_.load()) return;
     if (peer < 0 || peer >= info_.size || !onDemand(peer) || state_[static_cast<size_t>(peer)] != PeerState::kIdle) {
       continue;
     }
+    const std::string& address = addresses_[static_cast<size_t>(peer)];
     if (peer < info_.rank) {
-      dial(peer);
+      RCOLL_INFO("rank %d: connecting to rank %d on first use (%s)", info_.rank, peer, address.c_str());
+      state_[static_cast<size_t>(peer)] = PeerState::kDialing;
+      for (int k = 0; k < lanes_; ++k) {
+        dials_.push_back(
+            std::make_unique<PendingDial>(info_, peer, address, options_, k, lanes_, false, now + dial_timeout_));
+      }
       continue;
     }
-    RCOLL_INFO("rank %d: asking rank %d to connect on first use (%s)", info_.rank, peer,
-               addresses_[static_cast<size_t>(peer)].c_str());
-    try {
-      askToDial(info_, peer, addresses_[static_cast<size_t>(peer)], std::chrono::steady_clock::now() + dial_timeout_,
-                options_);
-      state_[static_cast<size_t>(peer)] = PeerState::kAsked;  // it dials back; acceptDialers() takes it
-    } catch (const RcollError& e) {
+    RCOLL_INFO("rank %d: asking rank %d to connect on first use (%s)", info_.rank, peer, address.c_str());
+    state_[static_cast<size_t>(peer)] = PeerState::kAsked;
+    asked_.push_back(peer);
+    asked_until_[static_cast<size_t>(peer)] = now + dial_timeout_;
+    next_note_[static_cast<size_t>(peer)] = now;
+  }
+  // Notes: the first at once, then one a second until the peer dials; a note
+  // that is refused tells this rank the peer is gone (finishDials).
+  for (size_t i = 0; i < asked_.size();) {
+    const int peer = asked_[i];
+    const auto p = static_cast<size_t>(peer);
+    if (state_[p] != PeerState::kAsked) {  // it dialed, or failed
+      asked_[i] = asked_.back();
+      asked_.pop_back();
+      continue;
+    }
+    if (now >= asked_until_[p]) {
+      deliverFailure(
+          peer,
+          {ErrorKind::kTimeout,
+           strFormat("rank %d: asked rank %d to connect %lld s ago and it has not (is it stuck?)", info_.rank, peer,
+                     static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(dial_timeout_).count()))});
+      continue;  // state kDone: removed on the next pass
+    }
+    if (now >= next_note_[p]) {
+      next_note_[p] = now + kNoteInterval;
+      dials_.push_back(std::make_unique<PendingDial>(info_, peer, addresses_[p], options_, 0, lanes_, true,
+                                                     std::min(asked_until_[p], now + kNoteInterval)));
+    }
+    ++i;
+  }
+}
+
+// Dials and notes that finished: a lower rank is delivered once every lane
+// of it is connected; a failed dial fails the peer, and so does a refused
+// note (the peer is gone). A note that timed out is simply sent again.
+void OnDemandConnector::finishDials() {
+  for (size_t i = 0; i < dials_.size();) {
+    PendingDial& d = *dials_[i];
+    const int peer = d.peer();
+    const auto state = d.step(0);
+    if (state == PendingDial::State::kRunning) {
+      ++i;
+      continue;
+    }
+    const bool fails_peer = state == PendingDial::State::kFailed &&
+                            (!d.isNote() || (state_[static_cast<size_t>(peer)] == PeerState::kAsked &&
+                                             d.failure().kind != ErrorKind::kTimeout));
+    if (fails_peer) {
+      RCOLL_INFO("rank %d: %s", info_.rank, d.failure().message.c_str());
+      const TransportFailure failure = d.failure();
+      deliverFailure(peer, failure);  // erases this dial and the peer's others
+      i = 0;
+      continue;
+    }
+    if (d.isNote() || state != PendingDial::State::kDone) {
+      dials_.erase(dials_.begin() + static_cast<long>(i));
+      continue;
+    }
+    sockets_[static_cast<size_t>(peer * lanes_ + d.lane())] = d.takeFd();
+    dials_.erase(dials_.begin() + static_cast<long>(i));
+    const auto first = sockets_.begin() + peer * lanes_;
+    if (std::all_of(first, first + lanes_, [](int f) { return f >= 0; })) {
       Outcome outcome;
       outcome.peer = peer;
-      outcome.failure = {ErrorKind::kPeer, e.what()};
+      outcome.fds.assign(first, first + lanes_);
+      std::fill(first, first + lanes_, -1);
       deliver(std::move(outcome));
     }
   }

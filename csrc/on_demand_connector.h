@@ -5,8 +5,10 @@
 // (peer_listener.h: the higher rank of a pair always dials, so two dials never
 // cross). The transport's thread never blocks on a connection: it names the
 // peers it needs (want()) and takes the finished sockets (take()) when
-// readyFd() turns readable. A dial only ever waits on a lower rank's
-// connector, so a chain of them always ends at rank 0.
+// readyFd() turns readable. Nor does the connector: its dials and notes are
+// non-blocking (PendingDial) and share one poll(2) with the listener, so it
+// answers every peer at once whatever it is dialing, and stop() ends it
+// within one poll.
 #pragma once
 
 #include <atomic>
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "peer_listener.h"
+#include "socket_util.h"
 #include "transport.h"
 
 namespace rcoll {
@@ -53,9 +56,10 @@ class OnDemandConnector {
  private:
   void loop();
   void acceptDialers();
-  void connectWanted();
-  void dial(int peer);
+  void connectWanted();  // starts dials and notes; re-sends notes; gives up on peers that never came
+  void finishDials();
   void deliver(Outcome outcome);
+  void deliverFailure(int peer, const TransportFailure& failure);
 
   const ConnectInfo info_;
   std::unique_ptr<PeerListener> listener_;  // the thread's alone
@@ -72,10 +76,16 @@ class OnDemandConnector {
   std::atomic<bool> has_outcomes_{false};
   std::atomic<bool> stopping_{false};
 
-  // The thread's alone.
-  enum class PeerState : uint8_t { kIdle, kAsked, kDone };  // kAsked: to dial; kDone: delivered
-  std::vector<PeerState> state_;                            // per peer
-  std::vector<int> accepted_;  // per peer * lanes + lane: the socket of a lane that came in, or -1
+  // The thread's alone. kDialing: dials (one per lane) in dials_; kAsked: a
+  // note sent, waiting for the peer to dial, re-sent every second (a peer
+  // that is gone then refuses it) until asked_until_; kDone: delivered.
+  enum class PeerState : uint8_t { kIdle, kDialing, kAsked, kDone };
+  std::vector<PeerState> state_;                     // per peer
+  std::vector<int> sockets_;                         // per peer * lanes + lane: a lane connected, or -1
+  std::vector<std::unique_ptr<PendingDial>> dials_;  // dials and notes in flight
+  std::vector<int> asked_;                           // peers in kAsked
+  std::vector<Deadline> asked_until_;                // per peer in kAsked
+  std::vector<Deadline> next_note_;                  // per peer in kAsked
   std::thread thread_;
 };
 

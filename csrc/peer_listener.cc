@@ -357,7 +357,7 @@ std::vector<int> PeerListener::takeDialRequests() {
 }
 
 int dialPeer(const ConnectInfo& info, int peer, const std::string& address, Deadline deadline,
-             const SocketOptions& options, int lane, int lanes, bool refusal_is_final) {
+             const SocketOptions& options, int lane, int lanes) {
   std::string host;
   int port = 0;
   sockaddr_storage addr{};
@@ -372,10 +372,8 @@ int dialPeer(const ConnectInfo& info, int peer, const std::string& address, Dead
     if (fd < 0) throwError(ErrorKind::kPeer, "socket(): " + errnoText(errno));
     applySocketOptions(fd, options);
     if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
-      const int err = errno;
-      why = errnoText(err);
+      why = errnoText(errno);
       ::close(fd);
-      if (refusal_is_final && err == ECONNREFUSED) throwError(ErrorKind::kPeer, goneText(info, peer, address));
       ::usleep(50 * 1000);  // the peer listens before it publishes; this is only a transient refusal
       continue;
     }
@@ -401,42 +399,132 @@ int dialPeer(const ConnectInfo& info, int peer, const std::string& address, Dead
                                             address.c_str(), why.c_str()));
 }
 
-void askToDial(const ConnectInfo& info, int peer, const std::string& address, Deadline deadline,
-               const SocketOptions& options) {
+PendingDial::PendingDial(const ConnectInfo& info, int peer, const std::string& address, const SocketOptions& options,
+                         int lane, int lanes, bool note, Deadline deadline)
+    : info_(info), peer_(peer), address_(address), lane_(lane), lanes_(lanes), note_(note), deadline_(deadline) {
   std::string host;
   int port = 0;
   sockaddr_storage addr{};
   unsigned len = 0;
   if (!splitHostPort(address, &host, &port) || !resolveHost(host, port, &addr, &len)) {
-    throwError(ErrorKind::kConfig,
-               strFormat("rank %d: rank %d published an unusable address '%s'", info.rank, peer, address.c_str()));
+    fail(ErrorKind::kConfig,
+         strFormat("rank %d: rank %d published an unusable address '%s'", info.rank, peer, address.c_str()));
+    return;
   }
-  int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) throwError(ErrorKind::kPeer, "socket(): " + errnoText(errno));
-  applySocketOptions(fd, options);
-  // The kernel completes the connection from the listen queue; the peer's
-  // thread need not be there. Non-blocking, so that a host that is gone costs
-  // at most until `deadline`, not the kernel's SYN retries.
-  int err = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) == 0 ? 0 : errno;
-  if (err == EINPROGRESS) {
-    pollfd p{fd, POLLOUT, 0};
-    int rc = 0;
-    do {
-      rc = ::poll(&p, 1, std::max(1, millisecondsUntil(deadline)));
-    } while (rc < 0 && errno == EINTR);
+  fd_ = ::socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd_ < 0) {
+    fail(ErrorKind::kPeer, "socket(): " + errnoText(errno));
+    return;
+  }
+  applySocketOptions(fd_, options);
+  const Handshake hello = makeHandshake(info, peer, note ? kDialMe : kHello, lane, lanes);
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&hello);
+  out_.assign(bytes, bytes + sizeof(hello));
+  in_.resize(sizeof(Handshake));
+  if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), len) == 0) {
+    phase_ = Phase::kSending;
+  } else if (errno != EINPROGRESS) {
+    const int err = errno;
+    fail(ErrorKind::kPeer, err == ECONNREFUSED ? goneText(info, peer, address)
+                                               : strFormat("rank %d: could not connect to rank %d at %s: %s", info.rank,
+                                                           peer, address.c_str(), errnoText(err).c_str()));
+  }
+}
+
+PendingDial::~PendingDial() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void PendingDial::fail(ErrorKind kind, const std::string& message) {
+  state_ = State::kFailed;
+  failure_ = {kind, message};
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+pollfd PendingDial::pollFd() const {
+  return {fd_, static_cast<short>(phase_ == Phase::kReceiving ? POLLIN : POLLOUT), 0};
+}
+
+int PendingDial::takeFd() {
+  const int fd = fd_;
+  fd_ = -1;
+  setNonBlocking(fd, false);
+  return fd;
+}
+
+PendingDial::State PendingDial::step(short revents) {
+  if (state_ != State::kRunning) return state_;
+  if (std::chrono::steady_clock::now() >= deadline_) {
+    fail(ErrorKind::kTimeout, strFormat("rank %d: could not %s rank %d at %s: no answer in time", info_.rank,
+                                        note_ ? "reach" : "connect to", peer_, address_.c_str()));
+    return state_;
+  }
+  if (phase_ == Phase::kConnecting) {
+    if (revents == 0) return state_;
+    int err = 0;
     socklen_t err_len = sizeof(err);
-    err = rc == 0 ? ETIMEDOUT : 0;
-    if (rc > 0) getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &err_len);
+    getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &err_len);
+    if (err != 0) {
+      fail(ErrorKind::kPeer, err == ECONNREFUSED
+                                 ? goneText(info_, peer_, address_)
+                                 : strFormat("rank %d: could not connect to rank %d at %s: %s", info_.rank, peer_,
+                                             address_.c_str(), errnoText(err).c_str()));
+      return state_;
+    }
+    phase_ = Phase::kSending;
   }
-  const Handshake note = makeHandshake(info, peer, kDialMe, 0, 1);
-  std::string why;
-  if (err == 0 && !sendAll(fd, &note, sizeof(note), deadline, &why)) err = EPIPE;
-  ::close(fd);  // nothing comes back: the peer answers by dialing
-  if (err == ECONNREFUSED) throwError(ErrorKind::kPeer, goneText(info, peer, address));
-  if (err != 0) {
-    throwError(ErrorKind::kPeer, strFormat("rank %d: could not reach rank %d at %s to ask it to connect: %s", info.rank,
-                                           peer, address.c_str(), why.empty() ? errnoText(err).c_str() : why.c_str()));
+  while (phase_ == Phase::kSending) {
+    const ssize_t n = ::send(fd_, out_.data() + sent_, out_.size() - sent_, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return state_;
+    if (n < 0) {
+      fail(ErrorKind::kPeer,
+           strFormat("rank %d: lost rank %d during the handshake: %s", info_.rank, peer_, errnoText(errno).c_str()));
+      return state_;
+    }
+    sent_ += static_cast<size_t>(n);
+    if (sent_ == out_.size()) {
+      if (note_) {  // nothing comes back: the peer answers by dialing
+        ::close(fd_);
+        fd_ = -1;
+        state_ = State::kDone;
+        return state_;
+      }
+      phase_ = Phase::kReceiving;
+    }
   }
+  while (got_ < in_.size()) {
+    const ssize_t n = ::recv(fd_, in_.data() + got_, in_.size() - got_, MSG_DONTWAIT);
+    if (n > 0) {
+      got_ += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return state_;
+    fail(ErrorKind::kPeer,
+         n == 0 ? strFormat("rank %d: rank %d at %s closed the connection during the handshake (it refused this rank, "
+                            "or it is shutting down)",
+                            info_.rank, peer_, address_.c_str())
+                : strFormat("rank %d: lost rank %d during the handshake: %s", info_.rank, peer_,
+                            errnoText(errno).c_str()));
+    return state_;
+  }
+  Handshake ack{};
+  std::memcpy(&ack, in_.data(), sizeof(ack));
+  std::string bad = checkHandshake(ack, info_, peer_, /*want_ack=*/true);
+  if (bad.empty() && ack.lane != lane_) bad = strFormat("acknowledged socket %u instead of %d", ack.lane, lane_);
+  if (bad.empty() && ack.lanes != lanes_) {
+    fail(ErrorKind::kConfig, lanesMismatch(info_, peer_, ack.lanes, lanes_));
+    return state_;
+  }
+  if (!bad.empty()) {
+    fail(ErrorKind::kPeer, strFormat("rank %d: the process at %s is not rank %d of this job: %s", info_.rank,
+                                     address_.c_str(), peer_, bad.c_str()));
+    return state_;
+  }
+  state_ = State::kDone;
+  return state_;
 }
 
 }  // namespace rcoll

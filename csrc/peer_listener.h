@@ -46,7 +46,7 @@ class PeerListener {
   // a WARN, never thrown. appendPollFds() adds what a sleep must watch.
   int acceptNow(const std::vector<bool>& connected, int* fd, int* lane = nullptr);
   void appendPollFds(std::vector<pollfd>* fds) const;
-  // The lower ranks that asked this one to dial them (askToDial) since the
+  // The lower ranks that asked this one to dial them (a PendingDial note) since the
   // last call.
   std::vector<int> takeDialRequests();
   void close();  // no more peers will come
@@ -71,19 +71,57 @@ class PeerListener {
 // peer may not listen yet); throws RcollError(kPeer) if the process there is
 // not that rank of this job, RcollError(kConfig) if it expects another number
 // of sockets per peer.
-// `refusal_is_final`: after set-up every peer listens, so a refusal means it
-// is gone (RcollError(kPeer) at once) rather than not listening yet.
 int dialPeer(const ConnectInfo& info, int peer, const std::string& address, Deadline deadline,
-             const SocketOptions& options, int lane = 0, int lanes = 1, bool refusal_is_final = false);
+             const SocketOptions& options, int lane = 0, int lanes = 1);
 
-// Connections on demand: the higher rank of a pair dials, so that two dials
-// never cross. A lower rank that needs a higher one asks it to, with a note
-// (the handshake, marked "dial me") that it sends without waiting for an
-// answer: a rank blocked in a dial never waits on one that is waiting for it.
-// Throws RcollError(kPeer) when `peer`'s listener refuses or cannot be reached
-// before `deadline`.
-void askToDial(const ConnectInfo& info, int peer, const std::string& address, Deadline deadline,
-               const SocketOptions& options);
+// A dial that never blocks, for connections on demand (on_demand_connector.h),
+// where one thread dials and accepts for a whole rank: a non-blocking
+// connect, then the hello, then the ack, each step taken when poll(2) says
+// the socket is ready. The higher rank of a pair dials, so that two dials
+// never cross; a lower rank that needs a higher one sends it a "dial me"
+// note instead (`note`: the handshake marked so, then the socket is closed;
+// nothing comes back, the peer answers by dialing), which it never waits on
+// beyond the kernel's connect. After set-up every peer listens, so a refusal
+// means the peer is gone.
+class PendingDial {
+ public:
+  enum class State { kRunning, kDone, kFailed };
+  PendingDial(const ConnectInfo& info, int peer, const std::string& address, const SocketOptions& options, int lane,
+              int lanes, bool note, Deadline deadline);
+  ~PendingDial();  // closes the socket unless takeFd() took it
+  PendingDial(const PendingDial&) = delete;
+  PendingDial& operator=(const PendingDial&) = delete;
+
+  // Advances as far as the socket allows; `revents` from the last poll (0: look anyway).
+  State step(short revents);
+  State state() const { return state_; }
+  pollfd pollFd() const;  // what to wait for while kRunning
+  Deadline deadline() const { return deadline_; }
+  int peer() const { return peer_; }
+  int lane() const { return lane_; }
+  bool isNote() const { return note_; }
+  int takeFd();                                                 // kDone, not a note: a blocking socket
+  const TransportFailure& failure() const { return failure_; }  // kFailed
+
+ private:
+  void fail(ErrorKind kind, const std::string& message);
+
+  ConnectInfo info_;
+  int peer_;
+  std::string address_;
+  int lane_;
+  int lanes_;
+  bool note_;
+  Deadline deadline_;
+  int fd_ = -1;
+  enum class Phase { kConnecting, kSending, kReceiving } phase_ = Phase::kConnecting;
+  std::vector<unsigned char> out_;  // the hello (or note) still to send
+  size_t sent_ = 0;
+  std::vector<unsigned char> in_;  // the ack, as it arrives
+  size_t got_ = 0;
+  State state_ = State::kRunning;
+  TransportFailure failure_;
+};
 
 // An abort message's header: kAbort, the sender's ErrorKind and text length.
 WireHeader makeAbortHeader(const ConnectInfo& info, ErrorKind kind, size_t text_bytes);
