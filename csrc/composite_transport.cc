@@ -13,16 +13,6 @@
 
 namespace rcoll {
 
-namespace {
-
-void drainEventfd(int fd) {
-  uint64_t drained = 0;
-  ssize_t ignored = ::read(fd, &drained, sizeof(drained));
-  (void)ignored;
-}
-
-}  // namespace
-
 CompositeTransport::CompositeTransport(const ConnectInfo& info, std::vector<std::unique_ptr<Transport>> children,
                                        std::vector<int> route, std::chrono::microseconds spin)
     : info_(info), spin_(spin), children_(std::move(children)), route_(std::move(route)) {
@@ -260,9 +250,7 @@ void CompositeTransport::takeInterrupt() {
 
 void CompositeTransport::interrupt() {
   interrupted_.store(true, std::memory_order_release);
-  const uint64_t one = 1;
-  ssize_t ignored = ::write(wake_fd_, &one, sizeof(one));
-  (void)ignored;
+  signalEventfd(wake_fd_);
 }
 
 void CompositeTransport::abortPeers(ErrorKind kind, const std::string& message) {

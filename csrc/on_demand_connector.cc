@@ -13,18 +13,6 @@ namespace rcoll {
 
 namespace {
 
-void signal(int fd) {
-  uint64_t one = 1;
-  ssize_t ignored = ::write(fd, &one, sizeof(one));
-  (void)ignored;
-}
-
-void drain(int fd) {
-  uint64_t count = 0;
-  ssize_t ignored = ::read(fd, &count, sizeof(count));
-  (void)ignored;
-}
-
 // How often the thread looks again with nothing to wake it: the listener's
 // stalled handshakes have deadlines of their own.
 constexpr auto kIdleWake = std::chrono::milliseconds(500);
@@ -75,7 +63,7 @@ OnDemandConnector::~OnDemandConnector() {
 
 void OnDemandConnector::stop() {
   stopping_.store(true);
-  signal(wake_fd_);
+  signalEventfd(wake_fd_);
 }
 
 void OnDemandConnector::want(int peer) {
@@ -83,14 +71,14 @@ void OnDemandConnector::want(int peer) {
     std::lock_guard<std::mutex> lock(mutex_);
     wanted_.push_back(peer);
   }
-  signal(wake_fd_);
+  signalEventfd(wake_fd_);
 }
 
 std::vector<OnDemandConnector::Outcome> OnDemandConnector::take() {
   std::vector<Outcome> taken;
   if (!has_outcomes_.load(std::memory_order_acquire)) return taken;
   std::lock_guard<std::mutex> lock(mutex_);
-  drain(ready_fd_);
+  drainEventfd(ready_fd_);
   taken.swap(outcomes_);
   has_outcomes_.store(false, std::memory_order_release);
   return taken;
@@ -104,7 +92,7 @@ void OnDemandConnector::deliver(Outcome outcome) {
   std::lock_guard<std::mutex> lock(mutex_);
   outcomes_.push_back(std::move(outcome));
   has_outcomes_.store(true, std::memory_order_release);
-  signal(ready_fd_);
+  signalEventfd(ready_fd_);
 }
 
 void OnDemandConnector::deliverFailure(int peer, const TransportFailure& failure) {
@@ -137,19 +125,22 @@ void OnDemandConnector::loop() {
       fds.push_back(d->pollFd());
       wake = std::min(wake, d->deadline());
     }
-    for (int peer : asked_) wake = std::min(wake, next_note_[static_cast<size_t>(peer)]);
-    if (::poll(fds.data(), fds.size(), std::max(1, millisecondsUntil(wake))) < 0 && errno != EINTR) {
-      RCOLL_WARN("rank %d: connections on demand stopped: poll(): %s", info_.rank, errnoText(errno).c_str());
-      break;
+    for (int peer : asked_) {
+      wake = std::min({wake, next_note_[static_cast<size_t>(peer)], asked_until_[static_cast<size_t>(peer)]});
     }
-    drain(wake_fd_);
+    if (::poll(fds.data(), fds.size(), std::max(1, millisecondsUntil(wake))) < 0 && errno != EINTR) {
+      // ENOMEM: try again shortly; the dials' and notes' deadlines still hold.
+      RCOLL_WARN("rank %d: connections on demand: poll(): %s", info_.rank, errnoText(errno).c_str());
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    drainEventfd(wake_fd_);
     for (size_t k = 0; k < dials_.size(); ++k) dials_[k]->step(fds[first_dial + k].revents);
   }
   listener_->close();
 }
 
-// Every peer that dials, those of set-up included: one is delivered once
-// every lane of it is in.
+// Every peer that dials, those of set-up included.
 void OnDemandConnector::acceptDialers() {
   for (;;) {
     std::vector<bool> taken(sockets_.size());
@@ -160,17 +151,21 @@ void OnDemandConnector::acceptDialers() {
     int lane = 0;
     const int peer = listener_->acceptNow(taken, &fd, &lane);
     if (peer < 0) return;
-    sockets_[static_cast<size_t>(peer * lanes_ + lane)] = fd;
-    const auto first = sockets_.begin() + peer * lanes_;
-    if (std::all_of(first, first + lanes_, [](int f) { return f >= 0; })) {
-      Outcome outcome;
-      outcome.peer = peer;
-      outcome.fds.assign(first, first + lanes_);
-      std::fill(first, first + lanes_, -1);
-      RCOLL_TRACE("rank %d: rank %d connected", info_.rank, peer);
-      deliver(std::move(outcome));
-    }
+    laneConnected(peer, lane, fd);
   }
+}
+
+// A peer is delivered once every lane of it is connected.
+void OnDemandConnector::laneConnected(int peer, int lane, int fd) {
+  sockets_[static_cast<size_t>(peer * lanes_ + lane)] = fd;
+  const auto first = sockets_.begin() + peer * lanes_;
+  if (!std::all_of(first, first + lanes_, [](int f) { return f >= 0; })) return;
+  Outcome outcome;
+  outcome.peer = peer;
+  outcome.fds.assign(first, first + lanes_);
+  std::fill(first, first + lanes_, -1);
+  RCOLL_TRACE("rank %d: rank %d connected", info_.rank, peer);
+  deliver(std::move(outcome));
 }
 
 // Lower ranks that asked to be dialed and the peers the transport wants:
@@ -230,8 +225,7 @@ void OnDemandConnector::connectWanted() {
   }
 }
 
-// Dials and notes that finished: a lower rank is delivered once every lane
-// of it is connected; a failed dial fails the peer, and so does a refused
+// Dials and notes that finished: a dialed lane is connected; a failed dial fails the peer, and so does a refused
 // note (the peer is gone). A note that timed out is simply sent again.
 void OnDemandConnector::finishDials() {
   for (size_t i = 0; i < dials_.size();) {
@@ -242,9 +236,12 @@ void OnDemandConnector::finishDials() {
       ++i;
       continue;
     }
+    // A note fails the peer only when refused (the peer is gone) or when the
+    // peer counts sockets differently; any other trouble (a full queue, a
+    // transient network error, no descriptor free here) waits for the next note.
     const bool fails_peer = state == PendingDial::State::kFailed &&
                             (!d.isNote() || (state_[static_cast<size_t>(peer)] == PeerState::kAsked &&
-                                             d.failure().kind != ErrorKind::kTimeout));
+                                             (d.refused() || d.failure().kind == ErrorKind::kConfig)));
     if (fails_peer) {
       RCOLL_INFO("rank %d: %s", info_.rank, d.failure().message.c_str());
       const TransportFailure failure = d.failure();
@@ -256,16 +253,10 @@ void OnDemandConnector::finishDials() {
       dials_.erase(dials_.begin() + static_cast<long>(i));
       continue;
     }
-    sockets_[static_cast<size_t>(peer * lanes_ + d.lane())] = d.takeFd();
+    const int lane = d.lane();
+    const int fd = d.takeFd();
     dials_.erase(dials_.begin() + static_cast<long>(i));
-    const auto first = sockets_.begin() + peer * lanes_;
-    if (std::all_of(first, first + lanes_, [](int f) { return f >= 0; })) {
-      Outcome outcome;
-      outcome.peer = peer;
-      outcome.fds.assign(first, first + lanes_);
-      std::fill(first, first + lanes_, -1);
-      deliver(std::move(outcome));
-    }
+    laneConnected(peer, lane, fd);
   }
 }
 

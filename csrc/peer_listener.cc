@@ -293,6 +293,12 @@ int PeerListener::step(const std::vector<bool>& connected, int* fd_out, int* lan
     int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR) continue;
+      if (errno == EMFILE || errno == ENFILE) {
+        // The connection stays queued and the listener readable: leave it out
+        // of the poll a while rather than spin until a descriptor is free.
+        RCOLL_WARN("rank %d: cannot accept a peer: %s (raise `ulimit -n`)", info_.rank, errnoText(errno).c_str());
+        resting_until_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+      }
       return -1;  // EAGAIN: nobody else is waiting; anything else is the next pass's
     }
     applySocketOptions(fd, options_);
@@ -344,7 +350,7 @@ int PeerListener::acceptNow(const std::vector<bool>& connected, int* fd_out, int
 
 void PeerListener::appendPollFds(std::vector<pollfd>* fds) const {
   if (listen_fd_ < 0) return;
-  fds->push_back({listen_fd_, POLLIN, 0});
+  if (std::chrono::steady_clock::now() >= resting_until_) fds->push_back({listen_fd_, POLLIN, 0});
   for (const auto& p : pending_) {
     if (p->fd >= 0) fds->push_back({p->fd, POLLIN, 0});
   }
@@ -413,7 +419,7 @@ PendingDial::PendingDial(const ConnectInfo& info, int peer, const std::string& a
   }
   fd_ = ::socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd_ < 0) {
-    fail(ErrorKind::kPeer, "socket(): " + errnoText(errno));
+    fail(ErrorKind::kGeneric, strFormat("rank %d: socket(): %s", info.rank, errnoText(errno).c_str()));
     return;
   }
   applySocketOptions(fd_, options);
@@ -425,6 +431,7 @@ PendingDial::PendingDial(const ConnectInfo& info, int peer, const std::string& a
     phase_ = Phase::kSending;
   } else if (errno != EINPROGRESS) {
     const int err = errno;
+    refused_ = err == ECONNREFUSED;
     fail(ErrorKind::kPeer, err == ECONNREFUSED ? goneText(info, peer, address)
                                                : strFormat("rank %d: could not connect to rank %d at %s: %s", info.rank,
                                                            peer, address.c_str(), errnoText(err).c_str()));
@@ -466,6 +473,7 @@ PendingDial::State PendingDial::step(short revents) {
     socklen_t err_len = sizeof(err);
     getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &err_len);
     if (err != 0) {
+      refused_ = err == ECONNREFUSED;
       fail(ErrorKind::kPeer, err == ECONNREFUSED
                                  ? goneText(info_, peer_, address_)
                                  : strFormat("rank %d: could not connect to rank %d at %s: %s", info_.rank, peer_,

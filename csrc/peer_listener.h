@@ -64,6 +64,7 @@ class PeerListener {
   std::string address_;
   std::vector<std::unique_ptr<PendingHandshake>> pending_;
   std::vector<int> dial_requests_;
+  Deadline resting_until_{};  // out of descriptors: the listen socket stays out of the poll until then
 };
 
 // Connects to `peer` at `address` and completes the handshake of socket `lane`
@@ -102,6 +103,7 @@ class PendingDial {
   bool isNote() const { return note_; }
   int takeFd();                                                 // kDone, not a note: a blocking socket
   const TransportFailure& failure() const { return failure_; }  // kFailed
+  bool refused() const { return refused_; }  // kFailed because the peer's listener refused: it is gone
 
  private:
   void fail(ErrorKind kind, const std::string& message);
@@ -121,6 +123,7 @@ class PendingDial {
   size_t got_ = 0;
   State state_ = State::kRunning;
   TransportFailure failure_;
+  bool refused_ = false;
 };
 
 // An abort message's header: kAbort, the sender's ErrorKind and text length.

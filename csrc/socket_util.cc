@@ -213,4 +213,16 @@ bool recvAll(int fd, void* data, size_t bytes, Deadline deadline, std::string* w
   return true;
 }
 
+void signalEventfd(int fd) {
+  const uint64_t one = 1;
+  ssize_t ignored = ::write(fd, &one, sizeof(one));
+  (void)ignored;
+}
+
+void drainEventfd(int fd) {
+  uint64_t count = 0;
+  ssize_t ignored = ::read(fd, &count, sizeof(count));
+  (void)ignored;
+}
+
 }  // namespace rcoll

@@ -50,8 +50,15 @@ struct SocketOptions {
 // fails the socket within dead_after.
 void applySocketOptions(int fd, const SocketOptions& options);
 
+// An eventfd used as a doorbell: ring it (adds 1), or take every ring so far.
+// Neither blocks (EFD_NONBLOCK), and neither fails in a way worth reporting:
+// a full counter still wakes the reader.
+void signalEventfd(int fd);
+void drainEventfd(int fd);
+
 // Blocking-with-deadline helpers for the handshake phase. They return false on
 // EOF, error or expiry, with errno-style text in *why.
+
 bool sendAll(int fd, const void* data, size_t bytes, Deadline deadline, std::string* why);
 bool recvAll(int fd, void* data, size_t bytes, Deadline deadline, std::string* why);
 

@@ -222,7 +222,7 @@ bool TcpTransport::adoptOnDemand(int* setup_peer) {
     waiting.swap(awaiting_[p]);
     if (o.fds.empty()) {
       unreachable_[p] = std::make_unique<TransportFailure>(o.failure);
-      markLost(o.peer);
+      if (o.failure.kind == ErrorKind::kPeer || o.failure.kind == ErrorKind::kTimeout) markLost(o.peer);
       for (TcpRequest* r : waiting) finish(r, Request::State::kFailed, &o.failure);
       failed |= !waiting.empty();
       continue;
@@ -494,9 +494,7 @@ void TcpTransport::progress(std::chrono::milliseconds timeout) {
     int rc = ::poll(poll_fds_.data(), poll_fds_.size(), wait_ms);
     if (rc < 0 && errno != EINTR) throwError(ErrorKind::kGeneric, "poll(): " + errnoText(errno));
     if (rc > 0 && (poll_fds_[0].revents & POLLIN)) {
-      uint64_t drained = 0;
-      ssize_t ignored = ::read(wake_fd_, &drained, sizeof(drained));
-      (void)ignored;
+      drainEventfd(wake_fd_);
       return;  // interrupted: the caller checks why
     }
   }
@@ -524,11 +522,7 @@ bool TcpTransport::prepareSleep(std::vector<pollfd>* fds) {
 // The next progressNow() reads and writes whatever became ready.
 Activity TcpTransport::finishSleep(const pollfd*, size_t) { return Activity::kIdle; }
 
-void TcpTransport::interrupt() {
-  uint64_t one = 1;
-  ssize_t ignored = ::write(wake_fd_, &one, sizeof(one));
-  (void)ignored;
-}
+void TcpTransport::interrupt() { signalEventfd(wake_fd_); }
 
 // The buffer of a partly written send is still alive here: abortPeers() runs
 // before the failed op is reported to its caller.

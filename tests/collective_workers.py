@@ -437,6 +437,17 @@ def large_rooted_sweep(rank, world, seed=10):
     return cases, failures
 
 
+def blocking_exchange(comm, rank, peer, x, y):
+    """Sends x to peer and receives y from it with blocking calls, the lower
+    rank sending first (the other order on both ends would deadlock)."""
+    if rank < peer:
+        comm.send(x, peer)
+        comm.recv(y, peer)
+    else:
+        comm.recv(y, peer)
+        comm.send(x, peer)
+
+
 def point_to_point(rank, world):
     """Both directions at once with large messages (a single in-order queue would
     deadlock), interleaved with collectives, and in-order matching of many messages."""
@@ -472,12 +483,7 @@ def point_to_point(rank, world):
         for n in (0, 1, 1001):
             x = make_input(7, rank, dtype, n, "max")
             y = np.empty_like(x)
-            if rank < peer:
-                comm.send(x, peer)
-                comm.recv(y, peer)
-            else:
-                comm.recv(y, peer)
-                comm.send(x, peer)
+            blocking_exchange(comm, rank, peer, x, y)
             if not same(y, make_input(7, peer, dtype, n, "max")):
                 failures.append(f"p2p {dtype} n={n}")
     return 1, failures

@@ -4,34 +4,43 @@ import struct
 import time
 
 import numpy as np
-from collective_workers import open_sockets
+from collective_workers import blocking_exchange, open_sockets
 
 import rcoll
+
+
+def _sockets_around(comm, use):
+    """Sockets this process holds (every rank quiet, after a barrier) before and after use(comm)."""
+    comm.barrier()
+    before = open_sockets()
+    comm.barrier()
+    use(comm)
+    comm.barrier()
+    after = open_sockets()
+    comm.barrier()
+    comm.shutdown()
+    return before, after
 
 
 def sockets_before_and_after_use(rank, world):
     """Sockets after start-up (with a collective), then after ranks 0 and world-1 exchanged a message."""
     comm = rcoll.init(rank, world, timeout=60)
     assert (comm.allreduce(np.ones(16, np.float32)) == world).all()
-    comm.barrier()
-    before = open_sockets()
-    comm.barrier()
     last = world - 1
-    x = np.arange(10, dtype=np.int64)
-    if rank == 0:
-        comm.send(x, last)
-        y = np.empty_like(x)
-        comm.recv(y, last)
-        assert (y == x * 2).all()
-    elif rank == last:
-        y = np.empty_like(x)
-        comm.recv(y, 0)
-        comm.send(y * 2, 0)
-    comm.barrier()
-    after = open_sockets()
-    comm.barrier()
-    comm.shutdown()
-    return before, after
+
+    def exchange(comm):
+        x = np.arange(10, dtype=np.int64)
+        if rank == 0:
+            comm.send(x, last)
+            y = np.empty_like(x)
+            comm.recv(y, last)
+            assert (y == x * 2).all()
+        elif rank == last:
+            y = np.empty_like(x)
+            comm.recv(y, 0)
+            comm.send(y * 2, 0)
+
+    return _sockets_around(comm, exchange)
 
 
 def send_before_the_receiver_posts(rank, world):
@@ -127,12 +136,7 @@ def knock_after_setup(rank, world):
         if p == rank:
             continue
         y = np.empty_like(x)
-        if rank < p:
-            comm.send(x, p)
-            comm.recv(y, p)
-        else:
-            comm.recv(y, p)
-            comm.send(x, p)
+        blocking_exchange(comm, rank, p, x, y)
         assert (y == p).all()
     comm.shutdown()
     return True
@@ -142,13 +146,9 @@ def collective_sockets(rank, world):
     """Sockets after an allreduce and a barrier, then after an alltoall (which needs every peer)."""
     comm = rcoll.init(rank, world, timeout=60)
     assert (comm.allreduce(np.ones(1000, np.float32)) == world).all()
-    comm.barrier()
-    before = open_sockets()
-    comm.barrier()
-    out = comm.alltoall(np.arange(world, dtype=np.int64) + 100 * rank)
-    assert out.tolist() == [100 * p + rank for p in range(world)], out
-    comm.barrier()
-    after = open_sockets()
-    comm.barrier()
-    comm.shutdown()
-    return before, after
+
+    def alltoall(comm):
+        out = comm.alltoall(np.arange(world, dtype=np.int64) + 100 * rank)
+        assert out.tolist() == [100 * p + rank for p in range(world)], out
+
+    return _sockets_around(comm, alltoall)

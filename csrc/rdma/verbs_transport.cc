@@ -16,6 +16,7 @@
 #include "rdma/ibv_api.h"
 #include "rdma/mr_cache.h"
 #include "rdma/verbs_factory.h"
+#include "socket_util.h"
 
 namespace rcoll {
 
@@ -887,9 +888,7 @@ void VerbsTransport::progress(std::chrono::milliseconds timeout) {
     if (rc <= 0) continue;
     finishSleep(poll_fds_.data() + 1, poll_fds_.size() - 1);
     if (poll_fds_[0].revents & POLLIN) {
-      uint64_t drained = 0;
-      ssize_t ignored = ::read(wake_fd_, &drained, sizeof(drained));
-      (void)ignored;
+      drainEventfd(wake_fd_);
       return;  // interrupted: the caller checks why
     }
     if (progressed_) return;
@@ -935,11 +934,7 @@ Activity VerbsTransport::finishSleep(const pollfd* fds, size_t count) {
   return progressed_ ? Activity::kFinished : Activity::kIdle;
 }
 
-void VerbsTransport::interrupt() {
-  uint64_t one = 1;
-  ssize_t ignored = ::write(wake_fd_, &one, sizeof(one));
-  (void)ignored;
-}
+void VerbsTransport::interrupt() { signalEventfd(wake_fd_); }
 
 void VerbsTransport::abortPeers(ErrorKind kind, const std::string& message) {
   if (aborted_) return;

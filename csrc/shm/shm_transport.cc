@@ -14,6 +14,7 @@
 #include "shm/shm_ring.h"
 #include "shm/shm_setup.h"
 #include "shm/shm_window.h"
+#include "socket_util.h"
 
 namespace rcoll {
 
@@ -36,12 +37,6 @@ int pollMilliseconds(Deadline deadline) {
   const auto left = deadline - std::chrono::steady_clock::now();
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(left + std::chrono::microseconds(999));
   return static_cast<int>(std::max<long long>(0, std::min<long long>(ms.count(), 1 << 30)));
-}
-
-void drainEventfd(int fd) {
-  uint64_t drained = 0;
-  ssize_t ignored = ::read(fd, &drained, sizeof(drained));
-  (void)ignored;
 }
 
 }  // namespace
@@ -197,9 +192,7 @@ char* ShmTransport::window(int rank) const {
 
 void ShmTransport::ringDoorbell(int peer) {
   if (!connected(peer)) return;
-  const uint64_t one = 1;
-  ssize_t ignored = ::write(connections_[static_cast<size_t>(peer)]->peer_doorbell, &one, sizeof(one));
-  (void)ignored;
+  signalEventfd(connections_[static_cast<size_t>(peer)]->peer_doorbell);
 }
 
 const TransportFailure* ShmTransport::peerDown(int peer) const {
@@ -302,9 +295,7 @@ Request* ShmTransport::post(ShmRequest* r) {
 void ShmTransport::wakePeer(Connection& c, uint32_t wanted) {
   if ((c.peer_sleep->load(std::memory_order_seq_cst) & wanted) == 0) return;
   if (c.peer_sleep->exchange(0, std::memory_order_relaxed) == 0) return;  // someone else woke it
-  const uint64_t one = 1;
-  ssize_t ignored = ::write(c.peer_doorbell, &one, sizeof(one));
-  (void)ignored;
+  signalEventfd(c.peer_doorbell);
 }
 
 void ShmTransport::publishTail(Connection& c) {
@@ -573,9 +564,7 @@ void ShmTransport::takeInterrupt() {
 
 void ShmTransport::interrupt() {
   interrupted_.store(true, std::memory_order_release);
-  const uint64_t one = 1;
-  ssize_t ignored = ::write(wake_fd_, &one, sizeof(one));
-  (void)ignored;
+  signalEventfd(wake_fd_);
 }
 
 // --- side channel, failure -------------------------------------------------------
