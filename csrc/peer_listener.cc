@@ -19,7 +19,7 @@ constexpr uint32_t kHandshakeMagic = 0x53484352;  // "RCHS"
 constexpr auto kHandshakeTimeout = std::chrono::seconds(10);
 
 // A dialer's hello, the acceptor's ack, or a lower rank's note asking the
-// acceptor to dial it (askToDial).
+// acceptor to dial it (a PendingDial note).
 enum HandshakeKind : uint16_t { kHello = 0, kAck = 1, kDialMe = 2 };
 
 #pragma pack(push, 1)
