@@ -35,7 +35,7 @@ export PYTHONPATH=$ROOT/python
 
 if [ "$what" = tests ] || [ "$what" = all ]; then
   (cd tests && timeout 330 python3 -m pytest -q -p no:cacheprovider -rs --timeout 240 \
-     test_cuda.py test_cuda_collectives.py test_device_collectives.py "$@") > "$OUT/tests.log" 2>&1
+     test_cuda.py test_cuda_collectives.py test_cuda_hosts.py "$@") > "$OUT/tests.log" 2>&1
   echo "tests: exit $?"; tail -25 "$OUT/tests.log"
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then

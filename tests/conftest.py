@@ -31,6 +31,23 @@ def emulated_device_runtime():
     return EMULATED_DEVICE
 
 
+def skip_without_torch_gpu():
+    """Skips, naming what is missing, unless torch sees a GPU and rcoll's CUDA
+    module can run on it (the real-GPU collective tests)."""
+    try:
+        import torch
+    except ImportError:
+        pytest.skip("torch is not installed")
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        pytest.skip(f"no GPU: torch {torch.__version__} ({build}) sees no CUDA device")
+    import rcoll.cuda
+
+    ok, reason = rcoll.cuda.available()
+    if not ok:
+        pytest.skip(f"rcoll's CUDA module cannot run here: {reason}")
+
+
 def every_rank_passed(results) -> int:
     """Checks the (cases, failures) every rank of a sweep returned: each rank
     ran cases and none failed. Returns the number of cases checked."""

@@ -6,29 +6,14 @@ missing otherwise. Two ranks may share one GPU. The same data path without a
 GPU (its orchestration, on an emulated device) is tests/test_device_collectives.py.
 """
 import pytest
-from conftest import every_rank_passed
+from conftest import every_rank_passed, skip_without_torch_gpu
 
 from rcoll import spawn
 
 
-def _gpu_or_skip():
-    try:
-        import torch
-    except ImportError:
-        pytest.skip("torch is not installed")
-    if not torch.cuda.is_available():
-        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-        pytest.skip(f"no GPU: torch {torch.__version__} ({build}) sees no CUDA device")
-    import rcoll.cuda
-
-    ok, reason = rcoll.cuda.available()
-    if not ok:
-        pytest.skip(f"rcoll's CUDA module cannot run here: {reason}")
-
-
 @pytest.fixture(autouse=True)
 def gpu():
-    _gpu_or_skip()
+    skip_without_torch_gpu()
 
 
 # "shm": device to device through CUDA IPC windows; "shm-steps": the same in
@@ -42,8 +27,6 @@ def transport(request, monkeypatch):
         monkeypatch.setenv("RCOLL_CUDA_IPC_SLOT_BYTES", "64K")
         monkeypatch.setenv("RCOLL_CUDA_IPC_DIRECT_BYTES", "64K")
     return request.param
-
-
 
 
 def test_all_reduce_every_dtype_and_op_against_torch():
