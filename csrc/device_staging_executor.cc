@@ -326,6 +326,7 @@ bool DeviceStagingExecutor::harvest(const Schedule& schedule, size_t* sends_done
     firstCompletion();
     transport_->release(f.request);
     if (f.slot >= 0) free_send_slots_.push_back(f.slot);
+    send_queues_.finished(schedule.sends[static_cast<size_t>(f.index)].peer);
     ++*sends_done;
     f = sends_posted_.back();
     sends_posted_.pop_back();
@@ -357,7 +358,8 @@ void DeviceStagingExecutor::run(const Schedule& schedule, Deadline deadline, std
   // may read what they wrote.
   join_event_->record(d2h_stream_, context_);
   join_event_->streamWait(h2d_stream_, context_);
-  size_t next_send = 0, next_recv = 0, sends_done = 0, recvs_done = 0;
+  send_queues_.reset(schedule, size_);
+  size_t next_recv = 0, sends_done = 0, recvs_done = 0;
 
   while (sends_done < n_sends || recvs_done < n_recvs) {
     bool moved = false;
@@ -378,29 +380,39 @@ void DeviceStagingExecutor::run(const Schedule& schedule, Deadline deadline, std
       ++next_recv;
       moved = true;
     }
-    // Sends in order: the D2H into a slot once what they forward has landed.
-    while (next_send < n_sends) {
-      const SendStep& step = schedule.sends[next_send];
-      if (step.after_recv >= 0 && !recv_done_[static_cast<size_t>(step.after_recv)]) break;
-      const size_t bytes = step.count * es;
-      int slot = -1;
-      if (bytes > 0) {
-        if (free_send_slots_.empty()) break;
-        slot = free_send_slots_.back();
-        free_send_slots_.pop_back();
-        Slot& s = send_slots_[static_cast<size_t>(slot)];
-        if (gdr_) {
-          check(api_.copy_d2d_async(s.wire, step.data, bytes, d2h_stream_), "copying a segment on the device");
-        } else {
-          check(api_.copy_d2h_async(s.wire, step.data, bytes, d2h_stream_), "copying a segment to the host");
+    // Each peer's sends in order (send_queues.h), the D2H into a slot once
+    // what they forward has landed. The last free slot goes only to the
+    // earliest send in schedule order: sends to one peer that wait on a busy
+    // receiver can then hold every slot but one, and the schedule-order chain
+    // that the receivers' own progress may hang on always has a slot (with one
+    // slot this is the schedule order itself).
+    for (SendQueues::Peer& peer : send_queues_.peers()) {
+      for (int64_t index; (index = send_queues_.next(peer)) >= 0;) {
+        const SendStep& step = schedule.sends[static_cast<size_t>(index)];
+        if (step.after_recv >= 0 && !recv_done_[static_cast<size_t>(step.after_recv)]) break;
+        const size_t bytes = step.count * es;
+        int slot = -1;
+        if (bytes > 0) {
+          if (free_send_slots_.empty() || (free_send_slots_.size() == 1 && index != send_queues_.earliestUnposted())) {
+            break;
+          }
+          slot = free_send_slots_.back();
+          free_send_slots_.pop_back();
+          Slot& s = send_slots_[static_cast<size_t>(slot)];
+          if (gdr_) {
+            check(api_.copy_d2d_async(s.wire, step.data, bytes, d2h_stream_), "copying a segment on the device");
+          } else {
+            check(api_.copy_d2h_async(s.wire, step.data, bytes, d2h_stream_), "copying a segment to the host");
+          }
+          s.event->record(d2h_stream_, context_);
         }
-        s.event->record(d2h_stream_, context_);
+        staging_.push_back({static_cast<int>(index), slot, nullptr});
+        send_queues_.posted(peer);
+        moved = true;
       }
-      staging_.push_back({static_cast<int>(next_send), slot, nullptr});
-      ++next_send;
-      moved = true;
     }
-    // On the wire in schedule order (receives match in order), each once its copy finished.
+    // On the wire in the order of their copies, which finish in that order (one
+    // stream), each once its copy finished: each peer's still in schedule order.
     size_t posted = 0;
     for (; posted < staging_.size(); ++posted) {
       InFlight& f = staging_[posted];

@@ -13,7 +13,9 @@
 // segment k+1, the network transfer of segment k and the H2D + reduction of
 // segment k-1 overlap. D2H and H2D run on two streams so that both copy
 // engines work at once. A send that forwards a received segment
-// (SendStep::after_recv) starts its D2H once that segment's event completed.
+// (SendStep::after_recv) starts its D2H once that segment's event completed;
+// sends wait in one queue per peer (send_queues.h), so one that waits holds
+// back only its own peer's.
 //
 // Slots are allocated once (pinned with the device API's host_alloc) and
 // registered once with the transport (verbs); user buffers are never given to
@@ -46,6 +48,7 @@
 #include "device_runtime.h"
 #include "op_table.h"
 #include "schedule.h"
+#include "send_queues.h"
 #include "socket_util.h"
 #include "transport.h"
 
@@ -134,7 +137,8 @@ class DeviceStagingExecutor final : public LocalMemory {
   std::chrono::steady_clock::time_point first_completion_{};
 
   // Per-run state, members so that their capacity is reused.
-  std::vector<InFlight> staging_;  // D2H issued, not yet on the wire (schedule order)
+  SendQueues send_queues_;
+  std::vector<InFlight> staging_;  // D2H issued, not yet on the wire (in issue order)
   std::vector<InFlight> sends_posted_;
   std::vector<InFlight> recvs_posted_;   // on the wire
   std::vector<InFlight> recvs_landing_;  // H2D (+ reduction) queued, event pending

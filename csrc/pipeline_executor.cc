@@ -141,7 +141,7 @@ bool PipelineExecutor::harvest(const Schedule& schedule, size_t* sends_done, siz
     if (first_completion_ == std::chrono::steady_clock::time_point{})
       first_completion_ = std::chrono::steady_clock::now();
     send_done_[static_cast<size_t>(f.index)] = 1;
-    --peers_sending_[queue_of_peer_[static_cast<size_t>(schedule.sends[static_cast<size_t>(f.index)].peer)]].in_flight;
+    send_queues_.finished(schedule.sends[static_cast<size_t>(f.index)].peer);
     ++*sends_done;
     transport_.release(f.request);
     f = sends_in_flight_.back();
@@ -149,24 +149,6 @@ bool PipelineExecutor::harvest(const Schedule& schedule, size_t* sends_done, siz
     any = true;
   }
   return any;
-}
-
-void PipelineExecutor::queueSendsByPeer(const Schedule& schedule) {
-  if (sends_by_peer_.size() < static_cast<size_t>(size_)) {
-    sends_by_peer_.resize(static_cast<size_t>(size_));
-    queue_of_peer_.resize(static_cast<size_t>(size_));
-  }
-  for (const PeerQueue& previous : peers_sending_) sends_by_peer_[static_cast<size_t>(previous.peer)].clear();
-  peers_sending_.clear();
-  for (size_t i = 0; i < schedule.sends.size(); ++i) {
-    const int peer = schedule.sends[i].peer;
-    std::vector<uint32_t>& queue = sends_by_peer_[static_cast<size_t>(peer)];
-    if (queue.empty()) {
-      queue_of_peer_[static_cast<size_t>(peer)] = static_cast<uint32_t>(peers_sending_.size());
-      peers_sending_.push_back({peer, 0, 0});
-    }
-    queue.push_back(static_cast<uint32_t>(i));
-  }
 }
 
 void PipelineExecutor::run(const Schedule& schedule, Deadline deadline, std::chrono::milliseconds limit,
@@ -186,11 +168,7 @@ void PipelineExecutor::run(const Schedule& schedule, Deadline deadline, std::chr
     }
   } registrations{transport_, {}};
   if (transport_.needsRegistration()) registerRegions(schedule, &registrations.handles);
-  // Sends wait in one queue per peer: a send whose dependency has not arrived
-  // holds back the later sends to its peer (a pair's messages match in order),
-  // not those to other peers. The phases of a hierarchical schedule (and a
-  // ring's two directions) so move independently.
-  queueSendsByPeer(schedule);
+  send_queues_.reset(schedule, size_);  // one queue per peer (send_queues.h)
   size_t next_recv = 0, sends_done = 0, recvs_done = 0;
 
   while (sends_done < n_sends || recvs_done < n_recvs) {
@@ -213,19 +191,17 @@ void PipelineExecutor::run(const Schedule& schedule, Deadline deadline, std::chr
       ++next_recv;
     }
     // Post each peer's sends in order once what they forward has arrived.
-    for (PeerQueue& peer : peers_sending_) {
-      const std::vector<uint32_t>& queue = sends_by_peer_[static_cast<size_t>(peer.peer)];
-      while (peer.next < queue.size() && sendWindowOpen(sends_in_flight_.size(), peer.in_flight)) {
-        const uint32_t index = queue[peer.next];
-        const SendStep& step = schedule.sends[index];
+    for (SendQueues::Peer& peer : send_queues_.peers()) {
+      for (int64_t index;
+           (index = send_queues_.next(peer)) >= 0 && sendWindowOpen(send_queues_.inFlight(), peer.in_flight);) {
+        const SendStep& step = schedule.sends[static_cast<size_t>(index)];
         if (step.after_recv >= 0 && !recv_done_[static_cast<size_t>(step.after_recv)]) break;
         WireHeader header =
             makeHeader(schedule.op, comm_id_, static_cast<uint32_t>(rank_), step.offset, step.count * es);
         if (!schedule.send_pair_count.empty()) header.count = schedule.send_pair_count[static_cast<size_t>(step.peer)];
         Request* request = transport_.isend(step.peer, header, step.data, step.count * es);
         sends_in_flight_.push_back({static_cast<int>(index), request, nullptr});
-        ++peer.next;
-        ++peer.in_flight;
+        send_queues_.posted(peer);
       }
     }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "schedule.h"
+#include "send_queues.h"
 #include "socket_util.h"
 #include "timeline.h"
 #include "transport.h"
@@ -39,16 +40,9 @@ class PipelineExecutor {
   std::chrono::steady_clock::time_point firstCompletion() const { return first_completion_; }
 
  private:
-  struct PeerQueue {
-    int peer;
-    size_t next;       // index into sends_by_peer_[peer] of the next send to post
-    size_t in_flight;  // of its sends, those posted and not finished
-  };
   // Registers the memory a schedule touches as few whole regions (segments of
   // one buffer are adjacent), returning the handles to deregister afterwards.
   void registerRegions(const Schedule& schedule, std::vector<MemoryHandle>* handles);
-  // Fills sends_by_peer_ and peers_sending_ for this schedule.
-  void queueSendsByPeer(const Schedule& schedule);
   // Processes finished requests (reductions included); true if there were any.
   bool harvest(const Schedule& schedule, size_t* sends_done, size_t* recvs_done);
   [[noreturn]] void fail(const Schedule& schedule, const TransportFailure& failure);
@@ -76,9 +70,7 @@ class PipelineExecutor {
   std::vector<InFlight> recvs_in_flight_;
   std::vector<uint8_t> recv_done_;
   std::vector<uint8_t> send_done_;
-  std::vector<std::vector<uint32_t>> sends_by_peer_;  // per peer: its sends' indices, in schedule order
-  std::vector<PeerQueue> peers_sending_;              // the peers this op sends to
-  std::vector<uint32_t> queue_of_peer_;               // per peer: its index in peers_sending_
+  SendQueues send_queues_;
 };
 
 }  // namespace rcoll

@@ -148,10 +148,12 @@ def test_long_schedules_across_hosts(layout):
 
 # GPU buffers (the emulated device runtime, tests/emulated_device/): staged
 # through pinned host memory on every edge, the hierarchical allreduce on the
-# device executor; one staging slot per direction must not deadlock it.
+# device executor; one staging slot per direction must not deadlock it, nor
+# two (where sends to one peer may take a slot ahead of schedule order).
 @pytest.mark.usefixtures("emulated_device_runtime")
 @pytest.mark.parametrize("layout,sweep,slots",
-                         [("ABAB", "allreduce_sweep", "8"), ("AAABBB", "every_collective_once", "1")])
+                         [("ABAB", "allreduce_sweep", "8"), ("AAABBB", "every_collective_once", "1"),
+                          ("AABB", "allreduce_sweep", "2")])
 def test_device_collectives_across_hosts(layout, sweep, slots):
     env = {**EMULATED_DEVICE, **SMALL_CHUNKS, **_hosts(layout), "RCOLL_PIPELINE_SLOTS": slots}
     every_rank_passed(rank_threads.run(getattr(dw, sweep), len(layout), timeout=300, env=env))

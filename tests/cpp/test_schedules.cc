@@ -42,10 +42,12 @@ void check(bool ok, const std::string& what) {
 // How an executor posts its work. Both keep the contract of schedule.h; they
 // differ in the order of their sends and in what bounds them.
 struct ExecutorModel {
-  // PipelineExecutor: a queue of sends per peer, bounded by sendWindowOpen(),
-  // receives that reduce take a staging slot. DeviceStagingExecutor
-  // (false): one queue of sends in schedule order, each holding a send slot
-  // until it is delivered; every receive with bytes takes a receive slot.
+  // Both post each peer's sends in schedule order (send_queues.h).
+  // PipelineExecutor (host): bounded by sendWindowOpen(); receives that
+  // reduce take a staging slot. DeviceStagingExecutor (false): each send
+  // with bytes holds a send slot until it is delivered, and the last free slot
+  // goes only to the earliest unposted send in schedule order; every receive
+  // with bytes takes a receive slot.
   bool per_peer_sends;
   size_t window;  // the send window (per_peer_sends)
   int slots;      // staging slots (each pool)
@@ -85,9 +87,9 @@ bool interpret(std::vector<Schedule>& schedules, const Topology& t, const Execut
   std::vector<std::vector<std::vector<int>>> from(Pz, std::vector<std::vector<int>>(Pz));
   std::vector<std::vector<size_t>> recvs_posted_from(Pz, std::vector<size_t>(Pz, 0));
   std::vector<std::vector<uint8_t>> recv_done(Pz), send_done(Pz);
-  // Per rank: the next send (device model) and receive to post in schedule
-  // order, sends and direct receives in flight, free slots.
-  std::vector<size_t> next_send(Pz, 0), next_recv(Pz, 0), sends_in_flight(Pz, 0), direct_in_flight(Pz, 0);
+  // Per rank: the next receive to post in schedule order, sends and direct
+  // receives in flight, free slots.
+  std::vector<size_t> next_recv(Pz, 0), sends_in_flight(Pz, 0), direct_in_flight(Pz, 0);
   std::vector<int> free_send_slots(Pz, model.slots), free_recv_slots(Pz, model.slots);
   // Per rank: receives whose message arrived, waiting to complete (reduce or copy).
   std::vector<std::vector<std::pair<int, std::vector<char>>>> arrived(Pz);
@@ -120,16 +122,20 @@ bool interpret(std::vector<Schedule>& schedules, const Topology& t, const Execut
         const int after = s.sends[static_cast<size_t>(index)].after_recv;
         return after < 0 || recv_done[rz][static_cast<size_t>(after)];
       };
-      if (model.per_peer_sends) {
-        for (size_t p = 0; p < Pz; ++p) {
-          if (posted[rz][p] < to[rz][p].size() && ready(to[rz][p][posted[rz][p]]) &&
-              sendWindowOpen(sends_in_flight[rz], posted[rz][p] - delivered[rz][p], model.window)) {
-            actions.push_back({kPostSend, r, static_cast<int>(p)});
-          }
-        }
-      } else if (next_send[rz] < s.sends.size() && ready(static_cast<int>(next_send[rz]))) {
-        const SendStep& step = s.sends[next_send[rz]];
-        if (step.count == 0 || free_send_slots[rz] > 0) actions.push_back({kPostSend, r, step.peer});
+      int earliest = -1;  // the earliest unposted send in schedule order
+      for (size_t p = 0; p < Pz; ++p) {
+        if (posted[rz][p] < to[rz][p].size() && (earliest < 0 || to[rz][p][posted[rz][p]] < earliest))
+          earliest = to[rz][p][posted[rz][p]];
+      }
+      for (size_t p = 0; p < Pz; ++p) {
+        if (posted[rz][p] == to[rz][p].size()) continue;
+        const int index = to[rz][p][posted[rz][p]];
+        if (!ready(index)) continue;
+        const bool can = model.per_peer_sends
+                             ? sendWindowOpen(sends_in_flight[rz], posted[rz][p] - delivered[rz][p], model.window)
+                             : s.sends[static_cast<size_t>(index)].count == 0 || free_send_slots[rz] > 1 ||
+                                   (free_send_slots[rz] == 1 && index == earliest);
+        if (can) actions.push_back({kPostSend, r, static_cast<int>(p)});
       }
       if (next_recv[rz] < s.recvs.size()) {
         const RecvStep& step = s.recvs[next_recv[rz]];
@@ -158,7 +164,7 @@ bool interpret(std::vector<Schedule>& schedules, const Topology& t, const Execut
     Schedule& s = schedules[rz];
     if (a.kind == kPostSend) {
       const size_t p = static_cast<size_t>(a.peer_or_index);
-      const int index = model.per_peer_sends ? to[rz][p][posted[rz][p]] : static_cast<int>(next_send[rz]++);
+      const int index = to[rz][p][posted[rz][p]];
       const SendStep& step = s.sends[static_cast<size_t>(index)];
       // The device executor copies the data into its send slot at posting.
       Message m{index, !model.per_peer_sends || (rng() & 1) != 0, {}};
