@@ -128,6 +128,12 @@ void OnDemandConnector::loop() {
     for (int peer : asked_) {
       wake = std::min({wake, next_note_[static_cast<size_t>(peer)], asked_until_[static_cast<size_t>(peer)]});
     }
+    // Lanes of a peer whose other lanes are not connected yet: watched for
+    // the dialer closing them (its dial of another lane failed).
+    const size_t first_partial = fds.size();
+    for (int fd : sockets_) {
+      if (fd >= 0) fds.push_back({fd, POLLRDHUP, 0});
+    }
     if (::poll(fds.data(), fds.size(), std::max(1, millisecondsUntil(wake))) < 0 && errno != EINTR) {
       // ENOMEM: try again shortly; the dials' and notes' deadlines still hold.
       RCOLL_WARN("rank %d: connections on demand: poll(): %s", info_.rank, errnoText(errno).c_str());
@@ -136,6 +142,9 @@ void OnDemandConnector::loop() {
     }
     drainEventfd(wake_fd_);
     for (size_t k = 0; k < dials_.size(); ++k) dials_[k]->step(fds[first_dial + k].revents);
+    for (size_t k = first_partial; k < fds.size(); ++k) {
+      if ((fds[k].revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) partialLaneClosed(fds[k].fd);
+    }
   }
   listener_->close();
 }
@@ -166,6 +175,32 @@ void OnDemandConnector::laneConnected(int peer, int lane, int fd) {
   std::fill(first, first + lanes_, -1);
   RCOLL_TRACE("rank %d: rank %d connected", info_.rank, peer);
   deliver(std::move(outcome));
+}
+
+// A peer that closes a lane before all of them are connected gave up on this
+// rank: a dialer whose dial of another lane failed closes the lanes it had
+// (deliverFailure on its side), and so does a process that exits. It counts
+// this rank unreachable, so this rank fails it too, now rather than when a
+// note would time out. A peer of set-up has its lanes closed and nothing
+// more: set-up fails on its own.
+void OnDemandConnector::partialLaneClosed(int fd) {
+  const auto at = std::find(sockets_.begin(), sockets_.end(), fd);
+  if (at == sockets_.end()) return;  // its peer was already given up in this pass
+  const int peer = static_cast<int>((at - sockets_.begin()) / lanes_);
+  const std::string text = strFormat(
+      "rank %d: rank %d closed a connection to this rank before all %d sockets between them were "
+      "connected (it failed to connect another, its error says why, or it exited)",
+      info_.rank, peer, lanes_);
+  RCOLL_INFO("%s", text.c_str());
+  if (!onDemand(peer)) {
+    for (int k = 0; k < lanes_; ++k) {
+      int& lane = sockets_[static_cast<size_t>(peer * lanes_ + k)];
+      if (lane >= 0) ::close(lane);
+      lane = -1;
+    }
+    return;
+  }
+  deliverFailure(peer, {ErrorKind::kPeer, text});
 }
 
 // Lower ranks that asked to be dialed and the peers the transport wants:

@@ -59,6 +59,7 @@ class OnDemandConnector {
   void connectWanted();  // starts dials and notes; re-sends notes; gives up on peers that never came
   void finishDials();
   void laneConnected(int peer, int lane, int fd);
+  void partialLaneClosed(int fd);
   void deliver(Outcome outcome);
   void deliverFailure(int peer, const TransportFailure& failure);
 

@@ -104,6 +104,16 @@ std::string goneText(const ConnectInfo& info, int peer, const std::string& addre
       info.rank, peer, address.c_str());
 }
 
+// Where a peer's published "host:port" points; false when it cannot be used.
+bool resolvePeerAddress(const std::string& address, sockaddr_storage* addr, unsigned* len) {
+  std::string host;
+  int port = 0;
+  return splitHostPort(address, &host, &port) && resolveHost(host, port, addr, len);
+}
+
+std::string unusableAddress(const ConnectInfo& info, int peer, const std::string& address) {
+  return strFormat("rank %d: rank %d published an unusable address '%s'", info.rank, peer, address.c_str());
+}
 }  // namespace
 
 // Python cannot raise an exception whose message does not decode (it raised
@@ -364,14 +374,9 @@ std::vector<int> PeerListener::takeDialRequests() {
 
 int dialPeer(const ConnectInfo& info, int peer, const std::string& address, Deadline deadline,
              const SocketOptions& options, int lane, int lanes) {
-  std::string host;
-  int port = 0;
   sockaddr_storage addr{};
   unsigned len = 0;
-  if (!splitHostPort(address, &host, &port) || !resolveHost(host, port, &addr, &len)) {
-    throwError(ErrorKind::kConfig,
-               strFormat("rank %d: rank %d published an unusable address '%s'", info.rank, peer, address.c_str()));
-  }
+  if (!resolvePeerAddress(address, &addr, &len)) throwError(ErrorKind::kConfig, unusableAddress(info, peer, address));
   std::string why = "timed out";
   while (std::chrono::steady_clock::now() < deadline) {
     int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -408,13 +413,10 @@ int dialPeer(const ConnectInfo& info, int peer, const std::string& address, Dead
 PendingDial::PendingDial(const ConnectInfo& info, int peer, const std::string& address, const SocketOptions& options,
                          int lane, int lanes, bool note, Deadline deadline)
     : info_(info), peer_(peer), address_(address), lane_(lane), lanes_(lanes), note_(note), deadline_(deadline) {
-  std::string host;
-  int port = 0;
   sockaddr_storage addr{};
   unsigned len = 0;
-  if (!splitHostPort(address, &host, &port) || !resolveHost(host, port, &addr, &len)) {
-    fail(ErrorKind::kConfig,
-         strFormat("rank %d: rank %d published an unusable address '%s'", info.rank, peer, address.c_str()));
+  if (!resolvePeerAddress(address, &addr, &len)) {
+    fail(ErrorKind::kConfig, unusableAddress(info, peer, address));
     return;
   }
   fd_ = ::socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);

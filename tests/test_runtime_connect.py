@@ -37,9 +37,12 @@ def test_send_completes_before_the_higher_rank_posts_its_receive(runtime_connect
     assert spawn.run(w.send_before_the_receiver_posts, 3, timeout=60, env=env) == [True] * 3
 
 
-@pytest.mark.parametrize("world", [2, 5])
-def test_every_pair_over_tcp(world):
-    assert spawn.run(w.every_pair, world, timeout=120, env=TCP) == [True] * world
+@pytest.mark.parametrize("world,lanes", [(2, "1"), (5, "1"), (5, "3")])
+def test_every_pair_over_tcp(world, lanes):
+    """lanes: RCOLL_SOCKETS_PER_PEER, connected on first use as one peer (tests/cpp/test_on_demand_connector.cc
+    has what happens when one of them fails)."""
+    env = dict(TCP, RCOLL_SOCKETS_PER_PEER=lanes)
+    assert spawn.run(w.every_pair, world, timeout=120, env=env) == [True] * world
 
 
 def test_every_pair_across_emulated_hosts():
