@@ -31,9 +31,11 @@ def emulated_device_runtime():
     return EMULATED_DEVICE
 
 
-def skip_without_torch_gpu():
+def skip_without_torch_gpu(module_check=None):
     """Skips, naming what is missing, unless torch sees a GPU and rcoll's CUDA
-    module can run on it (the real-GPU collective tests)."""
+    module can run on it (the real-GPU tests). `module_check` runs once the GPU
+    is known to be there, before rcoll's CUDA module is asked (it may fail a
+    build that should have made the module)."""
     try:
         import torch
     except ImportError:
@@ -41,6 +43,8 @@ def skip_without_torch_gpu():
     if not torch.cuda.is_available():
         build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
         pytest.skip(f"no GPU: torch {torch.__version__} ({build}) sees no CUDA device")
+    if module_check is not None:
+        module_check()
     import rcoll.cuda
 
     ok, reason = rcoll.cuda.available()

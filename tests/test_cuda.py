@@ -18,6 +18,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import skip_without_torch_gpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(ROOT, "csrc")
@@ -305,19 +306,9 @@ def test_kernels_emulated_on_the_cpu_match_the_cpu_kernels(tmp_path):
 @pytest.fixture(scope="module")
 def torch_gpu():
     """torch, when it and rcoll's kernels can use a GPU; a skip naming why not."""
-    try:
-        import torch
-    except ImportError:
-        pytest.skip("torch is not installed")
-    if not torch.cuda.is_available():
-        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-        pytest.skip(f"no GPU: torch {torch.__version__} ({build}) sees no CUDA device")
-    cuda_module()  # a GPU and torch.cuda but no rcoll._cuda: fail or skip as above
-    import rcoll.cuda
+    skip_without_torch_gpu(cuda_module)  # a GPU and torch.cuda but no rcoll._cuda: fail or skip as above
+    import torch
 
-    ok, reason = rcoll.cuda.available()
-    if not ok:
-        pytest.skip(f"rcoll's CUDA kernels cannot run here: {reason}")
     return torch
 
 

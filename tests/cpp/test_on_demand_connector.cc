@@ -22,20 +22,14 @@
 
 #include "on_demand_connector.h"
 #include "peer_listener.h"
+#include "unit_check.h"
 
 using namespace rcoll;
 using Clock = std::chrono::steady_clock;
 
 namespace {
 
-int gFailures = 0;
-
-void check(bool ok, const std::string& what) {
-  if (!ok) {
-    ++gFailures;
-    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
-  }
-}
+using unit::check;
 
 constexpr int kLanes = 2;
 // Long enough that a failure seen within kPrompt cannot be a timed-out note.
@@ -160,10 +154,5 @@ int main() {
     std::fprintf(stderr, "FAIL: unexpected exception: %s\n", e.what());
     return 1;
   }
-  if (gFailures != 0) {
-    std::fprintf(stderr, "%d failure(s)\n", gFailures);
-    return 1;
-  }
-  std::printf("test_on_demand_connector: all passed\n");
-  return 0;
+  return unit::finishUnit("test_on_demand_connector");
 }

@@ -16,19 +16,13 @@
 #include "error.h"
 #include "op_table.h"
 #include "topology.h"
+#include "unit_check.h"
 
 using namespace rcoll;
 
 namespace {
 
-int gFailures = 0;
-
-void check(bool ok, const std::string& what) {
-  if (!ok) {
-    ++gFailures;
-    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
-  }
-}
+using unit::check;
 
 std::vector<HostEntry> hostsOf(const std::vector<std::string>& identities) {
   std::vector<HostEntry> hosts;
@@ -221,10 +215,5 @@ int main() {
   } catch (const std::exception& e) {
     check(false, std::string("unexpected exception: ") + e.what());
   }
-  if (gFailures) {
-    std::fprintf(stderr, "test_setup_parts: %d failure(s)\n", gFailures);
-    return 1;
-  }
-  std::printf("test_setup_parts: ok\n");
-  return 0;
+  return unit::finishUnit("test_setup_parts");
 }
