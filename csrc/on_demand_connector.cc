@@ -142,6 +142,12 @@ void OnDemandConnector::loop() {
     }
     drainEventfd(wake_fd_);
     for (size_t k = 0; k < dials_.size(); ++k) dials_[k]->step(fds[first_dial + k].revents);
+    // Dials that just finished first: a set they complete is delivered (its
+    // entries leave sockets_), so a lane the peer already used and closed (it
+    // sent, then shut down) is no longer an early close: its data waits in
+    // the socket for the transport. Nothing here opens a descriptor, so a
+    // number in fds[] still names the same socket.
+    finishDials();
     for (size_t k = first_partial; k < fds.size(); ++k) {
       if ((fds[k].revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) partialLaneClosed(fds[k].fd);
     }

@@ -130,11 +130,16 @@ void testSetupPeerMayConnectAgain() {
   check(early >= 0, "set-up peer connects lane 0");
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   if (early >= 0) ::close(early);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0 sees the close
+  // Lane 0 again, once rank 0 has seen the close (until then it refuses lane 0
+  // as connected). Before rank 0 watched early lanes, the closed lane stayed
+  // taken for good, and lane 1 delivered the peer with the dead socket.
+  int lane0 = -1;
+  for (const auto until = Clock::now() + kPrompt; lane0 < 0 && Clock::now() < until;) {
+    lane0 = dialLane(zero.address, 0);
+    if (lane0 < 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   check(zero.connector->take().empty(), "no outcome for a set-up peer's early close");
-  // (Before rank 0 watched early lanes, the closed lane stayed taken: lane 0
-  // was refused here, and lane 1 delivered the peer with the dead socket.)
-  const int lane0 = dialLane(zero.address, 0), lane1 = dialLane(zero.address, 1);
+  const int lane1 = dialLane(zero.address, 1);
   check(lane0 >= 0 && lane1 >= 0, "set-up peer connects both lanes again");
   OnDemandConnector::Outcome o = awaitOutcome(*zero.connector);
   check(o.peer == 1 && o.fds.size() == static_cast<size_t>(kLanes), "set-up peer delivered once both lanes connect");

@@ -2,8 +2,9 @@
 // together by a small interpreter in one thread: the rings (in host order) and
 // the hierarchical algorithms (csrc/hierarchical.cc) over many placements,
 // counts and segment sizes. The interpreter keeps the executors' contract (schedule.h)
-// and their limits: the host executor's sends go out in schedule order per peer within the
-// send window, the device executor's in schedule order, each in a send slot; receives are
+// and their limits: both executors' sends go out in schedule order per peer, the host
+// executor's within the send window, the device executor's each in a send slot (the last
+// free one only for the earliest unposted send in schedule order); receives are
 // posted in schedule order as the staging slots allow; the k-th receive from a peer takes the
 // k-th message that peer sent here, and a send finishes only then; a reduction waits
 // for the receive and the send it names. Everything else happens in a random
