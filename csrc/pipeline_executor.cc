@@ -193,7 +193,7 @@ void PipelineExecutor::run(const Schedule& schedule, Deadline deadline, std::chr
     // Post each peer's sends in order once what they forward has arrived.
     for (SendQueues::Peer& peer : send_queues_.peers()) {
       for (int64_t index;
-           (index = send_queues_.next(peer)) >= 0 && sendWindowOpen(send_queues_.inFlight(), peer.in_flight);) {
+           (index = send_queues_.next(peer)) >= 0 && sendWindowOpen(sends_in_flight_.size(), peer.in_flight);) {
         const SendStep& step = schedule.sends[static_cast<size_t>(index)];
         if (step.after_recv >= 0 && !recv_done_[static_cast<size_t>(step.after_recv)]) break;
         WireHeader header =

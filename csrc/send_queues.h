@@ -32,7 +32,6 @@ class SendQueues {
     }
     for (const Peer& previous : peers_) queue_[static_cast<size_t>(previous.peer)].clear();
     peers_.clear();
-    in_flight_ = 0;
     for (size_t i = 0; i < schedule.sends.size(); ++i) {
       const size_t peer = static_cast<size_t>(schedule.sends[i].peer);
       if (queue_[peer].empty()) {
@@ -62,19 +61,13 @@ class SendQueues {
   void posted(Peer& p) {
     ++p.next;
     ++p.in_flight;
-    ++in_flight_;
   }
-  void finished(int peer) {
-    --peers_[peer_index_[static_cast<size_t>(peer)]].in_flight;
-    --in_flight_;
-  }
-  size_t inFlight() const { return in_flight_; }
+  void finished(int peer) { --peers_[peer_index_[static_cast<size_t>(peer)]].in_flight; }
 
  private:
   std::vector<std::vector<uint32_t>> queue_;  // per rank: its sends' indices, in schedule order
   std::vector<Peer> peers_;
   std::vector<uint32_t> peer_index_;  // per rank: its index in peers_
-  size_t in_flight_ = 0;
 };
 
 }  // namespace rcoll
