@@ -95,13 +95,17 @@ void OnDemandConnector::deliver(Outcome outcome) {
   signalEventfd(ready_fd_);
 }
 
-void OnDemandConnector::deliverFailure(int peer, const TransportFailure& failure) {
-  // The peer's other lanes: what was connected closes, what was dialing stops.
+void OnDemandConnector::closeLanes(int peer) {
   for (int k = 0; k < lanes_; ++k) {
     int& fd = sockets_[static_cast<size_t>(peer * lanes_ + k)];
     if (fd >= 0) ::close(fd);
     fd = -1;
   }
+}
+
+void OnDemandConnector::deliverFailure(int peer, const TransportFailure& failure) {
+  // The peer's other lanes: what was connected closes, what was dialing stops.
+  closeLanes(peer);
   dials_.erase(std::remove_if(dials_.begin(), dials_.end(), [&](const auto& d) { return d->peer() == peer; }),
                dials_.end());
   Outcome outcome;
@@ -198,15 +202,11 @@ void OnDemandConnector::partialLaneClosed(int fd) {
       "connected (it failed to connect another, its error says why, or it exited)",
       info_.rank, peer, lanes_);
   RCOLL_INFO("%s", text.c_str());
-  if (!onDemand(peer)) {
-    for (int k = 0; k < lanes_; ++k) {
-      int& lane = sockets_[static_cast<size_t>(peer * lanes_ + k)];
-      if (lane >= 0) ::close(lane);
-      lane = -1;
-    }
-    return;
+  if (onDemand(peer)) {
+    deliverFailure(peer, {ErrorKind::kPeer, text});
+  } else {
+    closeLanes(peer);
   }
-  deliverFailure(peer, {ErrorKind::kPeer, text});
 }
 
 // Lower ranks that asked to be dialed and the peers the transport wants:

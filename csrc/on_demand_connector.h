@@ -60,6 +60,7 @@ class OnDemandConnector {
   void finishDials();
   void laneConnected(int peer, int lane, int fd);
   void partialLaneClosed(int fd);
+  void closeLanes(int peer);  // the peer's lanes connected so far, if any
   void deliver(Outcome outcome);
   void deliverFailure(int peer, const TransportFailure& failure);
 

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <thread>
@@ -72,6 +73,14 @@ OnDemandConnector::Outcome awaitOutcome(OnDemandConnector& connector) {
   return {};
 }
 
+// Closes what a test opened: the delivered lanes and rank 1's own ends (-1: none).
+void closeAll(const std::vector<int>& delivered, std::initializer_list<int> own) {
+  for (int fd : delivered) ::close(fd);
+  for (int fd : own) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
 struct RankZero {
   std::string address;
   std::unique_ptr<OnDemandConnector> connector;
@@ -98,9 +107,7 @@ void testEveryLaneDelivers() {
   check(lane0 >= 0 && lane1 >= 0, "rank 1 connects both lanes");
   OnDemandConnector::Outcome o = awaitOutcome(*zero.connector);
   check(o.peer == 1 && o.fds.size() == static_cast<size_t>(kLanes), "rank 1 delivered with both lanes");
-  for (int fd : o.fds) ::close(fd);
-  if (lane0 >= 0) ::close(lane0);
-  if (lane1 >= 0) ::close(lane1);
+  closeAll(o.fds, {lane0, lane1});
 }
 
 // Rank 1 connects lane 0, then gives up (as when its dial of lane 1 fails)
@@ -143,9 +150,7 @@ void testSetupPeerMayConnectAgain() {
   check(lane0 >= 0 && lane1 >= 0, "set-up peer connects both lanes again");
   OnDemandConnector::Outcome o = awaitOutcome(*zero.connector);
   check(o.peer == 1 && o.fds.size() == static_cast<size_t>(kLanes), "set-up peer delivered once both lanes connect");
-  for (int fd : o.fds) ::close(fd);
-  if (lane0 >= 0) ::close(lane0);
-  if (lane1 >= 0) ::close(lane1);
+  closeAll(o.fds, {lane0, lane1});
 }
 
 }  // namespace
