@@ -61,3 +61,15 @@ def every_rank_passed(results) -> int:
         assert failures == [], f"rank {rank}: {len(failures)} failures, first: {failures[:5]}"
         total += cases
     return total
+
+
+def pytest_collection_finish(session):
+    # The Soft-RoCE guest's suite runs beside the other tests (tests/guest_suite.py).
+    if not session.config.option.collectonly:
+        import guest_suite
+        guest_suite.start([item.name for item in session.items])
+
+
+def pytest_sessionfinish(session):
+    import guest_suite
+    guest_suite.stop()

@@ -86,11 +86,18 @@ def run_in_guest(command: Union[List[str], str], timeout: float,
     process (PATH, PYTHONPATH, HOME, VIRTUAL_ENV, RCOLL_*, PYTHON*, ...). Returns the
     command's stdout and stderr (text) and exit code; 124 means the guest timed out,
     125 that the harness failed (see the "[softroce]" lines in stderr)."""
+    return subprocess.run(guest_command(command, timeout, env, project), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout + PREPARE_ALLOWANCE_S)
+
+
+def guest_command(command: Union[List[str], str], timeout: float,
+                  env: Optional[Dict[str, str]] = None,
+                  project: Optional[Path] = None) -> List[str]:
+    """The argv that runs `command` in a fresh guest (what run_in_guest runs), for
+    a caller that starts it itself (tests/guest_suite.py)."""
     if isinstance(command, str):
         command = ["/bin/sh", "-c", command]
-    argv = _guest_argv(timeout, env, project) + ["--"] + list(command)
-    return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=timeout + PREPARE_ALLOWANCE_S)
+    return _guest_argv(timeout, env, project) + ["--"] + list(command)
 
 
 def run_guest_check(timeout: float = 600) -> subprocess.CompletedProcess:

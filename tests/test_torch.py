@@ -65,21 +65,19 @@ def test_ddp_matches_gloo_bit_for_bit_at_world_2(hook, bucket_view):
     # At world 2 a sum has one order (a + b == b + a exactly), so rcoll and Gloo
     # must produce identical parameters, bit for bit.
     steps = 5
-    mine = spawn.run(w.ddp_training, 2, "rcoll", steps, hook, bucket_view, timeout=180)
-    gloo = spawn.run(w.ddp_training, 2, "gloo", steps, hook, bucket_view, timeout=180)
-    for rank in range(2):
-        for a, b in zip(mine[rank][0], gloo[rank][0]):
+    results = spawn.run(w.ddp_against_gloo, 2, steps, hook, bucket_view, timeout=180)
+    for rank, (mine, gloo) in enumerate(results):
+        for a, b in zip(mine, gloo):
             assert a.tobytes() == b.tobytes(), (rank, abs(a - b).max())
     # Replicas stay identical across ranks.
-    for a, b in zip(mine[0][0], mine[1][0]):
+    for a, b in zip(results[0][0], results[1][0]):
         assert a.tobytes() == b.tobytes()
 
 
 def test_ddp_matches_gloo_at_world_4_within_rounding():
     # With 4 ranks the ring sums in another order than Gloo: compare within float rounding.
-    mine = spawn.run(w.ddp_training, 4, "rcoll", 5, None, False, timeout=240)
-    gloo = spawn.run(w.ddp_training, 4, "gloo", 5, None, False, timeout=240)
-    for a, b in zip(mine[0][0], gloo[0][0]):
+    mine, gloo = spawn.run(w.ddp_against_gloo, 4, 5, None, False, timeout=240)[0]
+    for a, b in zip(mine, gloo):
         torch.testing.assert_close(torch.from_numpy(a), torch.from_numpy(b), rtol=1e-5, atol=1e-6)
 
 

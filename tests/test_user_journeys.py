@@ -3,7 +3,7 @@ environments of Slurm and Open MPI), with the CPUs busy beside them, judged by
 every rank's exit code and stderr (tests/launch.py), each job checking its own
 results. The job scripts are in tests/journeys/.
 
-Repetitions: the DDP exit check runs 20 jobs (tests/test_clean_exit.py); the
+Repetitions: the DDP exit check runs 10 jobs (tests/test_clean_exit.py); the
 numpy-API launcher jobs 20 each (they are quick); the other torch jobs a few
 times each (each costs seconds of torch start-up per rank)."""
 from pathlib import Path

@@ -5,21 +5,22 @@ suite runs in a QEMU guest with Debian's kernel and rdma_rxe on a veth pair
 (scripts/softroce/guest.py). Skipped with the reason when QEMU or the kernel
 package is unavailable, unless RCOLL_REQUIRE_SOFTROCE=1 (set by .ci/run), where
 a guest that cannot start is a failure: CI must not pass by skipping it.
+
+The guest starts with the session, beside the other tests (tests/guest_suite.py);
+this test waits for its outcome.
 """
 import re
-import sys
 
+import guest_suite
 import optional
 import pytest
-from softroce import SOFTROCE_HINT, guest_available, in_guest, run_in_guest
+from softroce import SOFTROCE_HINT, guest_available, in_guest
 
-pytestmark = pytest.mark.slow  # the verbs suite in a QEMU guest (~15 min)
-
-GUEST_TIMEOUT_S = 3600  # TCG emulation: the suite takes ~25 min on a busy 2-core machine
+pytestmark = pytest.mark.slow  # the verbs suite in a QEMU guest (~20 min)
 
 
 @pytest.mark.softroce
-@pytest.mark.timeout(GUEST_TIMEOUT_S + 300)
+@pytest.mark.timeout(guest_suite.GUEST_TIMEOUT_S + 300)
 def test_verbs_suite_in_the_softroce_guest():
     if in_guest():
         pytest.skip("already inside the guest (tests/test_verbs.py runs directly here)")
@@ -28,8 +29,7 @@ def test_verbs_suite_in_the_softroce_guest():
         optional.missing("softroce", f"the Soft-RoCE guest is unavailable: {reason}; {SOFTROCE_HINT}")
     # The same interpreter and PYTHONPATH as this test (passed through), so the
     # guest imports the rcoll under test: the venv's in CI, the tree's in development.
-    proc = run_in_guest([sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "--durations=10",
-                         "tests/test_verbs.py"], timeout=GUEST_TIMEOUT_S)
+    proc = guest_suite.result()
     report = f"--- guest stdout:\n{proc.stdout[-20000:]}\n--- guest stderr:\n{proc.stderr[-5000:]}"
     print(report)
     assert proc.returncode == 0, report

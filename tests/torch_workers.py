@@ -79,6 +79,13 @@ def _init(timeout_s=60):
 
 def all_reduce_matrix(rank, world):
     _init()
+    checked = _all_reduce_checks(rank, world)
+    dist.destroy_process_group()
+    return checked
+
+
+def _all_reduce_checks(rank, world):
+    """every dtype x op x size, 0-dim and non-contiguous tensors; (cases, failures)."""
     failures = []
     cases = 0
     for dtype in DTYPES:
@@ -107,7 +114,6 @@ def all_reduce_matrix(rank, world):
     want = torch.arange(40, dtype=torch.float32).reshape(10, 4)[:, 1] * (world * (world + 1) // 2)
     if not torch.equal(column, want) or not torch.equal(base[:, 0], torch.arange(0, 40, 4).float() * (rank + 1)):
         failures.append("non-contiguous all_reduce wrong (or touched other elements)")
-    dist.destroy_process_group()
     return cases, failures
 
 
@@ -304,36 +310,56 @@ def mismatch(rank, world):
     return results
 
 
-def ddp_training(rank, world, backend, steps, hook, bucket_view, seed=0):
-    """Trains a small model with DDP over `backend`; returns the final parameters."""
-    from datetime import timedelta
+def ddp_against_gloo(rank, world, steps, hook, bucket_view, seed=0):
+    """The same training over rcoll (the default group) and over a Gloo group
+    beside it, in one job: (rcoll's final parameters, Gloo's). One torch
+    import and one rendezvous per rank instead of two jobs."""
+    _init()
+    trained = _train_twice(rank, steps, hook, bucket_view, seed)
+    dist.destroy_process_group()
+    return trained
 
+
+def torch_tour(rank, world):
+    """all_reduce_matrix and ddp_against_gloo in one job (for the Soft-RoCE
+    guest, where each torch import takes a minute): (checked, rcoll's, Gloo's)."""
+    _init()
+    checked = _all_reduce_checks(rank, world)
+    mine, gloo = _train_twice(rank, 3, None, False, 0)
+    dist.destroy_process_group()
+    return checked, mine, gloo
+
+
+def _train_twice(rank, steps, hook, bucket_view, seed):
+    mine = _train_ddp(rank, steps, hook, bucket_view, seed)
+    gloo = _train_ddp(rank, steps, hook, bucket_view, seed, group=dist.new_group(backend="gloo"))
+    return mine, gloo
+
+
+def _train_ddp(rank, steps, hook, bucket_view, seed, group=None):
+    """Trains a small model with DDP over `group` (None: the default group);
+    returns the final parameters."""
     from torch.nn.parallel import DistributedDataParallel as DDP
-    dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=60))
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
-    ddp = DDP(model, gradient_as_bucket_view=bucket_view, bucket_cap_mb=0.01)
+    ddp = DDP(model, gradient_as_bucket_view=bucket_view, bucket_cap_mb=0.01, process_group=group)
     if hook == "allreduce":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+        ddp.register_comm_hook(group, default_hooks.allreduce_hook)  # the hook's state: its group
     elif hook == "fp16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(1000 + rank)
-    t0 = time.perf_counter()
     for _ in range(steps):
         x = torch.randn(16, 32, generator=g)
         y = torch.randn(16, 8, generator=g)
         opt.zero_grad()
         torch.nn.functional.mse_loss(ddp(x), y).backward()
         opt.step()
-    elapsed = (time.perf_counter() - t0) / steps
     # numpy, not tensors: torch pickles tensors through shared-memory file
     # descriptors, which die with this process.
-    params = [p.detach().numpy().copy() for p in model.parameters()]
-    dist.destroy_process_group()
-    return params, elapsed
+    return [p.detach().numpy().copy() for p in model.parameters()]
 
 
 def ddp_peer_dies(rank, world):
