@@ -85,9 +85,6 @@ TcpTransport::~TcpTransport() {
   for (auto& c : connections_) {
     if (c && c->fd >= 0) ::close(c->fd);
   }
-  for (const auto& o : delivered_) {
-    for (int fd : o.fds) ::close(fd);
-  }
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
@@ -134,7 +131,18 @@ void TcpTransport::connect(int peer, const std::string& address, Deadline deadli
 // Lanes of different peers may come in any order: returns the first peer
 // whose lanes are all connected.
 int TcpTransport::accept(Deadline deadline) {
-  if (connector_) return acceptFromConnector(deadline);
+  if (on_demand_.started()) {
+    auto adopt = [this](OnDemandPeers<TcpRequest>::Outcome& o) {
+      bool failed = false;
+      adoptOutcome(o, &failed);
+    };
+    auto count = [this] {
+      int done = 0;
+      for (int p = 0; p < info_.size; ++p) done += p != info_.rank && connected(p) ? 1 : 0;
+      return done;
+    };
+    return on_demand_.acceptSetupPeer(info_, deadline, adopt, count);
+  }
   for (;;) {
     std::vector<bool> taken(connections_.size());
     for (size_t i = 0; i < taken.size(); ++i) {
@@ -176,82 +184,38 @@ bool TcpTransport::peekIncoming(int peer, WireHeader* header) {
 
 void TcpTransport::connectOnDemand(const std::vector<std::string>& addresses) {
   if (std::all_of(addresses.begin(), addresses.end(), [](const std::string& a) { return a.empty(); })) return;
-  const auto size = static_cast<size_t>(info_.size);
-  awaiting_.resize(size);
-  unreachable_.resize(size);
-  connector_ = std::make_unique<OnDemandConnector>(info_, std::move(listener_), addresses, config_.socketOptions(),
-                                                   lanes_, config_.connect_timeout);
+  on_demand_.start(std::make_unique<OnDemandConnector>(info_, std::move(listener_), addresses, config_.socketOptions(),
+                                                       lanes_, config_.connect_timeout),
+                   info_.size);
 }
 
-// Set-up, when the connector owns the listener: the next peer of set-up it
-// delivers, one per call, as accept() promises (peers on demand that dial
-// this early are adopted on the way).
-int TcpTransport::acceptFromConnector(Deadline deadline) {
-  for (;;) {
-    int peer = -1;
-    adoptOnDemand(&peer);
-    if (peer >= 0) return peer;
-    const int wait_ms = millisecondsUntil(deadline);
-    if (wait_ms <= 0) {
-      int done = 0;
-      for (int p = 0; p < info_.size; ++p) done += p != info_.rank && connected(p) ? 1 : 0;
-      throwError(ErrorKind::kTimeout, strFormat("rank %d: timed out waiting for peers to connect (%d of %d connected)",
-                                                info_.rank, done, info_.size - 1));
-    }
-    pollfd ready{connector_->readyFd(), POLLIN, 0};
-    ::poll(&ready, 1, wait_ms);
-  }
-}
-
-bool TcpTransport::adoptOnDemand(int* setup_peer) {
-  for (OnDemandConnector::Outcome& o : connector_->take()) delivered_.push_back(std::move(o));
+bool TcpTransport::adoptOnDemand() {
   bool failed = false;
-  std::deque<OnDemandConnector::Outcome> later;
-  while (!delivered_.empty()) {
-    OnDemandConnector::Outcome o = std::move(delivered_.front());
-    delivered_.pop_front();
-    if (setup_peer != nullptr && !connector_->onDemand(o.peer)) {
-      if (*setup_peer >= 0) {  // for the next accept()
-        later.push_back(std::move(o));
-        continue;
-      }
-      *setup_peer = o.peer;
-    }
-    const auto p = static_cast<size_t>(o.peer);
-    std::deque<TcpRequest*> waiting;
-    waiting.swap(awaiting_[p]);
-    if (o.fds.empty()) {
-      unreachable_[p] = std::make_unique<TransportFailure>(o.failure);
-      if (o.failure.kind == ErrorKind::kPeer || o.failure.kind == ErrorKind::kTimeout) markLost(o.peer);
-      for (TcpRequest* r : waiting) finish(r, Request::State::kFailed, &o.failure);
-      failed |= !waiting.empty();
-      continue;
-    }
-    if (aborted_ || connected(o.peer)) {  // abortPeers() failed what waited
-      for (int fd : o.fds) ::close(fd);
-      continue;
-    }
-    for (int k = 0; k < lanes_; ++k) adopt(o.peer, k, o.fds[static_cast<size_t>(k)]);
-    for (TcpRequest* r : waiting) post(r);
-  }
-  delivered_ = std::move(later);
+  for (OnDemandPeers<TcpRequest>::Outcome& o : on_demand_.take(/*in_setup=*/false)) adoptOutcome(o, &failed);
   return failed;
+}
+
+void TcpTransport::adoptOutcome(OnDemandPeers<TcpRequest>::Outcome& o, bool* failed) {
+  std::deque<TcpRequest*> waiting = on_demand_.release(o.peer);
+  if (o.fds.empty()) {
+    on_demand_.setUnreachable(o.peer, o.failure);
+    if (o.failure.kind == ErrorKind::kPeer || o.failure.kind == ErrorKind::kTimeout) markLost(o.peer);
+    for (TcpRequest* r : waiting) finish(r, Request::State::kFailed, &o.failure);
+    *failed |= !waiting.empty();
+    return;
+  }
+  if (aborted_ || connected(o.peer)) {  // abortPeers() failed what waited
+    for (int fd : o.fds) ::close(fd);
+    return;
+  }
+  for (int k = 0; k < lanes_; ++k) adopt(o.peer, k, o.fds[static_cast<size_t>(k)]);
+  for (TcpRequest* r : waiting) post(r);
 }
 
 Request* TcpTransport::post(TcpRequest* r) {
   // A peer connected on demand: its first message asks the connector for it;
-  // until it is connected, its messages wait here in order.
-  const auto p = static_cast<size_t>(r->peer);
-  if (connector_ && !aborted_ && connector_->onDemand(r->peer) && !connected(r->peer)) {
-    if (unreachable_[p]) {
-      r->state = Request::State::kFailed;
-      r->why = *unreachable_[p];
-      return r;
-    }
-    if (awaiting_[p].empty()) connector_->want(r->peer);
-    awaiting_[p].push_back(r);
-    return r;
-  }
+  // until it is connected, its messages wait there in order.
+  if (!aborted_ && on_demand_.hold(r, connected(r->peer))) return r;
   // On a connection that already failed the request fails at once, with the
   // connection's cause, so the caller sees why without waiting.
   Connection* c = nullptr;
@@ -462,7 +426,7 @@ bool TcpTransport::wantsRead(const Connection& c) const {
 }
 
 bool TcpTransport::driveAll() {
-  bool completed = connector_ && adoptOnDemand();
+  bool completed = on_demand_.started() && adoptOnDemand();
   for (auto& c : connections_) {
     if (!c || c->failed) continue;
     if (!c->sends.empty()) completed |= driveSends(*c);
@@ -507,7 +471,7 @@ Activity TcpTransport::progressNow() { return driveAll() ? Activity::kFinished :
 // for them, the caller must look again instead of sleeping.
 bool TcpTransport::prepareSleep(std::vector<pollfd>* fds) {
   bool may_sleep = true;
-  if (connector_) fds->push_back({connector_->readyFd(), POLLIN, 0});
+  if (on_demand_.started()) fds->push_back({on_demand_.readyFd(), POLLIN, 0});
   for (auto& c : connections_) {
     if (!c || c->failed) continue;
     if (c->inbox_pos < c->inbox_end && wantsRead(*c)) may_sleep = false;
@@ -581,11 +545,7 @@ void TcpTransport::abortPeers(ErrorKind kind, const std::string& message) {
   // Peers not connected yet: their messages fail, and a peer that dials now
   // is refused, which tells it this rank is gone.
   const TransportFailure aborted{ErrorKind::kAborted, "the communicator was aborted: " + message};
-  for (auto& waiting : awaiting_) {
-    for (TcpRequest* r : waiting) finish(r, Request::State::kFailed, &aborted);
-    waiting.clear();
-  }
-  if (connector_) connector_->stop();
+  for (TcpRequest* r : on_demand_.stop()) finish(r, Request::State::kFailed, &aborted);
 }
 
 // The abort message waits in each socket's send queue, perhaps behind

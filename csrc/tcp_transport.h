@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "config.h"
-#include "on_demand_connector.h"
+#include "on_demand_peers.h"
 #include "peer_listener.h"
 #include "request_lifecycle.h"
 #include "socket_util.h"
@@ -83,8 +83,9 @@ class TcpTransport : public Transport {
   // Adopts what the connector finished; true if a request failed. From
   // set-up's accept() (`setup_peer`): at most one peer of set-up, returned
   // there, the others kept for the next call.
-  bool adoptOnDemand(int* setup_peer = nullptr);
-  int acceptFromConnector(Deadline deadline);
+  // Connections on demand: what the connector finished; true when a waiting request failed.
+  bool adoptOnDemand();
+  void adoptOutcome(OnDemandPeers<TcpRequest>::Outcome& outcome, bool* failed);
   void adopt(int peer, int lane, int fd);
   Connection* laneTo(int peer, int k) const { return connections_[static_cast<size_t>(peer * lanes_ + k)].get(); }
   bool driveAll();  // true if any request completed or failed
@@ -111,14 +112,8 @@ class TcpTransport : public Transport {
   RequestLifecycle<TcpRequest> requests_;
   std::vector<pollfd> poll_fds_;  // progress() scratch
   bool aborted_ = false;
-  bool settled_ = false;  // settleAbort() ran
-  // Connections on demand (null when every peer connected at set-up); per
-  // peer, the requests posted before it connected (in order) and why it
-  // could not be reached.
-  std::unique_ptr<OnDemandConnector> connector_;
-  std::vector<std::deque<TcpRequest*>> awaiting_;
-  std::vector<std::unique_ptr<TransportFailure>> unreachable_;
-  std::deque<OnDemandConnector::Outcome> delivered_;  // taken from the connector, not yet adopted
+  bool settled_ = false;                 // settleAbort() ran
+  OnDemandPeers<TcpRequest> on_demand_;  // not started when every peer connected at set-up
 };
 
 }  // namespace rcoll
