@@ -64,13 +64,14 @@ const std::vector<ConfigVar>& configVars() {
        "socket. On loopback or a host whose cores are already busy it gains nothing (see "
        "bench/README.md)"},
       {"RCOLL_RUNTIME_CONNECT", "1",
-       "`1`: TCP connections are made on first use (the higher rank of a pair dials, the lower one asks "
-       "it to), except those the collectives always need, made at start-up: the neighbours in the "
-       "host-ordered ring, the recursive-doubling and barrier partners, the ranks of the same host and "
-       "those of the same local index on the neighbouring hosts. A rank then holds sockets to O(log P + "
-       "local ranks) peers instead of two to each of the P - 1; alltoall, rooted ops and send/recv connect "
-       "the rest as they need them. `0`: every rank connects to every other at start-up, twice "
-       "(collectives and point-to-point). Shared memory and RDMA connect at start-up either way"},
+       "`1`: TCP connections and RDMA queue pairs are made on first use (the higher rank of a pair dials, "
+       "the lower one asks it to; verbs then swaps queue pairs over that socket), except those the "
+       "collectives always need, made at start-up: the neighbours in the host-ordered ring, the "
+       "recursive-doubling and barrier partners, the ranks of the same host and those of the same local "
+       "index on the neighbouring hosts. A rank then holds connections to O(log P + local ranks) peers "
+       "instead of two to each of the P - 1; alltoall, rooted ops and send/recv connect the rest as they "
+       "need them. `0`: every rank connects to every other at start-up, twice (collectives and "
+       "point-to-point). Shared memory connects at start-up either way"},
       {"RCOLL_CHUNK_BYTES", "1M", "largest pipeline segment of the ring algorithms"},
       {"RCOLL_MIN_CHUNK_BYTES", "64K", "smallest segment a ring block is cut into for overlap"},
       {"RCOLL_PIPELINE_SLOTS", "8", "staging segments in flight per operation"},

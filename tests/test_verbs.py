@@ -19,6 +19,7 @@ import mixed_workers as mw
 import numpy as np
 import pytest
 import rank_threads
+import runtime_connect_workers as rw
 import verbs_workers as vw
 from conftest import EMULATED_DEVICE, SMALL_CHUNKS, every_rank_passed
 
@@ -176,6 +177,37 @@ def test_mixed_ring_kill_9_fails_every_survivor():
         assert name == "PeerError", (rank, message)
         assert "rank 3" in message and "allreduce(float32, count=4194304, op=sum)" in message, (rank, message)
         assert seconds < 30, (rank, seconds)  # the side channel's EOF, not the 60 s timeout
+
+
+# Connections on first use (#20 item 4): queue pairs swapped by each side's
+# thread in steps over the socket the connector made (csrc/on_demand_peers.h).
+def test_point_to_point_queue_pairs_are_made_on_first_use():
+    world = 4
+    lazy = spawn.run(rw.sockets_before_and_after_use, world, timeout=300, env=IB)
+    eager = spawn.run(rw.sockets_before_and_after_use, world, timeout=300, env=_ib(RCOLL_RUNTIME_CONNECT="0"))
+    for rank in range(world):
+        (lazy_before, lazy_after), (eager_before, eager_after) = lazy[rank], eager[rank]
+        # Each queue pair keeps its socket as a side channel: eager, one per other
+        # rank; on demand, none (the listener stays open) until ranks 0 and 3 exchanged.
+        assert lazy_before == eager_before - (world - 1) + 1, (rank, lazy, eager)
+        assert lazy_after - lazy_before == (1 if rank in (0, world - 1) else 0), (rank, lazy)
+        assert eager_after == eager_before, (rank, eager)
+
+
+@pytest.mark.parametrize("world", [2, 5])
+def test_every_pair_connects_on_first_use_over_verbs(world):
+    """A host per rank (RCOLL_HOSTID): point-to-point and the collectives'
+    peers outside the algorithms' rings connect on first use."""
+    env = _ib(RCOLL_HOSTID=[f"h{r}" for r in range(world)])
+    assert rank_threads.run(vw.every_pair_named, world, timeout=600, env=env) == [True] * world
+
+
+def test_send_to_a_rank_that_is_gone_fails_naming_it_over_verbs():
+    results = spawn.run(rw.peer_gone, 3, timeout=300, env=IB, allow_failures=True)
+    for rank in (0, 1):
+        name, message, seconds = results[rank]
+        assert name == "PeerError" and "rank 2" in message, (rank, results[rank])
+        assert seconds < 30, (rank, results[rank])
 
 
 @pytest.mark.parametrize("world", [2, 4])

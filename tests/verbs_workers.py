@@ -68,3 +68,25 @@ def killed_mid_collective(rank, world):
     except rcoll.RcollError as exc:
         return type(exc).__name__, str(exc), time.monotonic() - start
     return "no error", "", 0.0
+
+
+def every_pair_named(rank, world):
+    """Every rank sends to every other (issued at once, in a rank-dependent
+    order) and receives from each by name (verbs cannot receive from any
+    source), then an alltoall and an allreduce: with a host per rank, most
+    pairs connect on first use, some in the middle of the alltoall."""
+    comm = rcoll.init(rank, world, timeout=120)
+    peers = [p for p in range(world) if p != rank]
+    order = peers[rank % len(peers):] + peers[:rank % len(peers)]
+    sends = [comm.send(np.full(1000 + p, rank * 100 + p, np.int64), p, tag=1, async_op=True) for p in order]
+    for p in reversed(order):
+        y = np.empty(1000 + rank, np.int64)
+        comm.recv(y, p, tag=1)
+        assert (y == p * 100 + rank).all(), (p, y[:4])
+    for h in sends:
+        h.wait()
+    out = comm.alltoall(np.arange(world, dtype=np.int64) + 100 * rank)
+    assert out.tolist() == [100 * p + rank for p in range(world)], out
+    assert (comm.allreduce(np.ones(8, np.float32)) == world).all()
+    comm.shutdown()
+    return True

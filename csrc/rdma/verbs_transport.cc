@@ -51,16 +51,6 @@ struct CtrlMessage {
   uint64_t bytes;
   WireHeader header;  // credit: what the receiver expects; mismatch: what the sender had
 };
-struct QpInfo {
-  uint32_t magic;
-  uint32_t rank;
-  uint32_t qpn;
-  uint32_t psn;
-  uint16_t lid;
-  uint8_t ethernet;
-  uint8_t mtu;  // ibv_mtu
-  uint8_t gid[16];
-};
 #pragma pack(pop)
 static_assert(sizeof(CtrlMessage) <= kCtrlBytes, "a control message fits its slot");
 
@@ -81,6 +71,20 @@ const char* mtuName(int mtu) {
 }
 
 }  // namespace
+
+// What the two ends of a queue pair swap over the socket, each way.
+#pragma pack(push, 1)
+struct VerbsTransport::QpInfo {
+  uint32_t magic;
+  uint32_t rank;
+  uint32_t qpn;
+  uint32_t psn;
+  uint16_t lid;
+  uint8_t ethernet;
+  uint8_t mtu;  // ibv_mtu
+  uint8_t gid[16];
+};
+#pragma pack(pop)
 
 // Every work request's wr_id points at its owner, so a completion finds it.
 struct VerbsTransport::WrOwner {
@@ -131,6 +135,21 @@ struct VerbsTransport::Connection {
   bool failed = false;  // no more requests at all
   bool socket_broken = false;
   TransportFailure failure;
+  uint32_t psn = 0;  // the first packet sequence number of this side's sends
+};
+
+// A queue-pair exchange on first use, over a non-blocking socket. Each side
+// sends its QpInfo, moves its queue pair to RTS once the peer's has come, then
+// sends one byte; the connection is usable once the peer's byte has come (its
+// queue pair is ready for writes), as in setUpConnection.
+struct VerbsTransport::Handshake {
+  std::unique_ptr<Connection> conn;
+  char out[sizeof(QpInfo) + 1] = {};  // this side's QpInfo, then the ready byte
+  size_t out_end = sizeof(QpInfo);    // bytes of `out` to send so far
+  size_t sent = 0;
+  QpInfo theirs{};
+  size_t got = 0;  // bytes of theirs, then of the peer's ready byte
+  bool wants_write() const { return sent < out_end; }
 };
 
 VerbsTransport::VerbsTransport(const ConnectInfo& info, const Config& config, const std::string& bind_host,
@@ -145,7 +164,9 @@ VerbsTransport::VerbsTransport(const ConnectInfo& info, const Config& config, co
       config_(config),
       port_(port),
       listener_(std::make_unique<PeerListener>(info, bind_host, sideChannelOptions(config))),
-      connections_(static_cast<size_t>(info.size)) {
+      listen_address_(listener_->address()),
+      connections_(static_cast<size_t>(info.size)),
+      handshakes_(static_cast<size_t>(info.size)) {
   auto fail = [&](const std::string& what) {
     throwError(ErrorKind::kConfig, strFormat("rank %d: RDMA device %s: %s failed: %s", info_.rank, port_.device.c_str(),
                                              what.c_str(), std::strerror(errno)));
@@ -230,10 +251,13 @@ VerbsTransport::VerbsTransport(const ConnectInfo& info, const Config& config, co
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   RCOLL_INFO("rank %d: ib transport on %s:%d (GID %s, MTU %s, max_qp_wr %d, max_msg %llu), handshakes at %s",
              info_.rank, port_.device.c_str(), port_.port, port_.gid_reason.c_str(), mtuName(active_mtu_),
-             dev.max_qp_wr, static_cast<unsigned long long>(max_msg_bytes_), listener_->address().c_str());
+             dev.max_qp_wr, static_cast<unsigned long long>(max_msg_bytes_), listen_address_.c_str());
 }
 
 VerbsTransport::~VerbsTransport() {
+  for (auto& h : handshakes_) {
+    if (h) connections_[static_cast<size_t>(h->conn->peer)] = std::move(h->conn);
+  }
   for (auto& c : connections_) {
     if (!c) continue;
     if (c->qp != nullptr) api_.destroy_qp(c->qp);
@@ -261,6 +285,19 @@ void VerbsTransport::connect(int peer, const std::string& address, Deadline dead
 }
 
 int VerbsTransport::accept(Deadline deadline) {
+  if (on_demand_.started()) {
+    auto adopt = [&](OnDemandPeers<VerbsRequest>::Outcome& o) {
+      if (on_demand_.onDemand(o.peer)) return adoptOutcome(o);
+      if (o.fds.size() != 1) throwError(o.failure.kind, o.failure.message);
+      setUpConnection(o.peer, o.fds[0], deadline);
+    };
+    auto count = [this] {
+      int done = 0;
+      for (int p = 0; p < info_.size; ++p) done += p != info_.rank && connected(p) ? 1 : 0;
+      return done;
+    };
+    return on_demand_.acceptSetupPeer(info_, deadline, adopt, count);
+  }
   std::vector<bool> connected(static_cast<size_t>(info_.size));
   for (size_t i = 0; i < connected.size(); ++i)
     connected[i] = connections_[i] != nullptr || !serves(static_cast<int>(i));
@@ -275,16 +312,38 @@ int VerbsTransport::accept(Deadline deadline) {
 // receive (the messages are small, so neither blocks), then swap one byte once
 // their queue pair is ready, so that no write reaches a queue pair still in INIT.
 void VerbsTransport::setUpConnection(int peer, int fd, Deadline deadline) {
-  auto c = std::make_unique<Connection>();
-  c->peer = peer;
-  c->fd = fd;
-  auto fail = [&](const std::string& what) {
-    int err = errno;
-    if (c->qp != nullptr) api_.destroy_qp(c->qp);
+  auto fail = [&](const std::string& what, Connection* c) {
+    if (c != nullptr) api_.destroy_qp(c->qp);
     ::close(fd);
     throwError(ErrorKind::kPeer,
-               strFormat("rank %d: setting up the RDMA connection to rank %d: %s%s%s", info_.rank, peer, what.c_str(),
-                         err != 0 ? ": " : "", err != 0 ? std::strerror(err) : ""));
+               strFormat("rank %d: setting up the RDMA connection to rank %d: %s", info_.rank, peer, what.c_str()));
+  };
+  std::string why;
+  std::unique_ptr<Connection> c = createQp(peer, fd, &why);
+  if (!c) fail(why, nullptr);
+  const QpInfo mine = describeQp(*c);
+  QpInfo theirs{};
+  if (!sendAll(fd, &mine, sizeof(mine), deadline, &why) || !recvAll(fd, &theirs, sizeof(theirs), deadline, &why)) {
+    fail("exchanging queue pair numbers: " + why, c.get());
+  }
+  if (!connectQp(*c, theirs, &why)) fail(why, c.get());
+  char ready = 1, their_ready = 0;
+  if (!sendAll(fd, &ready, 1, deadline, &why) || !recvAll(fd, &their_ready, 1, deadline, &why)) {
+    fail("waiting for the peer's queue pair: " + why, c.get());
+  }
+  setNonBlocking(fd, true);
+  connections_[static_cast<size_t>(peer)] = std::move(c);
+}
+
+// A queue pair for `peer` in INIT, its receive slots posted; the connection
+// owns `fd` from here on (null: failed, fd still the caller's, `why` says why).
+std::unique_ptr<VerbsTransport::Connection> VerbsTransport::createQp(int peer, int fd, std::string* why) {
+  auto c = std::make_unique<Connection>();
+  c->peer = peer;
+  auto fail = [&](const char* what) {
+    *why = strFormat("%s failed: %s", what, std::strerror(errno));
+    if (c->qp != nullptr) api_.destroy_qp(c->qp);
+    return nullptr;
   };
   ibv_qp_init_attr init{};
   init.send_cq = cq_;
@@ -297,14 +356,14 @@ void VerbsTransport::setUpConnection(int peer, int fd, Deadline deadline) {
   init.sq_sig_all = 1;
   errno = 0;
   c->qp = api_.create_qp(pd_, &init);
-  if (c->qp == nullptr) fail("ibv_create_qp");
+  if (c->qp == nullptr) return fail("ibv_create_qp");
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_INIT;
   attr.pkey_index = 0;
   attr.port_num = static_cast<uint8_t>(port_.port);
   attr.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
   if (api_.modify_qp(c->qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
-    fail("moving the queue pair to INIT");
+    return fail("moving the queue pair to INIT");
   }
   // Control slots of this peer: a fixed slice of the registered block.
   const size_t peer_index = static_cast<size_t>(peer < info_.rank ? peer : peer - 1);
@@ -313,39 +372,42 @@ void VerbsTransport::setUpConnection(int peer, int fd, Deadline deadline) {
     c->recv_slots.push_back(std::make_unique<CtrlSlot>(WrOwner::kCtrlRecv, c.get(), base));
     base += kCtrlBytes;
     postRecvSlot(*c, *c->recv_slots.back());
-    if (c->failed) fail("posting receive slots");
+    if (c->failed) return fail("posting receive slots");
   }
   for (int i = 0; i < send_slots_; ++i) {
     c->send_slots.push_back(std::make_unique<CtrlSlot>(WrOwner::kCtrlSend, c.get(), base));
     c->free_send_slots.push_back(c->send_slots.back().get());
     base += kCtrlBytes;
   }
+  c->psn = static_cast<uint32_t>(std::random_device{}() & 0xffffff);
+  c->fd = fd;
+  return c;
+}
 
+VerbsTransport::QpInfo VerbsTransport::describeQp(const Connection& c) const {
   QpInfo mine{};
   mine.magic = kQpInfoMagic;
   mine.rank = static_cast<uint32_t>(info_.rank);
-  mine.qpn = c->qp->qp_num;
-  mine.psn = static_cast<uint32_t>(std::random_device{}() & 0xffffff);
+  mine.qpn = c.qp->qp_num;
+  mine.psn = c.psn;
   mine.lid = lid_;
   mine.ethernet = port_.ethernet ? 1 : 0;
   mine.mtu = static_cast<uint8_t>(active_mtu_);
   std::memcpy(mine.gid, gid_, sizeof(gid_));
-  QpInfo theirs{};
-  std::string why;
-  if (!sendAll(fd, &mine, sizeof(mine), deadline, &why) || !recvAll(fd, &theirs, sizeof(theirs), deadline, &why)) {
-    errno = 0;
-    fail("exchanging queue pair numbers: " + why);
-  }
-  if (theirs.magic != kQpInfoMagic || theirs.rank != static_cast<uint32_t>(peer)) {
-    errno = 0;
-    fail("the peer sent no valid queue pair information (another rcoll version?)");
-  }
-  if (theirs.ethernet != mine.ethernet) {
-    errno = 0;
-    fail("one rank uses RoCE (Ethernet) and the other InfiniBand: select matching ports with RCOLL_IB_HCA");
-  }
+  return mine;
+}
 
-  attr = ibv_qp_attr{};
+// With the peer's QpInfo: checks it, then RTR and RTS.
+bool VerbsTransport::connectQp(Connection& c, const QpInfo& theirs, std::string* why) {
+  if (theirs.magic != kQpInfoMagic || theirs.rank != static_cast<uint32_t>(c.peer)) {
+    *why = "the peer sent no valid queue pair information (another rcoll version?)";
+    return false;
+  }
+  if (theirs.ethernet != (port_.ethernet ? 1 : 0)) {
+    *why = "one rank uses RoCE (Ethernet) and the other InfiniBand: select matching ports with RCOLL_IB_HCA";
+    return false;
+  }
+  ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_RTR;
   attr.path_mtu = static_cast<ibv_mtu>(std::min<int>(active_mtu_, theirs.mtu));  // min of both sides
   attr.dest_qp_num = theirs.qpn;
@@ -360,35 +422,145 @@ void VerbsTransport::setUpConnection(int peer, int fd, Deadline deadline) {
     attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(port_.gid_index);
     attr.ah_attr.grh.hop_limit = 64;
   }
-  if (api_.modify_qp(c->qp, &attr,
+  if (api_.modify_qp(c.qp, &attr,
                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0) {
-    fail(
-        strFormat("moving the queue pair to RTR (GID index %d, MTU %s; check RCOLL_IB_GID_INDEX and that "
-                  "both ports are on one network)",
-                  port_.gid_index, mtuName(attr.path_mtu)));
+    *why = strFormat(
+        "moving the queue pair to RTR failed: %s (GID index %d, MTU %s; check RCOLL_IB_GID_INDEX and that "
+        "both ports are on one network)",
+        std::strerror(errno), port_.gid_index, mtuName(attr.path_mtu));
+    return false;
   }
   attr = ibv_qp_attr{};
   attr.qp_state = IBV_QPS_RTS;
-  attr.sq_psn = mine.psn;
+  attr.sq_psn = c.psn;
   attr.timeout = static_cast<uint8_t>(config_.ib_timeout);
   attr.retry_cnt = static_cast<uint8_t>(config_.ib_retry_cnt);
   attr.rnr_retry = 7;  // infinite: a full receive queue only delays control messages
   attr.max_rd_atomic = 1;
-  if (api_.modify_qp(c->qp, &attr,
+  if (api_.modify_qp(c.qp, &attr,
                      IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                          IBV_QP_MAX_QP_RD_ATOMIC) != 0) {
-    fail("moving the queue pair to RTS");
+    *why = strFormat("moving the queue pair to RTS failed: %s", std::strerror(errno));
+    return false;
   }
-  char ready = 1, their_ready = 0;
-  if (!sendAll(fd, &ready, 1, deadline, &why) || !recvAll(fd, &their_ready, 1, deadline, &why)) {
-    errno = 0;
-    fail("waiting for the peer's queue pair: " + why);
-  }
-  setNonBlocking(fd, true);
-  RCOLL_TRACE("rank %d: RDMA connection to rank %d: qpn %u -> %u, MTU %s", info_.rank, peer, mine.qpn, theirs.qpn,
+  RCOLL_TRACE("rank %d: RDMA connection to rank %d: qpn %u -> %u, MTU %s", info_.rank, c.peer, c.qp->qp_num, theirs.qpn,
               mtuName(std::min<int>(active_mtu_, theirs.mtu)));
-  connections_[static_cast<size_t>(peer)] = std::move(c);
+  return true;
+}
+
+// --- connections on demand ----------------------------------------------------
+
+void VerbsTransport::connectOnDemand(const std::vector<std::string>& addresses) {
+  if (std::all_of(addresses.begin(), addresses.end(), [](const std::string& a) { return a.empty(); })) return;
+  on_demand_.start(std::make_unique<OnDemandConnector>(info_, std::move(listener_), addresses,
+                                                       sideChannelOptions(config_), 1, config_.connect_timeout),
+                   info_.size);
+}
+
+// What the connector finished, and the handshakes' sockets: cheap when
+// nothing happened (the connector's flag; no handshake, no system call).
+void VerbsTransport::serviceOnDemand() {
+  if (!on_demand_.started()) return;
+  for (OnDemandPeers<VerbsRequest>::Outcome& o : on_demand_.take(/*in_setup=*/false)) adoptOutcome(o);
+  for (int peer = 0; handshaking_ > 0 && peer < info_.size; ++peer) {
+    if (handshakes_[static_cast<size_t>(peer)]) stepHandshake(peer);
+  }
+}
+
+void VerbsTransport::adoptOutcome(OnDemandPeers<VerbsRequest>::Outcome& o) {
+  const auto p = static_cast<size_t>(o.peer);
+  if (o.fds.empty()) {
+    on_demand_.setUnreachable(o.peer, o.failure);
+    if (o.failure.kind == ErrorKind::kPeer || o.failure.kind == ErrorKind::kTimeout) markLost(o.peer);
+    for (VerbsRequest* r : on_demand_.release(o.peer)) finish(r, Request::State::kFailed, &o.failure);
+    return;
+  }
+  if (aborted_ || connected(o.peer) || handshakes_[p]) {  // abortPeers() failed what waited
+    for (int fd : o.fds) ::close(fd);
+    return;
+  }
+  std::string why;
+  std::unique_ptr<Connection> c = createQp(o.peer, o.fds[0], &why);
+  if (!c) {
+    ::close(o.fds[0]);  // the peer's exchange ends at EOF
+    const TransportFailure failure{
+        ErrorKind::kGeneric,
+        strFormat("setting up the RDMA connection to rank %d on first use: %s", o.peer, why.c_str())};
+    on_demand_.setUnreachable(o.peer, failure);
+    for (VerbsRequest* r : on_demand_.release(o.peer)) finish(r, Request::State::kFailed, &failure);
+    return;
+  }
+  setNonBlocking(c->fd, true);
+  auto h = std::make_unique<Handshake>();
+  const QpInfo mine = describeQp(*c);
+  std::memcpy(h->out, &mine, sizeof(mine));
+  h->conn = std::move(c);
+  handshakes_[p] = std::move(h);
+  ++handshaking_;
+  stepHandshake(o.peer);
+}
+
+// Sends what it can, reads what came, never waits.
+void VerbsTransport::stepHandshake(int peer) {
+  Handshake& h = *handshakes_[static_cast<size_t>(peer)];
+  const int fd = h.conn->fd;
+  for (;;) {
+    while (h.wants_write()) {
+      const ssize_t n = ::send(fd, h.out + h.sent, h.out_end - h.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        h.sent += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      return endHandshake(peer, "sending this rank's queue pair numbers failed: " + errnoText(errno));
+    }
+    // Exactly the QpInfo and the ready byte: what follows is the side channel's.
+    const size_t want = sizeof(QpInfo) + 1;
+    if (h.got == want) return h.wants_write() ? void() : endHandshake(peer, "");
+    if (h.got == sizeof(QpInfo) && h.out_end == sizeof(QpInfo)) {
+      std::string why;
+      if (!connectQp(*h.conn, h.theirs, &why)) return endHandshake(peer, why);
+      h.out[sizeof(QpInfo)] = 1;
+      h.out_end = sizeof(h.out);
+      continue;  // send the ready byte
+    }
+    char ready = 0;
+    char* into = h.got < sizeof(QpInfo) ? reinterpret_cast<char*>(&h.theirs) + h.got : &ready;
+    const size_t len = h.got < sizeof(QpInfo) ? sizeof(QpInfo) - h.got : 1;
+    const ssize_t n = ::recv(fd, into, len, MSG_DONTWAIT);
+    if (n > 0) {
+      h.got += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    return endHandshake(peer, n == 0 ? strFormat("rank %d closed the connection during the queue pair exchange "
+                                                 "(its process exited or failed)",
+                                                 peer)
+                                     : "reading the peer's queue pair numbers failed: " + errnoText(errno));
+  }
+}
+
+// The connection joins the others: connected, its waiting requests posted in
+// order, or failed with them (the peer's requests fail from now on).
+void VerbsTransport::endHandshake(int peer, const std::string& failure) {
+  const auto p = static_cast<size_t>(peer);
+  connections_[p] = std::move(handshakes_[p]->conn);
+  handshakes_[p].reset();
+  --handshaking_;
+  Connection& c = *connections_[p];
+  std::deque<VerbsRequest*> waiting = on_demand_.release(peer);
+  if (failure.empty()) {
+    RCOLL_INFO("rank %d: RDMA connection to rank %d made on first use", info_.rank, peer);
+    for (VerbsRequest* r : waiting) post(r);
+    return;
+  }
+  c.socket_broken = true;
+  failConnection(c, ErrorKind::kPeer,
+                 strFormat("setting up the RDMA connection to rank %d on first use: %s", peer, failure.c_str()));
+  for (VerbsRequest* r : waiting) finish(r, Request::State::kFailed, &c.failure);
 }
 
 void VerbsTransport::postRecvSlot(Connection& c, CtrlSlot& slot) {
@@ -504,6 +676,9 @@ Request* VerbsTransport::irecv(int peer, const WireHeader& expected, void* data,
 }
 
 Request* VerbsTransport::post(VerbsRequest* r) {
+  // A peer connected on demand: its first message asks the connector for it;
+  // until its queue pair is up, its messages wait there in order.
+  if (!aborted_ && on_demand_.hold(r, connected(r->peer))) return r;
   Connection* c = connected(r->peer) ? connections_[static_cast<size_t>(r->peer)].get() : nullptr;
   if (c == nullptr || c->failed || c->closed || aborted_) {
     TransportFailure f = c && (c->failed || c->closed)
@@ -865,6 +1040,7 @@ void VerbsTransport::progress(std::chrono::milliseconds timeout) {
   const Deadline deadline = std::chrono::steady_clock::now() + timeout;
   progressed_ = false;
   for (;;) {
+    serviceOnDemand();
     pollCompletions();
     if (progressed_) return;
     // Completions usually follow within microseconds on real hardware: a short
@@ -897,6 +1073,7 @@ void VerbsTransport::progress(std::chrono::milliseconds timeout) {
 
 Activity VerbsTransport::progressNow() {
   progressed_ = false;
+  serviceOnDemand();
   const int completions = pollCompletions();
   return progressed_ ? Activity::kFinished : completions > 0 ? Activity::kMoved : Activity::kIdle;
 }
@@ -915,6 +1092,12 @@ bool VerbsTransport::prepareSleep(std::vector<pollfd>* fds) {
     fds->push_back({c->fd, POLLIN, 0});
     poll_peers_.push_back(c.get());
   }
+  const size_t before = fds->size();
+  if (on_demand_.started()) fds->push_back({on_demand_.readyFd(), POLLIN, 0});
+  for (auto& h : handshakes_) {
+    if (h) fds->push_back({h->conn->fd, static_cast<short>(POLLIN | (h->wants_write() ? POLLOUT : 0)), 0});
+  }
+  poll_on_demand_ = fds->size() - before;
   return true;
 }
 
@@ -931,6 +1114,12 @@ Activity VerbsTransport::finishSleep(const pollfd* fds, size_t count) {
   for (size_t i = 0; i < poll_peers_.size() && i + 1 < count; ++i) {
     if (fds[i + 1].revents != 0) serviceSideChannel(*poll_peers_[i]);
   }
+  for (size_t i = 1 + poll_peers_.size(); i < count && i < 1 + poll_peers_.size() + poll_on_demand_; ++i) {
+    if (fds[i].revents != 0) {
+      serviceOnDemand();
+      break;
+    }
+  }
   return progressed_ ? Activity::kFinished : Activity::kIdle;
 }
 
@@ -943,6 +1132,18 @@ void VerbsTransport::abortPeers(ErrorKind kind, const std::string& message) {
   WireHeader h = makeAbortHeader(info_, kind, text.size());
   // Bounded: a peer that stopped reading must not hold this rank's failure up.
   Deadline deadline = std::chrono::steady_clock::now() + kAbortLinger;
+  // Peers whose queue pairs are still being swapped see the socket close
+  // (their exchange fails); requests that waited for a peer fail here.
+  for (auto& h : handshakes_) {
+    if (!h) continue;
+    h->conn->socket_broken = true;
+    ::shutdown(h->conn->fd, SHUT_RDWR);
+    connections_[static_cast<size_t>(h->conn->peer)] = std::move(h->conn);
+    h.reset();
+  }
+  handshaking_ = 0;
+  const TransportFailure aborted{ErrorKind::kAborted, "the communicator was aborted: " + message};
+  for (VerbsRequest* r : on_demand_.stop()) finish(r, Request::State::kFailed, &aborted);
   for (auto& c : connections_) {
     if (!c) continue;
     if (!c->socket_broken) {

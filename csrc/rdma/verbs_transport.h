@@ -19,6 +19,10 @@
 //     is infinite, so a burst of credits waits for slots instead of failing.
 //   - The side channel sees a dead peer at once (EOF) and carries abort
 //     messages of any length; RC retries catch a dead peer while sending.
+//   - Peers that set-up does not connect (transport.h, connections on demand)
+//     connect on first use: the OnDemandConnector delivers the socket, and this
+//     transport's thread swaps queue pairs over it in steps (Handshake), never
+//     waiting on the peer; the requests wait for it in order.
 // Device limits (max_qp_wr, max_cqe, max_msg_sz, max_mr_size, active MTU) are
 // read from the device and respected: PVRDMA, rxe and mlx5 differ a lot.
 #pragma once
@@ -29,6 +33,7 @@
 #include <vector>
 
 #include "config.h"
+#include "on_demand_peers.h"
 #include "peer_listener.h"
 #include "rdma/ib_device.h"
 #include "request_lifecycle.h"
@@ -56,11 +61,15 @@ class VerbsTransport : public Transport {
   ~VerbsTransport() override;
 
   const char* name() const override { return "ib"; }
-  std::string listenAddress() const override { return listener_->address(); }
+  std::string listenAddress() const override { return listen_address_; }
   void connect(int peer, const std::string& address, Deadline deadline) override;
   int accept(Deadline deadline) override;
-  void closeListener() override { listener_->close(); }
+  void closeListener() override {
+    if (listener_) listener_->close();
+  }
   bool connected(int peer) const override;
+  bool canConnectOnDemand(int) const override { return true; }
+  void connectOnDemand(const std::vector<std::string>& addresses) override;
 
   bool needsRegistration() const override { return true; }
   MemoryHandle registerMemory(void* data, size_t bytes) override;
@@ -86,8 +95,20 @@ class VerbsTransport : public Transport {
   struct VerbsRequest;
   struct Outgoing;
   struct Connection;
+  struct QpInfo;
+  struct Handshake;
 
+  // Queue pairs are set up in steps that set-up's blocking exchange
+  // (setUpConnection) and the exchange on first use (Handshake) share.
   void setUpConnection(int peer, int fd, Deadline deadline);
+  std::unique_ptr<Connection> createQp(int peer, int fd, std::string* why);  // INIT, receive slots posted
+  QpInfo describeQp(const Connection& c) const;
+  bool connectQp(Connection& c, const QpInfo& theirs, std::string* why);  // RTR, RTS
+  // Connections on demand.
+  void serviceOnDemand();
+  void adoptOutcome(OnDemandPeers<VerbsRequest>::Outcome& outcome);
+  void stepHandshake(int peer);
+  void endHandshake(int peer, const std::string& failure);  // "" when connected
   Request* post(VerbsRequest* r);
   void finish(VerbsRequest* r, Request::State state, const TransportFailure* why);
   void maybeRecycle(VerbsRequest* r);         // after a work request completed (holds dropped)
@@ -114,7 +135,8 @@ class VerbsTransport : public Transport {
   ConnectInfo info_;
   Config config_;
   IbPortChoice port_;
-  std::unique_ptr<PeerListener> listener_;
+  std::unique_ptr<PeerListener> listener_;  // moved into the connector when some peers connect on demand
+  std::string listen_address_;
   ibv_context* context_ = nullptr;
   ibv_pd* pd_ = nullptr;
   ibv_comp_channel* channel_ = nullptr;
@@ -136,9 +158,13 @@ class VerbsTransport : public Transport {
   int send_slots_ = 0;
 
   std::vector<std::unique_ptr<Connection>> connections_;  // indexed by peer rank
+  OnDemandPeers<VerbsRequest> on_demand_;                 // not started when set-up connects every peer
+  std::vector<std::unique_ptr<Handshake>> handshakes_;    // indexed by peer rank: on demand, swapping queue pairs
+  int handshaking_ = 0;                                   // non-null handshakes_
   RequestLifecycle<VerbsRequest> requests_{[this](VerbsRequest* r) { releaseRegistration(r); }};
   std::vector<pollfd> poll_fds_;         // progress() scratch
   std::vector<Connection*> poll_peers_;  // whose side channels prepareSleep() appended, in order
+  size_t poll_on_demand_ = 0;            // fds prepareSleep() appended after them: the connector's, handshakes
   bool aborted_ = false;
   bool progressed_ = false;  // a request finished since progress() started
 };
