@@ -210,6 +210,14 @@ def test_send_to_a_rank_that_is_gone_fails_naming_it_over_verbs():
         assert seconds < 30, (rank, results[rank])
 
 
+def test_a_rank_gone_during_the_queue_pair_exchange_fails_the_send_naming_it():
+    results = spawn.run(vw.gone_during_the_queue_pair_exchange, 2, timeout=300, env=IB, allow_failures=True)
+    assert results[1][0] == "error" and "exit code 3" in results[1][1]
+    name, message, seconds = results[0]
+    assert name == "PeerError" and "rank 1" in message, results[0]
+    assert seconds < 30, results[0]  # the socket's EOF, not the 60 s timeout
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_allreduce_matrix_over_verbs(world):
     every_rank_passed(rank_threads.run(cw.allreduce_sweep, world, timeout=900, env=_ib(**SMALL_CHUNKS)))

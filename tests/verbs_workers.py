@@ -90,3 +90,22 @@ def every_pair_named(rank, world):
     assert (comm.allreduce(np.ones(8, np.float32)) == world).all()
     comm.shutdown()
     return True
+
+
+def gone_during_the_queue_pair_exchange(rank, world):
+    """Rank 0 sends to rank 1, which never receives: rank 1's connector makes
+    the connection, but its idle point-to-point thread never swaps queue
+    pairs, and the process exits. Rank 0's send fails naming rank 1, without
+    waiting for the timeout."""
+    comm = rcoll.init(rank, world, timeout=60)
+    comm.barrier()
+    if rank == 1:
+        time.sleep(3)
+        import os
+        os._exit(3)
+    start = time.monotonic()
+    try:
+        comm.send(np.ones(4, np.float32), 1)
+    except rcoll.RcollError as exc:
+        return type(exc).__name__, str(exc), time.monotonic() - start
+    return "no error", "", time.monotonic() - start
