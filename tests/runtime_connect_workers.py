@@ -62,10 +62,9 @@ def send_before_the_receiver_posts(rank, world):
     return True
 
 
-def every_pair(rank, world):
-    """Every rank sends to every other (issued at once, in a rank-dependent order)
-    and receives from each, named and from any source; every message checked."""
-    comm = rcoll.init(rank, world, timeout=60)
+def exchange_with_every_peer(comm, rank, world):
+    """Sends to every other rank (issued at once, in a rank-dependent order) and
+    receives from each by name; every message checked."""
     peers = [p for p in range(world) if p != rank]
     order = peers[rank % len(peers):] + peers[:rank % len(peers)]
     sends = [comm.send(np.full(1000 + p, rank * 100 + p, np.int64), p, tag=1, async_op=True) for p in order]
@@ -75,6 +74,12 @@ def every_pair(rank, world):
         assert (y == p * 100 + rank).all(), (p, y[:4])
     for h in sends:
         h.wait()
+
+
+def every_pair(rank, world):
+    """exchange_with_every_peer, then a receive from any source; every message checked."""
+    comm = rcoll.init(rank, world, timeout=60)
+    exchange_with_every_peer(comm, rank, world)
     # From any source: each rank sends one message to the next; the receiver names no sender.
     nxt, prev = (rank + 1) % world, (rank - 1) % world
     h = comm.send(np.array([rank], np.int32), nxt, tag=2, async_op=True)

@@ -3,6 +3,7 @@ import gc
 import time
 
 import numpy as np
+from runtime_connect_workers import exchange_with_every_peer
 
 import rcoll
 
@@ -71,20 +72,11 @@ def killed_mid_collective(rank, world):
 
 
 def every_pair_named(rank, world):
-    """Every rank sends to every other (issued at once, in a rank-dependent
-    order) and receives from each by name (verbs cannot receive from any
-    source), then an alltoall and an allreduce: with a host per rank, most
-    pairs connect on first use, some in the middle of the alltoall."""
+    """exchange_with_every_peer (by name: verbs cannot receive from any source),
+    then an alltoall and an allreduce: with a host per rank, most pairs
+    connect on first use, some in the middle of the alltoall."""
     comm = rcoll.init(rank, world, timeout=120)
-    peers = [p for p in range(world) if p != rank]
-    order = peers[rank % len(peers):] + peers[:rank % len(peers)]
-    sends = [comm.send(np.full(1000 + p, rank * 100 + p, np.int64), p, tag=1, async_op=True) for p in order]
-    for p in reversed(order):
-        y = np.empty(1000 + rank, np.int64)
-        comm.recv(y, p, tag=1)
-        assert (y == p * 100 + rank).all(), (p, y[:4])
-    for h in sends:
-        h.wait()
+    exchange_with_every_peer(comm, rank, world)
     out = comm.alltoall(np.arange(world, dtype=np.int64) + 100 * rank)
     assert out.tolist() == [100 * p + rank for p in range(world)], out
     assert (comm.allreduce(np.ones(8, np.float32)) == world).all()
