@@ -84,9 +84,8 @@ class OnDemandPeers {
   // accept() during set-up, when the connector owns the listener: adopts
   // what comes (`adopt(outcome)`, peers on demand that dial this early
   // included) until a set-up peer came, and returns that peer.
-  // `connected_peers()` counts the peers connected, for the timeout's message.
-  template <class Adopt, class Count>
-  int acceptSetupPeer(const ConnectInfo& info, Deadline deadline, Adopt adopt, Count connected_peers) {
+  template <class Adopt>
+  int acceptSetupPeer(const Transport& transport, const ConnectInfo& info, Deadline deadline, Adopt adopt) {
     for (;;) {
       int setup_peer = -1;
       for (Outcome& o : take(/*in_setup=*/true)) {
@@ -96,9 +95,11 @@ class OnDemandPeers {
       if (setup_peer >= 0) return setup_peer;
       const int wait_ms = millisecondsUntil(deadline);
       if (wait_ms <= 0) {
+        int connected = 0;
+        for (int p = 0; p < info.size; ++p) connected += p != info.rank && transport.connected(p) ? 1 : 0;
         throwError(ErrorKind::kTimeout,
                    strFormat("rank %d: timed out waiting for peers to connect (%d of %d connected)", info.rank,
-                             connected_peers(), info.size - 1));
+                             connected, info.size - 1));
       }
       pollfd ready{connector_->readyFd(), POLLIN, 0};
       ::poll(&ready, 1, wait_ms);
@@ -112,9 +113,11 @@ class OnDemandPeers {
     return out;
   }
 
-  // `peer` cannot be reached: later requests to it fail at once with `why`.
-  void setUnreachable(int peer, const TransportFailure& why) {
+  // `peer` cannot be reached: later requests to it fail at once with `why`;
+  // returns those that waited, for the caller to fail.
+  std::deque<R*> setUnreachable(int peer, const TransportFailure& why) {
     unreachable_[static_cast<size_t>(peer)] = std::make_unique<TransportFailure>(why);
+    return release(peer);
   }
 
   // The transport aborts: every waiting request (to fail), and the connector

@@ -136,12 +136,7 @@ int TcpTransport::accept(Deadline deadline) {
       bool failed = false;
       adoptOutcome(o, &failed);
     };
-    auto count = [this] {
-      int done = 0;
-      for (int p = 0; p < info_.size; ++p) done += p != info_.rank && connected(p) ? 1 : 0;
-      return done;
-    };
-    return on_demand_.acceptSetupPeer(info_, deadline, adopt, count);
+    return on_demand_.acceptSetupPeer(*this, info_, deadline, adopt);
   }
   for (;;) {
     std::vector<bool> taken(connections_.size());
@@ -196,9 +191,8 @@ bool TcpTransport::adoptOnDemand() {
 }
 
 void TcpTransport::adoptOutcome(OnDemandPeers<TcpRequest>::Outcome& o, bool* failed) {
-  std::deque<TcpRequest*> waiting = on_demand_.release(o.peer);
   if (o.fds.empty()) {
-    on_demand_.setUnreachable(o.peer, o.failure);
+    const std::deque<TcpRequest*> waiting = on_demand_.setUnreachable(o.peer, o.failure);
     if (o.failure.kind == ErrorKind::kPeer || o.failure.kind == ErrorKind::kTimeout) markLost(o.peer);
     for (TcpRequest* r : waiting) finish(r, Request::State::kFailed, &o.failure);
     *failed |= !waiting.empty();
@@ -209,7 +203,7 @@ void TcpTransport::adoptOutcome(OnDemandPeers<TcpRequest>::Outcome& o, bool* fai
     return;
   }
   for (int k = 0; k < lanes_; ++k) adopt(o.peer, k, o.fds[static_cast<size_t>(k)]);
-  for (TcpRequest* r : waiting) post(r);
+  for (TcpRequest* r : on_demand_.release(o.peer)) post(r);
 }
 
 Request* TcpTransport::post(TcpRequest* r) {

@@ -21,7 +21,7 @@ import tempfile
 import time
 from typing import List, Optional
 
-from softroce import PREPARE_ALLOWANCE_S, guest_available, guest_command, in_guest
+from softroce import PREPARE_ALLOWANCE_S, guest_available, guest_command, in_guest, run_in_guest
 
 TEST_NAME = "test_verbs_suite_in_the_softroce_guest"
 # TCG emulation: the suite takes 20-30 min on a busy 2-core machine.
@@ -82,8 +82,7 @@ def result() -> subprocess.CompletedProcess:
     """The guest suite's outcome: the run start() began, or a run now."""
     global _run
     if _run is None:
-        return subprocess.run(guest_command(SUITE, GUEST_TIMEOUT_S), stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=GUEST_TIMEOUT_S + PREPARE_ALLOWANCE_S)
+        return run_in_guest(SUITE, GUEST_TIMEOUT_S)
     run, _run = _run, None
     return run.wait()
 

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include "log.h"
@@ -165,8 +166,7 @@ VerbsTransport::VerbsTransport(const ConnectInfo& info, const Config& config, co
       port_(port),
       listener_(std::make_unique<PeerListener>(info, bind_host, sideChannelOptions(config))),
       listen_address_(listener_->address()),
-      connections_(static_cast<size_t>(info.size)),
-      handshakes_(static_cast<size_t>(info.size)) {
+      connections_(static_cast<size_t>(info.size)) {
   auto fail = [&](const std::string& what) {
     throwError(ErrorKind::kConfig, strFormat("rank %d: RDMA device %s: %s failed: %s", info_.rank, port_.device.c_str(),
                                              what.c_str(), std::strerror(errno)));
@@ -255,9 +255,7 @@ VerbsTransport::VerbsTransport(const ConnectInfo& info, const Config& config, co
 }
 
 VerbsTransport::~VerbsTransport() {
-  for (auto& h : handshakes_) {
-    if (h) connections_[static_cast<size_t>(h->conn->peer)] = std::move(h->conn);
-  }
+  for (auto& h : handshakes_) connections_[static_cast<size_t>(h->conn->peer)] = std::move(h->conn);
   for (auto& c : connections_) {
     if (!c) continue;
     if (c->qp != nullptr) api_.destroy_qp(c->qp);
@@ -291,12 +289,7 @@ int VerbsTransport::accept(Deadline deadline) {
       if (o.fds.size() != 1) throwError(o.failure.kind, o.failure.message);
       setUpConnection(o.peer, o.fds[0], deadline);
     };
-    auto count = [this] {
-      int done = 0;
-      for (int p = 0; p < info_.size; ++p) done += p != info_.rank && connected(p) ? 1 : 0;
-      return done;
-    };
-    return on_demand_.acceptSetupPeer(info_, deadline, adopt, count);
+    return on_demand_.acceptSetupPeer(*this, info_, deadline, adopt);
   }
   std::vector<bool> connected(static_cast<size_t>(info_.size));
   for (size_t i = 0; i < connected.size(); ++i)
@@ -463,20 +456,26 @@ void VerbsTransport::connectOnDemand(const std::vector<std::string>& addresses) 
 void VerbsTransport::serviceOnDemand() {
   if (!on_demand_.started()) return;
   for (OnDemandPeers<VerbsRequest>::Outcome& o : on_demand_.take(/*in_setup=*/false)) adoptOutcome(o);
-  for (int peer = 0; handshaking_ > 0 && peer < info_.size; ++peer) {
-    if (handshakes_[static_cast<size_t>(peer)]) stepHandshake(peer);
+  for (size_t i = 0; i < handshakes_.size();) {
+    const std::optional<std::string> ended = stepHandshake(*handshakes_[i]);
+    if (ended) {
+      endHandshake(i, *ended);
+    } else {
+      ++i;
+    }
   }
 }
 
 void VerbsTransport::adoptOutcome(OnDemandPeers<VerbsRequest>::Outcome& o) {
-  const auto p = static_cast<size_t>(o.peer);
   if (o.fds.empty()) {
-    on_demand_.setUnreachable(o.peer, o.failure);
+    const std::deque<VerbsRequest*> waiting = on_demand_.setUnreachable(o.peer, o.failure);
     if (o.failure.kind == ErrorKind::kPeer || o.failure.kind == ErrorKind::kTimeout) markLost(o.peer);
-    for (VerbsRequest* r : on_demand_.release(o.peer)) finish(r, Request::State::kFailed, &o.failure);
+    for (VerbsRequest* r : waiting) finish(r, Request::State::kFailed, &o.failure);
     return;
   }
-  if (aborted_ || connected(o.peer) || handshakes_[p]) {  // abortPeers() failed what waited
+  const bool handshaking = std::any_of(handshakes_.begin(), handshakes_.end(),
+                                       [&](const std::unique_ptr<Handshake>& h) { return h->conn->peer == o.peer; });
+  if (aborted_ || connected(o.peer) || handshaking) {  // abortPeers() failed what waited
     for (int fd : o.fds) ::close(fd);
     return;
   }
@@ -487,8 +486,9 @@ void VerbsTransport::adoptOutcome(OnDemandPeers<VerbsRequest>::Outcome& o) {
     const TransportFailure failure{
         ErrorKind::kGeneric,
         strFormat("setting up the RDMA connection to rank %d on first use: %s", o.peer, why.c_str())};
-    on_demand_.setUnreachable(o.peer, failure);
-    for (VerbsRequest* r : on_demand_.release(o.peer)) finish(r, Request::State::kFailed, &failure);
+    for (VerbsRequest* r : on_demand_.setUnreachable(o.peer, failure)) {
+      finish(r, Request::State::kFailed, &failure);
+    }
     return;
   }
   setNonBlocking(c->fd, true);
@@ -496,15 +496,17 @@ void VerbsTransport::adoptOutcome(OnDemandPeers<VerbsRequest>::Outcome& o) {
   const QpInfo mine = describeQp(*c);
   std::memcpy(h->out, &mine, sizeof(mine));
   h->conn = std::move(c);
-  handshakes_[p] = std::move(h);
-  ++handshaking_;
-  stepHandshake(o.peer);
+  handshakes_.push_back(std::move(h));
+  if (std::optional<std::string> ended = stepHandshake(*handshakes_.back())) {
+    endHandshake(handshakes_.size() - 1, *ended);
+  }
 }
 
-// Sends what it can, reads what came, never waits.
-void VerbsTransport::stepHandshake(int peer) {
-  Handshake& h = *handshakes_[static_cast<size_t>(peer)];
+// Sends what it can, reads what came, never waits. Returns nothing while the
+// exchange goes on; once it ended, "" (connected) or why it failed.
+std::optional<std::string> VerbsTransport::stepHandshake(Handshake& h) {
   const int fd = h.conn->fd;
+  const int peer = h.conn->peer;
   for (;;) {
     while (h.wants_write()) {
       const ssize_t n = ::send(fd, h.out + h.sent, h.out_end - h.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -514,14 +516,14 @@ void VerbsTransport::stepHandshake(int peer) {
       }
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-      return endHandshake(peer, "sending this rank's queue pair numbers failed: " + errnoText(errno));
+      return "sending this rank's queue pair numbers failed: " + errnoText(errno);
     }
     // Exactly the QpInfo and the ready byte: what follows is the side channel's.
     const size_t want = sizeof(QpInfo) + 1;
-    if (h.got == want) return h.wants_write() ? void() : endHandshake(peer, "");
+    if (h.got == want) return h.wants_write() ? std::nullopt : std::optional<std::string>("");
     if (h.got == sizeof(QpInfo) && h.out_end == sizeof(QpInfo)) {
       std::string why;
-      if (!connectQp(*h.conn, h.theirs, &why)) return endHandshake(peer, why);
+      if (!connectQp(*h.conn, h.theirs, &why)) return why;
       h.out[sizeof(QpInfo)] = 1;
       h.out_end = sizeof(h.out);
       continue;  // send the ready byte
@@ -535,22 +537,24 @@ void VerbsTransport::stepHandshake(int peer) {
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    return endHandshake(peer, n == 0 ? strFormat("rank %d closed the connection during the queue pair exchange "
-                                                 "(its process exited or failed)",
-                                                 peer)
-                                     : "reading the peer's queue pair numbers failed: " + errnoText(errno));
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return std::nullopt;
+    if (n == 0) {
+      return strFormat("rank %d closed the connection during the queue pair exchange (its process exited or failed)",
+                       peer);
+    }
+    return "reading the peer's queue pair numbers failed: " + errnoText(errno);
   }
 }
 
-// The connection joins the others: connected, its waiting requests posted in
-// order, or failed with them (the peer's requests fail from now on).
-void VerbsTransport::endHandshake(int peer, const std::string& failure) {
-  const auto p = static_cast<size_t>(peer);
-  connections_[p] = std::move(handshakes_[p]->conn);
-  handshakes_[p].reset();
-  --handshaking_;
-  Connection& c = *connections_[p];
+// handshakes_[index]'s connection joins the others: connected, its waiting
+// requests posted in order, or failed with them (the peer's requests fail
+// from now on).
+void VerbsTransport::endHandshake(size_t index, const std::string& failure) {
+  std::unique_ptr<Connection> conn = std::move(handshakes_[index]->conn);
+  handshakes_.erase(handshakes_.begin() + static_cast<std::ptrdiff_t>(index));
+  const int peer = conn->peer;
+  Connection& c = *conn;
+  connections_[static_cast<size_t>(peer)] = std::move(conn);
   std::deque<VerbsRequest*> waiting = on_demand_.release(peer);
   if (failure.empty()) {
     RCOLL_INFO("rank %d: RDMA connection to rank %d made on first use", info_.rank, peer);
@@ -1095,7 +1099,7 @@ bool VerbsTransport::prepareSleep(std::vector<pollfd>* fds) {
   const size_t before = fds->size();
   if (on_demand_.started()) fds->push_back({on_demand_.readyFd(), POLLIN, 0});
   for (auto& h : handshakes_) {
-    if (h) fds->push_back({h->conn->fd, static_cast<short>(POLLIN | (h->wants_write() ? POLLOUT : 0)), 0});
+    fds->push_back({h->conn->fd, static_cast<short>(POLLIN | (h->wants_write() ? POLLOUT : 0)), 0});
   }
   poll_on_demand_ = fds->size() - before;
   return true;
@@ -1135,13 +1139,11 @@ void VerbsTransport::abortPeers(ErrorKind kind, const std::string& message) {
   // Peers whose queue pairs are still being swapped see the socket close
   // (their exchange fails); requests that waited for a peer fail here.
   for (auto& h : handshakes_) {
-    if (!h) continue;
     h->conn->socket_broken = true;
     ::shutdown(h->conn->fd, SHUT_RDWR);
     connections_[static_cast<size_t>(h->conn->peer)] = std::move(h->conn);
-    h.reset();
   }
-  handshaking_ = 0;
+  handshakes_.clear();
   const TransportFailure aborted{ErrorKind::kAborted, "the communicator was aborted: " + message};
   for (VerbsRequest* r : on_demand_.stop()) finish(r, Request::State::kFailed, &aborted);
   for (auto& c : connections_) {

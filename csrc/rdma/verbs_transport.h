@@ -29,6 +29,7 @@
 
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -107,8 +108,8 @@ class VerbsTransport : public Transport {
   // Connections on demand.
   void serviceOnDemand();
   void adoptOutcome(OnDemandPeers<VerbsRequest>::Outcome& outcome);
-  void stepHandshake(int peer);
-  void endHandshake(int peer, const std::string& failure);  // "" when connected
+  std::optional<std::string> stepHandshake(Handshake& handshake);
+  void endHandshake(size_t index, const std::string& failure);  // "" when connected
   Request* post(VerbsRequest* r);
   void finish(VerbsRequest* r, Request::State state, const TransportFailure* why);
   void maybeRecycle(VerbsRequest* r);         // after a work request completed (holds dropped)
@@ -159,8 +160,7 @@ class VerbsTransport : public Transport {
 
   std::vector<std::unique_ptr<Connection>> connections_;  // indexed by peer rank
   OnDemandPeers<VerbsRequest> on_demand_;                 // not started when set-up connects every peer
-  std::vector<std::unique_ptr<Handshake>> handshakes_;    // indexed by peer rank: on demand, swapping queue pairs
-  int handshaking_ = 0;                                   // non-null handshakes_
+  std::vector<std::unique_ptr<Handshake>> handshakes_;    // peers on demand swapping queue pairs (few at a time)
   RequestLifecycle<VerbsRequest> requests_{[this](VerbsRequest* r) { releaseRegistration(r); }};
   std::vector<pollfd> poll_fds_;         // progress() scratch
   std::vector<Connection*> poll_peers_;  // whose side channels prepareSleep() appended, in order
