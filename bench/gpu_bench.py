@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """GPU benchmarks: rcoll's reduction kernels, and allreduce of CUDA tensors at world 2.
 
-    PYTHONPATH=python python3 bench/gpu_bench.py [--kernels] [--allreduce]
+    PYTHONPATH=python python3 bench/gpu_bench.py [--kernels] [--allreduce] [--hosts AABB]
         [--min-bytes 4K] [--max-bytes 256M] [--factor 4] [--iters 20] [--json out.json]
 
 1. Kernels (one process): for each size, the bandwidth of rcoll.cuda.reduce
@@ -13,7 +13,11 @@
    one GPU): backend "rcoll" (pinned host staging, GPU reductions) against
    torch's Gloo on the same CUDA tensors, in the same run, with nccl-tests'
    definitions: algbw = size / time, busbw = algbw * 2(n-1)/n. Every size's
-   result is checked.
+   result is checked. With --hosts, one rank per letter, each claiming the
+   host its letter names (RCOLL_HOSTID; they talk over TCP on loopback
+   between "hosts"): "rcoll" sums inside each host through CUDA IPC and
+   stages only between hosts, "rcoll-staging" (RCOLL_CUDA_IPC=0) stages on
+   every edge.
 
 Without a GPU (or without rcoll._cuda, or with a CPU build of torch) it says
 so and exits with status 2.
@@ -187,16 +191,20 @@ def _allreduce_rank(rank, world, byte_sizes, iters):
     return rows
 
 
-def allreduce(byte_sizes, iters):
+def allreduce(byte_sizes, iters, layout=None):
     from rcoll import spawn
 
-    results = spawn.run(_allreduce_rank, 2, byte_sizes, iters, timeout=1800)
+    world = len(layout) if layout else 2
+    env = {"RCOLL_HOSTID": list(layout)} if layout else None
+    results = spawn.run(_allreduce_rank, world, byte_sizes, iters, timeout=1800, env=env)
     rows = []
     for i, row in enumerate(results[0]):  # the slower rank's time, as nccl-tests reports
         row = dict(row)
         row["time_us"] = max(r[i]["time_us"] for r in results)
         row["algbw_GBps"] = row["bytes"] / (row["time_us"] / 1e6) / 1e9
-        row["busbw_GBps"] = row["algbw_GBps"] * 2 * (2 - 1) / 2
+        row["busbw_GBps"] = row["algbw_GBps"] * 2 * (world - 1) / world
+        if layout:
+            row["layout"] = layout
         row["wrong"] = sum(r[i]["wrong"] for r in results)
         rows.append(row)
     print(f"{'size':>11} {'backend':>13} {'time us':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>6}  path")
@@ -210,6 +218,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kernels", action="store_true", help="only the kernel benchmark")
     p.add_argument("--allreduce", action="store_true", help="only the world-2 allreduce benchmark")
+    p.add_argument("--hosts", help="allreduce with one rank per letter on emulated hosts, e.g. AABB")
     p.add_argument("--min-bytes", default="4K")
     p.add_argument("--max-bytes", default="256M")
     p.add_argument("--factor", type=int, default=4)
@@ -224,7 +233,7 @@ def main(argv=None):
     if args.kernels or both:
         out["kernels"] = kernels(torch, [s for s in byte_sizes if s >= 1 << 16], args.iters)
     if args.allreduce or both:
-        out["allreduce"] = allreduce(byte_sizes, args.iters)
+        out["allreduce"] = allreduce(byte_sizes, args.iters, args.hosts)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

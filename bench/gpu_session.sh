@@ -3,12 +3,18 @@
 # the GPU's own arch so the build is short), run the tests that need a GPU and
 # the GPU benchmarks, and leave every log under $OUT (or ./gpu-out).
 #
-#   bash bench/gpu_session.sh [tests|bench|all] [extra pytest args...]
+#   bash bench/gpu_session.sh [tests|bench|hosts|all|PART,PART...] [extra pytest args...]
+#
+# tests: the GPU tests; bench: the kernels and the world-2 allreduce (time-sliced
+# and under MPS); hosts: under MPS, the world-2 allreduce and the allreduce on
+# four ranks claiming two hosts (AABB: CUDA IPC inside each, staging between).
 #
 # Device time is short, so this does everything in one command and keeps
 # going past a failing step: each step's log says what happened.
 set -u
 what=${1:-all}; shift || true  # any other word: build only
+[ "$what" = all ] && what=tests,bench
+has() { case ",$what," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu-out}
 mkdir -p "$OUT"
@@ -33,12 +39,12 @@ for m in _core _cuda; do cp /tmp/rcoll-bld/$m*.so python/rcoll/; done
 echo "build: $(( $(date +%s) - t0 )) s for sm_$arch"
 export PYTHONPATH=$ROOT/python
 
-if [ "$what" = tests ] || [ "$what" = all ]; then
+if has tests; then
   (cd tests && timeout 330 python3 -m pytest -q -p no:cacheprovider -rs --timeout 240 \
      test_cuda.py test_cuda_collectives.py test_cuda_hosts.py "$@") > "$OUT/tests.log" 2>&1
   echo "tests: exit $?"; tail -25 "$OUT/tests.log"
 fi
-if [ "$what" = bench ] || [ "$what" = all ]; then
+if has bench; then
   timeout 100 python3 bench/gpu_bench.py --kernels --min-bytes 64K --max-bytes 256M --iters 20 \
     --json "$OUT/gpu_kernels.json" > "$OUT/bench.log" 2>&1
   echo "kernels: exit $?"
@@ -56,4 +62,16 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
     echo quit | nvidia-cuda-mps-control
   fi
   cat "$OUT/bench.log"
+fi
+if has hosts && command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d; then
+  echo "== under MPS: world 2, one host" > "$OUT/hosts.log"
+  timeout 120 python3 bench/gpu_bench.py --allreduce --min-bytes 4K --max-bytes 256M --iters 20 \
+    --json "$OUT/gpu_allreduce_mps.json" >> "$OUT/hosts.log" 2>&1
+  echo "allreduce world 2 under MPS: exit $?"
+  echo "== under MPS: AABB (two emulated hosts of two ranks)" >> "$OUT/hosts.log"
+  timeout 200 python3 bench/gpu_bench.py --allreduce --hosts AABB --min-bytes 4K --max-bytes 256M --iters 20 \
+    --json "$OUT/gpu_allreduce_hosts_aabb_mps.json" >> "$OUT/hosts.log" 2>&1
+  echo "allreduce AABB under MPS: exit $?"
+  echo quit | nvidia-cuda-mps-control
+  cat "$OUT/hosts.log"
 fi

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "cuda_ipc/cuda_ipc_collectives.h"
 #include "device_staging_executor.h"
 #include "error.h"
 #include "log.h"
@@ -33,6 +34,8 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, con
   peer_transports_ = std::move(mesh.peer_transports);
   transport_ = std::move(mesh.transport);
   shm_coll_ = std::move(mesh.shm_coll);
+  host_windows_ = std::move(mesh.host_windows);
+  if (host_windows_ && hierarchical_) host_ipc_ = std::make_unique<CudaIpcCollectives>(*host_windows_);
   if (mesh.p2p_transport) {
     p2p_ = std::make_unique<P2PEngine>(
         std::move(mesh.p2p_transport), rank_, size_, mesh.p2p_info.comm_id,
@@ -81,6 +84,10 @@ const char* Communicator::devicePath() const {
       return "staging";
     case DevicePath::kGdr:
       return "gdr";
+    case DevicePath::kIpcStaging:
+      return "cuda-ipc+staging";
+    case DevicePath::kIpcGdr:
+      return "cuda-ipc+gdr";
     default:
       return "none";
   }
@@ -256,6 +263,13 @@ void Communicator::chooseAlgorithms() {
   const bool fits = topology_.host_order.size() == static_cast<size_t>(size_) && hierarchicalFits(topology_, &why);
   hierarchical_ = fits && config_.algo != Config::Algo::kRing;
   if (hierarchical_) {
+    const int local = topology_.local_rank[static_cast<size_t>(rank_)];
+    host_ring_position_.assign(static_cast<size_t>(size_), -1);
+    for (const std::vector<int>& ranks : topology_.ranks_on_host) {
+      const int r = ranks[static_cast<size_t>(local)];
+      host_ring_position_[static_cast<size_t>(r)] = static_cast<int>(host_ring_order_.size());
+      host_ring_order_.push_back(r);
+    }
     algorithms_ =
         strFormat("allgather, reduce_scatter and allreduce above %zu bytes: hierarchical", config_.allreduce_rd_bytes);
   } else {
@@ -284,9 +298,19 @@ AlgorithmContext Communicator::algorithmContext(size_t element_size) const {
   return ctx;
 }
 
+AlgorithmContext Communicator::hostRingContext(size_t element_size) const {
+  AlgorithmContext ctx = algorithmContext(element_size);
+  ctx.size = static_cast<int>(host_ring_order_.size());
+  ctx.ring_order = host_ring_order_.data();
+  ctx.ring_position = host_ring_position_.data();
+  ctx.topology = nullptr;
+  return ctx;
+}
+
 void Communicator::runOp(const Op& op) {
   op_algorithm_ = "";
   if (shm_coll_) shm_coll_->announce(op.desc, op.device >= 0);
+  if (host_ipc_) host_windows_->announce(op.desc, op.device >= 0);
   if (op.device >= 0) return runDeviceOp(op);
   const OpDesc& d = op.desc;
   const size_t es = elementSize(d.dtype);
@@ -325,16 +349,8 @@ void Communicator::runDeviceOp(const Op& op) {
       return;
     }
   }
-  if (!device_executor_) {
-    try {
-      device_executor_ = std::make_unique<DeviceStagingExecutor>(transport_.get(), *installedDeviceApi(), op.device,
-                                                                 rank_, size_, comm_id_, config_.chunk_bytes + 8,
-                                                                 config_.pipeline_slots, config_.gdr);
-    } catch (const RcollError& e) {
-      throwError(e.kind(), context + ": " + e.what());
-    }
-  }
-  DeviceStagingExecutor& ex = *device_executor_;
+  if (host_ipc_ && d.kind == OpKind::kAllreduce && runDeviceAllreduceOverHosts(op, context)) return;
+  DeviceStagingExecutor& ex = deviceExecutor(op.device, context);
   device_path_.store(ex.gdr() ? DevicePath::kGdr : DevicePath::kStaging, std::memory_order_relaxed);
   schedule_.reset(d, es);
   try {
@@ -350,6 +366,70 @@ void Communicator::runDeviceOp(const Op& op) {
     ex.abandon();  // no copy may still touch the slots or the caller's memory
     throw;
   }
+}
+
+DeviceStagingExecutor& Communicator::deviceExecutor(int device, const std::string& context) {
+  if (!device_executor_) {
+    try {
+      device_executor_ = std::make_unique<DeviceStagingExecutor>(transport_.get(), *installedDeviceApi(), device, rank_,
+                                                                 size_, comm_id_, config_.chunk_bytes + 8,
+                                                                 config_.pipeline_slots, config_.gdr);
+    } catch (const RcollError& e) {
+      throwError(e.kind(), context + ": " + e.what());
+    }
+  }
+  return *device_executor_;
+}
+
+bool Communicator::runDeviceAllreduceOverHosts(const Op& op, const std::string& context) {
+  const OpDesc& d = op.desc;
+  const auto deadline = std::chrono::steady_clock::now() + op.timeout;
+  DeviceStagingExecutor& ex = deviceExecutor(op.device, context);
+  // The windows' set-up ends with every host's answer: the ring of this local
+  // index (one rank per host, each knowing its host's answer) takes the
+  // minimum of one byte, on host memory.
+  auto agree = [&](bool this_host_on) {
+    OpDesc question = d;
+    question.dtype = DataType::kUInt8;
+    question.reduce_op = ReduceOp::kMin;
+    question.count = 1;
+    uint8_t on = this_host_on ? 1 : 0;
+    Schedule s;
+    s.reset(question, 1);
+    buildRingAllreduce(s, hostRingContext(1), reinterpret_cast<const char*>(&on), reinterpret_cast<char*>(&on), 1);
+    executor_->run(s, deadline, op.timeout, abort_flag_);
+    return on == 1;
+  };
+  // One slice between the hosts, in place on the device: a ring of the ranks
+  // of this local index, through the staging executor. Sums only: avg
+  // divides once the hosts' shares are in (cuda_ipc_collectives.cc).
+  auto between = [&](char* data, size_t count) {
+    OpDesc sum = d;
+    if (sum.reduce_op == ReduceOp::kAvg) sum.reduce_op = ReduceOp::kSum;
+    const size_t es = elementSize(d.dtype);
+    schedule_.reset(sum, es);
+    buildRingAllreduce(schedule_, hostRingContext(es), data, data, count);
+    schedule_.algorithm = "hierarchical";
+    try {
+      ex.begin(nullptr, context);  // the windows' stream finished the slice already
+      ex.run(schedule_, deadline, op.timeout, abort_flag_);
+      ex.finish(nullptr, deadline, op.timeout, abort_flag_);
+    } catch (...) {
+      ex.abandon();
+      throw;
+    }
+  };
+  const CudaIpcCollectives::BetweenHosts hosts{agree, between, static_cast<size_t>(size_)};
+  const CudaIpcCollectives::Config ipc{installedDeviceApi(), op.device,
+                                       config_.cuda_ipc ? config_.cuda_ipc_slot_bytes : 0,
+                                       config_.cuda_ipc_direct_bytes};
+  if (!host_ipc_->run(d, op.send, op.recv, ipc, op.ready.get(), op.work->deviceCompletion().get(), deadline, op.timeout,
+                      abort_flag_, &hosts)) {
+    return false;
+  }
+  device_path_.store(ex.gdr() ? DevicePath::kIpcGdr : DevicePath::kIpcStaging, std::memory_order_relaxed);
+  op_algorithm_ = "hierarchical (cuda ipc windows in each host)";
+  return true;
 }
 
 void Communicator::recordFailure(ErrorKind kind, const std::string& message) {

@@ -36,12 +36,14 @@ namespace rcoll {
 
 // The parts a communicator runs ops with; it reaches them only through their
 // own headers, in communicator.cc.
+class CudaIpcCollectives;
 class DeviceStagingExecutor;
 class P2PEngine;
 class PipelineExecutor;
 class ShmCollectives;
 class Timeline;
 class Transport;
+class WindowSteps;
 
 struct CommunicatorOptions {
   std::string name = "default";          // store namespace; communicators on one store need distinct names
@@ -79,7 +81,9 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   std::vector<std::string> transports() const;
   // How the last device-buffer op moved its data: "cuda-ipc" (device windows,
   // every rank on one host), "gdr" (GPUDirect RDMA: device memory to the NIC),
-  // "staging" (pinned host memory and a transport), or "none" before the first.
+  // "staging" (pinned host memory and a transport), "cuda-ipc+staging" or
+  // "cuda-ipc+gdr" (several hosts: device windows inside each, staging or
+  // GPUDirect RDMA between them), or "none" before the first.
   const char* devicePath() const;
   std::string describeEdges() const;  // "per rank: 0 self, 1 shm, 2 tcp", for logs and the timeline
   // Thread-safe: [data, data + bytes) is being freed; drops cached RDMA registrations of it.
@@ -205,6 +209,14 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
     ~ExecutorRelease();
   };
   void runDeviceOp(const Op& op);
+  // The device executor, created by the first device op that needs it.
+  DeviceStagingExecutor& deviceExecutor(int device, const std::string& context);
+  // A job of several hosts: the hierarchical allreduce through this host's
+  // device windows (cuda_ipc_collectives.h); false, having run nothing, when
+  // they are off on some host.
+  bool runDeviceAllreduceOverHosts(const Op& op, const std::string& context);
+  // The ring of this rank's local index, one rank per host (hierarchical jobs).
+  AlgorithmContext hostRingContext(size_t element_size) const;
   void chooseAlgorithms();  // sets hierarchical_, once the topology is known
   AlgorithmContext algorithmContext(size_t element_size) const;
   void recordTimeline(const Op& op, std::chrono::steady_clock::time_point start, const char* outcome);
@@ -233,7 +245,13 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   std::unique_ptr<PipelineExecutor> executor_;
   // Every rank on this host: the window collectives (shm/shm_collectives.h); else null.
   std::unique_ptr<ShmCollectives> shm_coll_;
-  enum class DevicePath { kNone, kIpcWindows, kStaging, kGdr };
+  // Several hosts with several ranks each (hierarchical_): the windows of this
+  // host's ranks and their device windows, for device allreduces; else null.
+  std::unique_ptr<WindowSteps> host_windows_;
+  std::unique_ptr<CudaIpcCollectives> host_ipc_;
+  std::vector<int> host_ring_order_;     // hierarchical_: the ranks of this local index, host by host
+  std::vector<int> host_ring_position_;  // per rank: its position in host_ring_order_, or -1
+  enum class DevicePath { kNone, kIpcWindows, kStaging, kGdr, kIpcStaging, kIpcGdr };
   std::atomic<DevicePath> device_path_{DevicePath::kNone};
   std::unique_ptr<P2PEngine> p2p_;  // own sockets and thread; none in a world of size 1
   // Device ops: created by the first one, on the progress thread; destroyed

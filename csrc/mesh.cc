@@ -16,6 +16,7 @@
 #include "shm/shm_collectives.h"
 #include "shm/shm_setup.h"
 #include "shm/shm_transport.h"
+#include "shm/window_steps.h"
 #include "socket_util.h"
 #include "tcp_transport.h"
 
@@ -24,6 +25,10 @@ namespace rcoll {
 namespace {
 
 constexpr uint64_t kPointToPointIdSalt = 0x7032707032703270ull;  // "p2p" mesh id = comm id ^ salt
+// The host slots of the windows in a job of several hosts: unused (only the
+// control pages serve, for the device windows), but WindowSteps::available
+// asks for 64 bytes per rank of the group: up to 64 ranks on a host.
+constexpr size_t kHostGroupSlotBytes = 4096;
 
 std::vector<uint8_t> toBytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 std::string fromBytes(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
@@ -123,22 +128,33 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
   };
   // One transport when every edge is alike (its own progress loop, nothing in
   // between); a composite only when this rank has edges of both kinds.
-  // Shared windows only where they can serve collectives: every rank on this
-  // host, and the collective transport (point-to-point needs none).
+  // Shared windows only where they can serve collectives, on the collective
+  // transport (point-to-point needs none): every rank on this host (host ops
+  // too), or the ranks of this host in a job of several, where only the device
+  // windows use them (the hierarchical allreduce through CUDA IPC): their
+  // control pages alone, so their host slots stay small.
   Config shm_config = mesh_.config;
-  shm_config.shm_coll = mesh_.config.shm_coll && !need_network;
+  if (need_network) shm_config.shm_coll_slot_bytes = kHostGroupSlotBytes;
   Config p2p_shm_config = mesh_.config;
   p2p_shm_config.shm_coll = false;
   const Config* shm_settings = &shm_config;
+  ShmTransport* host_shm = nullptr;  // the collective transport's shared memory, if any
   auto makeTransport = [&](const ConnectInfo& connect_info) -> std::unique_ptr<Transport> {
-    if (!need_network) return std::make_unique<ShmTransport>(connect_info, *shm_settings, bind_host);
+    if (!need_network) {
+      auto shm = std::make_unique<ShmTransport>(connect_info, *shm_settings, bind_host);
+      host_shm = shm.get();
+      return shm;
+    }
     if (shm_peers == 0) return makeNetwork(connect_info);
     std::vector<std::unique_ptr<Transport>> children;
-    children.push_back(std::make_unique<ShmTransport>(connect_info, *shm_settings, bind_host));
+    auto shm = std::make_unique<ShmTransport>(connect_info, *shm_settings, bind_host);
+    host_shm = shm.get();
+    children.push_back(std::move(shm));
     children.push_back(makeNetwork(connect_info));
     return std::make_unique<CompositeTransport>(connect_info, std::move(children), route, mesh_.config.spin);
   };
   mesh_.transport = makeTransport(mesh_.info);
+  ShmTransport* const collective_shm = host_shm;
   RCOLL_INFO("rank %d: transport %s; %s", rank_, mesh_.transport->name(), describeEdges(mesh_.peer_transports).c_str());
   // Point-to-point traffic gets its own connections (p2p_engine.h): sockets or
   // queue pairs. Their handshakes and headers carry a different id, so a stray
@@ -189,6 +205,15 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
   };
   connectMesh(*mesh_.transport, false);
   connectMesh(*p2p_transport, true);
+  if (need_network && collective_shm != nullptr) {
+    const Topology& t = mesh_.topology;
+    const std::vector<int>& local = t.ranks_on_host[static_cast<size_t>(t.host_of[static_cast<size_t>(rank_)])];
+    bool all_shm = true;
+    for (int p : local) all_shm = all_shm && (p == rank_ || route[static_cast<size_t>(p)] == 0);
+    if (all_shm && WindowSteps::available(*collective_shm, local)) {
+      mesh_.host_windows = std::make_unique<WindowSteps>(*collective_shm, local, rank_, mesh_.config.spin);
+    }
+  }
   if (auto* shm = dynamic_cast<ShmTransport*>(mesh_.transport.get())) {
     if (ShmCollectives::available(*shm, size_)) {
       mesh_.shm_coll =

@@ -3,7 +3,7 @@
 // agreed_settings.h), learn where every rank is (topology.h), choose a
 // transport for each pair (edge_plan.h: shared memory within a host, verbs or
 // TCP between hosts) and connect: one mesh for collectives, one for
-// point-to-point, and shared windows when every rank is on this host.
+// point-to-point, and shared windows among the ranks of this host.
 //
 // The communicator runs ops over what this builds and knows nothing of how
 // it was built.
@@ -21,6 +21,7 @@
 namespace rcoll {
 
 class ShmCollectives;
+class WindowSteps;
 
 struct Mesh {
   Config config;       // this rank's settings, with the agreed ones taken from rank 0
@@ -30,6 +31,10 @@ struct Mesh {
   std::vector<std::string> peer_transports;  // per rank: "self", "shm", "tcp" or "ib"; empty in a world of 1
   std::unique_ptr<Transport> transport;      // collectives' connections; null in a world of 1
   std::unique_ptr<ShmCollectives> shm_coll;  // every rank on this host: the shared windows (uses `transport`)
+  // A job of several hosts: the windows of this host's ranks (uses `transport`),
+  // for the device windows of the hierarchical allreduce. Null where this host
+  // has one rank or the windows are off.
+  std::unique_ptr<WindowSteps> host_windows;
   ConnectInfo p2p_info;                      // point-to-point's id differs: a crossed connection is refused
   std::unique_ptr<Transport> p2p_transport;  // null in a world of 1
 

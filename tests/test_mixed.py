@@ -159,6 +159,38 @@ def test_device_collectives_across_hosts(layout, sweep, slots):
     every_rank_passed(rank_threads.run(getattr(dw, sweep), len(layout), timeout=300, env=env))
 
 
+# GPU buffers across hosts with each host's ranks as processes: the allreduce
+# sums inside each host through the device windows (CUDA IPC) and only each
+# local index's slice crosses between the hosts (cuda_ipc_collectives.h).
+# Every dtype, op and size, checked exactly; and every collective once, where
+# the other device ops (staged) come between allreduces through the windows
+# (its last op, a reduce_scatter, is staged).
+@pytest.mark.usefixtures("emulated_device_runtime")
+@pytest.mark.parametrize("layout,sweep,path", [("AABB", "allreduce_sweep", "cuda-ipc+staging"),
+                                               ("ABAB", "allreduce_sweep", "cuda-ipc+staging"),
+                                               ("AAABBB", "allreduce_sweep", "cuda-ipc+staging"),
+                                               ("AABB", "every_collective_once", "staging")])
+def test_device_allreduce_across_hosts_through_cuda_ipc_windows(tmp_path, layout, sweep, path):
+    env = {**EMULATED_DEVICE, **SMALL_CHUNKS, **_hosts(layout), "EXPECT_DEVICE_PATH": path,
+           "RCOLL_TIMELINE": str(tmp_path / "trace")}
+    every_rank_passed(spawn.run(getattr(dw, sweep), len(layout), timeout=300, env=env))
+    for rank in range(len(layout)):
+        events = json.loads((tmp_path / f"trace.rank{rank}.json").read_text())
+        algorithms = {e["args"]["algorithm"] for e in events
+                      if e.get("cat") == "op" and e["args"]["op"].startswith("allreduce(")}
+        assert algorithms == {"hierarchical (cuda ipc windows in each host)"}, (rank, algorithms)
+
+
+# One host whose GPUs cannot reach each other (no peer access): every host
+# stages instead, since the wire protocols of the two paths differ; results
+# stay right and nobody waits for a host that took the other path.
+@pytest.mark.usefixtures("emulated_device_runtime")
+def test_a_host_without_cuda_ipc_sends_every_host_to_staging():
+    env = {**EMULATED_DEVICE, **SMALL_CHUNKS, **_hosts("AABB"), "EXPECT_DEVICE_PATH": "staging",
+           "EMULATED_DEVICE_ID": ["gpu:0", "gpu:0", "gpu:1", "gpu:2"]}
+    every_rank_passed(spawn.run(dw.allreduce_sweep, 4, timeout=300, env=env))
+
+
 # The allreduce and allgather algorithm, as each rank's timeline names it:
 # hierarchical where several hosts have the same number (>= 2) of ranks, else
 # the ring in host order.

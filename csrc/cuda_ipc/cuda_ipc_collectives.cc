@@ -48,8 +48,15 @@ std::string CudaIpcCollectives::context(const OpDesc& op) const {
                    static_cast<unsigned long long>(op.seq), device_->device);
 }
 
-char* CudaIpcCollectives::slot(int rank) const {
-  return device_->blocks[static_cast<size_t>(rank)] + static_cast<size_t>(steps_.step() % 2) * device_->slot_bytes;
+char* CudaIpcCollectives::slot(int index) const {
+  return device_->blocks[static_cast<size_t>(index)] + static_cast<size_t>(steps_.step() % 2) * device_->slot_bytes;
+}
+
+int CudaIpcCollectives::indexOf(int rank) const {
+  for (int i = 0; i < size_; ++i) {
+    if (steps_.member(i) == rank) return i;
+  }
+  return -1;
 }
 
 void CudaIpcCollectives::check(int rc, const OpDesc& op, const char* what) const {
@@ -61,10 +68,11 @@ void CudaIpcCollectives::copy(const OpDesc& op, void* dst, const void* src, size
   check(device_->api.copy_d2d_async(dst, src, bytes, device_->stream), op, "copying through the device windows");
 }
 
-void CudaIpcCollectives::reduceSlots(const OpDesc& op, char* out, size_t offset, size_t count) {
+void CudaIpcCollectives::reduceSlots(const OpDesc& op, ReduceOp how, size_t divisor, char* out, size_t offset,
+                                     size_t count) {
   if (count == 0) return;
   const DeviceApi& api = device_->api;
-  const int dtype = static_cast<int>(op.dtype), reduce_op = static_cast<int>(op.reduce_op);
+  const int dtype = static_cast<int>(op.dtype), reduce_op = static_cast<int>(how);
   // Rank order on every rank that computes it, so that all get the same bits.
   check(api.reduce_async(out, slot(0) + offset, slot(1) + offset, count, dtype, reduce_op, device_->stream), op,
         "reducing the device windows");
@@ -72,9 +80,8 @@ void CudaIpcCollectives::reduceSlots(const OpDesc& op, char* out, size_t offset,
     check(api.reduce_async(out, out, slot(r) + offset, count, dtype, reduce_op, device_->stream), op,
           "reducing the device windows");
   }
-  if (op.reduce_op == ReduceOp::kAvg) {
-    check(api.scale_divide_async(out, count, dtype, static_cast<size_t>(size_), device_->stream), op,
-          "dividing (avg) on the device");
+  if (divisor != 0) {
+    check(api.scale_divide_async(out, count, dtype, divisor, device_->stream), op, "dividing (avg) on the device");
   }
 }
 
@@ -98,7 +105,7 @@ void CudaIpcCollectives::wait(const RunContext& run) {
 
 // --- set-up ------------------------------------------------------------------------
 
-bool CudaIpcCollectives::setUp(const RunContext& run, const Config& config) {
+bool CudaIpcCollectives::setUp(const RunContext& run, const Config& config, const BetweenHosts* hosts) {
   if (!device_)
     device_ = std::make_unique<CudaIpcCollectives::Windows>(*config.api, config.device, config.slot_bytes,
                                                             config.direct_bytes);
@@ -128,7 +135,18 @@ bool CudaIpcCollectives::setUp(const RunContext& run, const Config& config) {
   // A failure from here on (a peer that died, mismatched or timed out) leaves
   // the windows off: the communicator reports it and is not used again.
   try {
-    return agree(run, mine_failed);
+    const bool on = agree(run, mine_failed);
+    // Across hosts, every host must take the windows' path, or none.
+    if (hosts != nullptr && !hosts->agree(on)) {
+      if (on) turnOff("the device windows of another host are off");
+      return false;
+    }
+    if (on) {
+      RCOLL_INFO("rank %d: %s go through CUDA IPC windows (device %d, 2 x %zu bytes, %d ranks)", rank_,
+                 hosts != nullptr ? "device allreduces sum inside this host" : "device ops of this communicator",
+                 dev.device, dev.slot_bytes, size_);
+    }
+    return on;
   } catch (...) {
     dev.state = Windows::State::kOff;
     dev.why_off = "the set-up with the other ranks failed";
@@ -146,9 +164,10 @@ bool CudaIpcCollectives::agree(const RunContext& run, const std::string& mine_fa
   // 2. Map every peer's block (or say that this rank cannot).
   std::string why = mine_failed;
   dev.blocks.assign(static_cast<size_t>(size_), nullptr);
-  dev.blocks[static_cast<size_t>(rank_)] = dev.own;
+  dev.blocks[static_cast<size_t>(me_)] = dev.own;
   for (int p = 0; p < size_ && why.empty(); ++p) {
-    if (p == rank_) continue;
+    if (p == me_) continue;
+    const int peer = steps_.member(p);
     shm::WindowControl* theirs = steps_.control(p);
     if (theirs->device_published.value.load(std::memory_order_acquire) != shm::kDeviceOk) continue;  // they say why
     // The kernels here read the peer's slots: its GPU must be this one or
@@ -158,16 +177,16 @@ bool CudaIpcCollectives::agree(const RunContext& run, const std::string& mine_fa
     int access = 0;
     if (dev.api.peer_access(dev.device, their_id, &access) != 0) {
       const char* err = dev.api.last_error();
-      why = strFormat("rank %d could not check its access to rank %d's GPU %s: %s", rank_, p, their_id,
+      why = strFormat("rank %d could not check its access to rank %d's GPU %s: %s", rank_, peer, their_id,
                       err != nullptr ? err : "device runtime error");
       break;
     }
     if (access == RCOLL_PEER_NOT_VISIBLE) {
-      why = strFormat("rank %d's GPU %s is not visible to rank %d (CUDA_VISIBLE_DEVICES?)", p, their_id, rank_);
+      why = strFormat("rank %d's GPU %s is not visible to rank %d (CUDA_VISIBLE_DEVICES?)", peer, their_id, rank_);
       break;
     }
     if (access == RCOLL_PEER_NO_ACCESS) {
-      why = strFormat("rank %d's GPU %s has no peer-to-peer access to rank %d's GPU %s", p, their_id, rank_,
+      why = strFormat("rank %d's GPU %s has no peer-to-peer access to rank %d's GPU %s", peer, their_id, rank_,
                       steps_.mine()->device_id);
       break;
     }
@@ -175,7 +194,7 @@ bool CudaIpcCollectives::agree(const RunContext& run, const std::string& mine_fa
         dev.api.ipc_open(dev.device, theirs->ipc_handle, reinterpret_cast<void**>(&dev.blocks[static_cast<size_t>(p)]));
     if (rc != 0) {
       const char* err = dev.api.last_error();
-      why = strFormat("rank %d could not map rank %d's device window (device %lld): %s", rank_, p,
+      why = strFormat("rank %d could not map rank %d's device window (device %lld): %s", rank_, peer,
                       static_cast<long long>(theirs->device), err != nullptr ? err : "device runtime error");
     }
   }
@@ -191,28 +210,31 @@ bool CudaIpcCollectives::agree(const RunContext& run, const std::string& mine_fa
   }
   if (failed.empty()) {
     dev.state = Windows::State::kOn;
-    RCOLL_INFO("rank %d: device ops of this communicator go through CUDA IPC windows (device %d, 2 x %zu bytes)", rank_,
-               dev.device, dev.slot_bytes);
     return true;
   }
   std::string ranks;
-  for (int p : failed) ranks += (ranks.empty() ? "" : ", ") + std::to_string(p);
-  dev.why_off = !why.empty() ? why : "rank(s) " + ranks + " could not export or map a device window";
-  dev.state = Windows::State::kOff;
-  dev.release();
+  for (int p : failed) ranks += (ranks.empty() ? "" : ", ") + std::to_string(steps_.member(p));
+  turnOff(!why.empty() ? why : "rank(s) " + ranks + " could not export or map a device window");
+  return false;
+}
+
+void CudaIpcCollectives::turnOff(const std::string& why) {
+  device_->why_off = why;
+  device_->state = Windows::State::kOff;
+  device_->release();
   RCOLL_WARN(
       "rank %d: CUDA IPC is off for this communicator, device ops are staged through pinned host memory "
       "(slower): %s (set RCOLL_CUDA_IPC=0 to skip the attempt)",
-      rank_, dev.why_off.c_str());
-  return false;
+      rank_, why.c_str());
 }
 
 // --- ops -----------------------------------------------------------------------------
 
 bool CudaIpcCollectives::run(const OpDesc& op, const char* send, char* recv, const Config& config,
                              const DeviceEvent* ready, DeviceEvent* done, Deadline deadline,
-                             std::chrono::milliseconds timeout, const std::atomic<bool>& abort_flag) {
-  if (!handles(op.kind)) return false;
+                             std::chrono::milliseconds timeout, const std::atomic<bool>& abort_flag,
+                             const BetweenHosts* hosts) {
+  if (!handles(op.kind) || (hosts != nullptr && op.kind != OpKind::kAllreduce)) return false;
   if (device_ && device_->state == Windows::State::kOff) return false;
   RunContext ctx{op, deadline, timeout, abort_flag, true};
   if (device_ && device_->device != config.device) {
@@ -221,7 +243,7 @@ bool CudaIpcCollectives::run(const OpDesc& op, const char* send, char* recv, con
         strFormat("rank %d: %s (op #%llu): buffers on device %d, but this communicator serves device %d", rank_,
                   describeOp(op).c_str(), static_cast<unsigned long long>(op.seq), config.device, device_->device));
   }
-  if (!setUp(ctx, config)) return false;
+  if (!setUp(ctx, config, hosts)) return false;
   CudaIpcCollectives::Windows& dev = *device_;
   try {
     check(dev.api.set_device(dev.device), op, "selecting the device");
@@ -229,7 +251,7 @@ bool CudaIpcCollectives::run(const OpDesc& op, const char* send, char* recv, con
     if (ready != nullptr) ready->streamWait(dev.stream, context(op));
     switch (op.kind) {
       case OpKind::kAllreduce:
-        allreduce(ctx, send, recv);
+        allreduce(ctx, send, recv, hosts);
         break;
       case OpKind::kAllgather:
         allgather(ctx, send, recv);
@@ -251,10 +273,15 @@ bool CudaIpcCollectives::run(const OpDesc& op, const char* send, char* recv, con
   return true;
 }
 
-void CudaIpcCollectives::allreduce(const RunContext& run, const char* send, char* recv) {
+void CudaIpcCollectives::allreduce(const RunContext& run, const char* send, char* recv, const BetweenHosts* hosts) {
   const OpDesc& op = run.op;
   const size_t es = elementSize(op.dtype);
   const size_t P = static_cast<size_t>(size_);
+  const bool avg = op.reduce_op == ReduceOp::kAvg;
+  // Between hosts, the host's sum goes on to the others and avg divides once,
+  // by the world size, when every host's share is in.
+  const ReduceOp local_op = hosts != nullptr && avg ? ReduceOp::kSum : op.reduce_op;
+  const size_t local_divisor = avg && hosts == nullptr ? P : 0;
   // Slices start on 256-byte boundaries: the kernels' 16-byte vector loads.
   const size_t align = std::max<size_t>(1, 256 / es);
   auto slice = [&](size_t n, size_t r, size_t* lo, size_t* len) { sliceOfStep(n, P, r, align, lo, len); };
@@ -262,26 +289,38 @@ void CudaIpcCollectives::allreduce(const RunContext& run, const char* send, char
       run, op.count, device_->slot_bytes / es,
       [&](size_t done, size_t n) {
         // The whole step's input goes into the slot first: `out` may alias `in`.
-        copy(op, slot(rank_), send + done * es, n * es);
+        copy(op, slot(me_), send + done * es, n * es);
         wait(run);
       },
       [&](size_t done, size_t n) {
         char* out = recv + done * es;
-        if (n * es * P <= device_->direct_bytes) {
+        if (hosts == nullptr && n * es * P <= device_->direct_bytes) {
           // Every rank reduces the whole step: one hand-off.
-          reduceSlots(op, out, 0, n);
+          reduceSlots(op, local_op, local_divisor, out, 0, n);
           wait(run);
           return;
         }
         // Rank r reduces slice r and leaves it in its slot; the others copy it out.
         size_t my_lo = 0, my_len = 0;
-        slice(n, static_cast<size_t>(rank_), &my_lo, &my_len);
-        reduceSlots(op, out + my_lo * es, my_lo * es, my_len);
-        copy(op, slot(rank_) + my_lo * es, out + my_lo * es, my_len * es);
+        slice(n, static_cast<size_t>(me_), &my_lo, &my_len);
+        char* mine = out + my_lo * es;
+        reduceSlots(op, local_op, local_divisor, mine, my_lo * es, my_len);
+        if (hosts != nullptr && my_len > 0) {
+          // The same slice on every host (the same n, the same cut): the ranks
+          // of this local index sum it between the hosts.
+          wait(run);
+          hosts->allreduce(mine, my_len);
+          if (avg) {
+            check(device_->api.scale_divide_async(mine, my_len, static_cast<int>(op.dtype), hosts->world_size,
+                                                  device_->stream),
+                  op, "dividing (avg) on the device");
+          }
+        }
+        copy(op, slot(me_) + my_lo * es, mine, my_len * es);
         wait(run);
         steps_.exchange(run, Counter::kReduced);
         for (int r = 0; r < size_; ++r) {
-          if (r == rank_) continue;
+          if (r == me_) continue;
           size_t lo = 0, len = 0;
           slice(n, static_cast<size_t>(r), &lo, &len);
           copy(op, out + lo * es, slot(r) + lo * es, len * es);
@@ -297,7 +336,7 @@ void CudaIpcCollectives::allgather(const RunContext& run, const char* send, char
   steps_.forEachStep(
       run, total, device_->slot_bytes / es,
       [&](size_t done, size_t n) {
-        copy(op, slot(rank_), send + done * es, n * es);
+        copy(op, slot(me_), send + done * es, n * es);
         wait(run);
       },
       [&](size_t done, size_t n) {
@@ -312,16 +351,16 @@ void CudaIpcCollectives::reduceScatter(const RunContext& run, const char* send, 
   const size_t es = elementSize(op.dtype);
   const size_t total = op.count;  // per rank: send holds size * total elements
   const size_t P = static_cast<size_t>(size_);
-  const size_t me = static_cast<size_t>(rank_);
+  const size_t me = static_cast<size_t>(me_);
   steps_.forEachStep(
       run, total, std::max<size_t>(1, device_->slot_bytes / (es * P)),
       [&](size_t done, size_t n) {
         // Slot layout of a step: block j's n elements at j * n.
-        for (size_t j = 0; j < P; ++j) copy(op, slot(rank_) + j * n * es, send + (j * total + done) * es, n * es);
+        for (size_t j = 0; j < P; ++j) copy(op, slot(me_) + j * n * es, send + (j * total + done) * es, n * es);
         wait(run);
       },
       [&](size_t done, size_t n) {
-        reduceSlots(op, recv + done * es, me * n * es, n);
+        reduceSlots(op, op.reduce_op, op.reduce_op == ReduceOp::kAvg ? P : 0, recv + done * es, me * n * es, n);
         wait(run);
       });
 }
@@ -329,12 +368,12 @@ void CudaIpcCollectives::reduceScatter(const RunContext& run, const char* send, 
 void CudaIpcCollectives::broadcast(const RunContext& run, const char* send, char* recv) {
   const OpDesc& op = run.op;
   const size_t es = elementSize(op.dtype);
-  const int root = static_cast<int>(op.root);
+  const int root = indexOf(static_cast<int>(op.root));
   steps_.forEachStep(
       run, op.count, device_->slot_bytes / es,
       [&](size_t done, size_t n) {
-        if (rank_ != root) return;
-        copy(op, slot(rank_), send + done * es, n * es);
+        if (me_ != root) return;
+        copy(op, slot(me_), send + done * es, n * es);
         wait(run);
       },
       [&](size_t done, size_t n) {

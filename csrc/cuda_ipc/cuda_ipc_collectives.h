@@ -19,11 +19,22 @@
 // whether it exported its block, then whether it mapped all the others';
 // unless all succeeded, every rank turns the device windows off and device
 // ops take the pinned-host staging path (device_staging_executor.h).
+//
+// In a job of several hosts the windows span the ranks of this host (the
+// WindowSteps' group) and serve the hierarchical allreduce: in each step,
+// local rank i sums slice i of the step over its host from the device
+// windows, hands it to BetweenHosts::allreduce (the ranks of local index i,
+// one per host, sum it over the network with the staging executor), and
+// leaves the result in its slot, from which the host's other ranks copy it.
+// Each host link then carries 2(H-1)/H of the buffer, and inside a host the
+// data never leaves the GPU. Every host must take this path or none (the wire
+// protocols differ), so set-up ends with BetweenHosts::agree.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,7 +55,19 @@ class CudaIpcCollectives {
     size_t direct_bytes;  // RCOLL_CUDA_IPC_DIRECT_BYTES
   };
 
-  explicit CudaIpcCollectives(WindowSteps& steps) : steps_(steps), rank_(steps.rank()), size_(steps.size()) {}
+  // Where the windows serve one host of several (see above).
+  struct BetweenHosts {
+    // At set-up, once: whether every host's windows are on, given this host's
+    // answer; the same answer on every rank.
+    std::function<bool(bool this_host_on)> agree;
+    // Sums `count` elements at `data` (device memory) with the same slice of
+    // the other hosts, in place.
+    std::function<void(char* data, size_t count)> allreduce;
+    size_t world_size;  // avg divides by it, once
+  };
+
+  explicit CudaIpcCollectives(WindowSteps& steps)
+      : steps_(steps), rank_(steps.globalRank()), me_(steps.rank()), size_(steps.size()) {}
   ~CudaIpcCollectives();
 
   // allreduce, allgather, reduce_scatter and broadcast.
@@ -57,9 +80,10 @@ class CudaIpcCollectives {
   // nothing, when they are off (RCOLL_CUDA_IPC=0 on rank 0, or some rank could
   // not export or map one): the caller then takes the staging path, as every
   // rank does. Throws RcollError naming this rank and the op on failure.
+  // `hosts`: the windows serve one host of several (allreduce only), else null.
   bool run(const OpDesc& op, const char* send, char* recv, const Config& config, const DeviceEvent* ready,
-           DeviceEvent* done, Deadline deadline, std::chrono::milliseconds timeout,
-           const std::atomic<bool>& abort_flag);
+           DeviceEvent* done, Deadline deadline, std::chrono::milliseconds timeout, const std::atomic<bool>& abort_flag,
+           const BetweenHosts* hosts = nullptr);
   // "on (...)", "off: why", or "not set up (no device op yet)".
   std::string state() const;
 
@@ -91,27 +115,33 @@ class CudaIpcCollectives {
     std::unique_ptr<DeviceEvent> event;  // polled at the end of each phase
   };
 
-  bool setUp(const RunContext& run, const Config& config);
+  bool setUp(const RunContext& run, const Config& config, const BetweenHosts* hosts);
   // Publishes this rank's export (`mine_failed`: why it failed, else empty),
   // maps the peers', and decides with them whether the windows are on.
   bool agree(const RunContext& run, const std::string& mine_failed);
+  void turnOff(const std::string& why);
   std::string context(const OpDesc& op) const;
-  // The device slot of `rank` for the current step.
-  char* slot(int rank) const;
+  // The device slot of the group's rank at `index` for the current step.
+  char* slot(int index) const;
   void check(int rc, const OpDesc& op, const char* what) const;
   void copy(const OpDesc& op, void* dst, const void* src, size_t bytes);
-  // out = every device slot at `offset` (bytes) reduced in rank order; avg divides.
-  void reduceSlots(const OpDesc& op, char* out, size_t offset, size_t count);
+  // out = every device slot at `offset` (bytes) reduced in rank order with
+  // `reduce_op`; then divided by `divisor` unless it is 0.
+  void reduceSlots(const OpDesc& op, ReduceOp reduce_op, size_t divisor, char* out, size_t offset, size_t count);
   // Until the device window stream finished what was queued (the end of a phase).
   void wait(const RunContext& run);
-  void allreduce(const RunContext& run, const char* send, char* recv);
+  void allreduce(const RunContext& run, const char* send, char* recv, const BetweenHosts* hosts);
   void allgather(const RunContext& run, const char* send, char* recv);
   void reduceScatter(const RunContext& run, const char* send, char* recv);
   void broadcast(const RunContext& run, const char* send, char* recv);
 
+  // The group's index of a communicator rank (broadcast's root), -1 if not in it.
+  int indexOf(int rank) const;
+
   WindowSteps& steps_;
-  const int rank_;
-  const int size_;
+  const int rank_;                   // the communicator's rank (for messages)
+  const int me_;                     // its index in the group (slots)
+  const int size_;                   // the group's size
   std::unique_ptr<Windows> device_;  // created by the first device op
 };
 

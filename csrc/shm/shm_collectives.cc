@@ -22,9 +22,21 @@ bool ShmCollectives::handles(OpKind kind) {
          kind == OpKind::kBroadcast || kind == OpKind::kBarrier;
 }
 
+namespace {
+std::vector<int> everyRank(int size) {
+  std::vector<int> ranks(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) ranks[static_cast<size_t>(r)] = r;
+  return ranks;
+}
+}  // namespace
+
+bool ShmCollectives::available(const ShmTransport& transport, int size) {
+  return WindowSteps::available(transport, everyRank(size));
+}
+
 ShmCollectives::ShmCollectives(ShmTransport& transport, int rank, int size, std::chrono::microseconds spin,
                                size_t direct_bytes)
-    : steps_(transport, rank, size, spin),
+    : steps_(transport, everyRank(size), rank, spin),
       rank_(rank),
       size_(size),
       slot_bytes_(transport.windowSlotBytes()),

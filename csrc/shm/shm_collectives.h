@@ -44,7 +44,7 @@ namespace rcoll {
 class ShmCollectives {
  public:
   // True when `transport` has the window of every rank of a world of `size`.
-  static bool available(const ShmTransport& transport, int size) { return WindowSteps::available(transport, size); }
+  static bool available(const ShmTransport& transport, int size);
 
   // `direct_bytes`: RCOLL_SHM_COLL_DIRECT_BYTES, the allreduce step size (times
   // the world size) up to which every rank reduces the whole step.

@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 
@@ -59,21 +60,27 @@ OpDesc descToOp(const shm::StepDesc& d) {
 
 }  // namespace
 
-bool WindowSteps::available(const ShmTransport& transport, int size) {
-  if (size < 2 || transport.windowSlotBytes() < static_cast<size_t>(size) * 64) return false;
-  for (int r = 0; r < size; ++r) {
+bool WindowSteps::available(const ShmTransport& transport, const std::vector<int>& members) {
+  if (members.size() < 2 || transport.windowSlotBytes() < members.size() * 64) return false;
+  for (int r : members) {
     if (transport.window(r) == nullptr) return false;
   }
   return true;
 }
 
-WindowSteps::WindowSteps(ShmTransport& transport, int rank, int size, std::chrono::microseconds spin)
-    : transport_(transport), rank_(rank), size_(size), spin_(spin), slot_bytes_(transport.windowSlotBytes()) {
-  for (int r = 0; r < size; ++r) {
+WindowSteps::WindowSteps(ShmTransport& transport, std::vector<int> members, int rank, std::chrono::microseconds spin)
+    : transport_(transport),
+      members_(std::move(members)),
+      rank_(rank),
+      me_(static_cast<int>(std::find(members_.begin(), members_.end(), rank) - members_.begin())),
+      size_(static_cast<int>(members_.size())),
+      spin_(spin),
+      slot_bytes_(transport.windowSlotBytes()) {
+  for (int r : members_) {
     windows_.push_back(transport.window(r));
     controls_.push_back(shm::windowControl(windows_.back()));
   }
-  mine_ = controls_[static_cast<size_t>(rank)];
+  mine_ = controls_[static_cast<size_t>(me_)];
 }
 
 void WindowSteps::announce(const OpDesc& op, bool device) {
@@ -84,8 +91,8 @@ void WindowSteps::announce(const OpDesc& op, bool device) {
 
 void WindowSteps::wakeSleepingPeers() {
   for (int p = 0; p < size_; ++p) {
-    if (p != rank_ && controls_[static_cast<size_t>(p)]->sleeping.bits.load(std::memory_order_seq_cst) != 0) {
-      transport_.ringDoorbell(p);
+    if (p != me_ && controls_[static_cast<size_t>(p)]->sleeping.bits.load(std::memory_order_seq_cst) != 0) {
+      transport_.ringDoorbell(member(p));
     }
   }
 }
@@ -111,7 +118,7 @@ void WindowSteps::publish(Counter counter) {
 
 void WindowSteps::waitAll(const RunContext& run, Counter counter, uint64_t target) {
   for (int p = 0; p < size_; ++p) {
-    if (p == rank_) continue;
+    if (p == me_) continue;
     std::atomic<uint64_t>& value = counterOf(controls_[static_cast<size_t>(p)], static_cast<int>(counter));
     if (value.load(std::memory_order_acquire) >= target) continue;
     const auto spin_start = std::chrono::steady_clock::now();
@@ -144,7 +151,7 @@ void WindowSteps::waitAll(const RunContext& run, Counter counter, uint64_t targe
   }
 }
 
-void WindowSteps::checkPeer(const RunContext& run, int peer, Counter counter, uint64_t target) {
+void WindowSteps::checkPeer(const RunContext& run, int index, Counter counter, uint64_t target) {
   const OpDesc& op = run.op;
   if (run.abort_flag.load(std::memory_order_relaxed)) {
     throwError(ErrorKind::kAborted, strFormat("rank %d: %s (op #%llu) was aborted", rank_, describeOp(op).c_str(),
@@ -155,7 +162,7 @@ void WindowSteps::checkPeer(const RunContext& run, int peer, Counter counter, ui
   // that already published what this wait needs may have finished its part
   // and gone: that alone is not a failure of this op.
   for (int p = 0; p < size_; ++p) {
-    const TransportFailure* down = p == rank_ ? nullptr : transport_.peerDown(p);
+    const TransportFailure* down = p == me_ ? nullptr : transport_.peerDown(member(p));
     if (down == nullptr) continue;
     if (counterOf(controls_[static_cast<size_t>(p)], static_cast<int>(counter)).load(std::memory_order_seq_cst) >=
         target) {
@@ -166,8 +173,9 @@ void WindowSteps::checkPeer(const RunContext& run, int peer, Counter counter, ui
   // Which op does the peer run? Loaded before the counter again: a peer
   // publishes its counter before it announces its next op, so a peer seen
   // past this op whose counter is still short really skipped it.
-  const uint64_t current = controls_[static_cast<size_t>(peer)]->current_op.value.load(std::memory_order_seq_cst);
-  std::atomic<uint64_t>& value = counterOf(controls_[static_cast<size_t>(peer)], static_cast<int>(counter));
+  const int peer = member(index);
+  const uint64_t current = controls_[static_cast<size_t>(index)]->current_op.value.load(std::memory_order_seq_cst);
+  std::atomic<uint64_t>& value = counterOf(controls_[static_cast<size_t>(index)], static_cast<int>(counter));
   if (value.load(std::memory_order_seq_cst) >= target) return;
   const uint64_t their_seq = current >> 8;
   const auto their_kind = static_cast<OpKind>(current & (kDeviceBit - 1));
@@ -197,8 +205,8 @@ void WindowSteps::checkPeer(const RunContext& run, int peer, Counter counter, ui
   if (std::chrono::steady_clock::now() >= run.deadline) {
     std::set<int> silent;
     for (int p = 0; p < size_; ++p) {
-      if (p != rank_ && counterOf(controls_[static_cast<size_t>(p)], static_cast<int>(counter)).load() < target) {
-        silent.insert(p);
+      if (p != me_ && counterOf(controls_[static_cast<size_t>(p)], static_cast<int>(counter)).load() < target) {
+        silent.insert(member(p));
       }
     }
     throwError(ErrorKind::kTimeout, opTimeoutMessage(rank_, op, run.timeout, silent, {},
@@ -209,19 +217,21 @@ void WindowSteps::checkPeer(const RunContext& run, int peer, Counter counter, ui
 void WindowSteps::checkDescriptors(const RunContext& run) {
   const OpDesc& op = run.op;
   for (int p = 0; p < size_; ++p) {
-    if (p == rank_) continue;
+    if (p == me_) continue;
     const shm::StepDesc& d = controls_[static_cast<size_t>(p)]->desc[step_ % 2];
     const uint32_t memory = run.device ? shm::kDeviceMemory : shm::kHostMemory;
     if (d.seq == op.seq && d.count == op.count && d.kind == static_cast<uint32_t>(op.kind) &&
         d.dtype == static_cast<uint32_t>(op.dtype) && d.reduce_op == static_cast<uint32_t>(op.reduce_op) &&
         d.root == op.root) {
       if (d.memory == memory) continue;
-      throwError(ErrorKind::kMismatch,
-                 opFailureMessage(rank_, op, memoryMismatch(p, d.memory == shm::kDeviceMemory, rank_, run.device)));
+      throwError(
+          ErrorKind::kMismatch,
+          opFailureMessage(rank_, op, memoryMismatch(member(p), d.memory == shm::kDeviceMemory, rank_, run.device)));
     }
     const OpDesc theirs = descToOp(d);
-    throwError(ErrorKind::kMismatch,
-               opFailureMessage(rank_, op, differentCallsMessage(p, describeOp(theirs), theirs.seq, rank_, op)));
+    throwError(
+        ErrorKind::kMismatch,
+        opFailureMessage(rank_, op, differentCallsMessage(member(p), describeOp(theirs), theirs.seq, rank_, op)));
   }
   if (first_completion_ == std::chrono::steady_clock::time_point{}) {
     first_completion_ = std::chrono::steady_clock::now();
@@ -233,8 +243,8 @@ void WindowSteps::publishValue(Counter counter, uint64_t value) {
   wakeSleepingPeers();
 }
 
-uint64_t WindowSteps::counter(int rank, Counter counter) const {
-  return counterOf(controls_[static_cast<size_t>(rank)], static_cast<int>(counter)).load(std::memory_order_seq_cst);
+uint64_t WindowSteps::counter(int index, Counter counter) const {
+  return counterOf(controls_[static_cast<size_t>(index)], static_cast<int>(counter)).load(std::memory_order_seq_cst);
 }
 
 }  // namespace rcoll

@@ -53,18 +53,24 @@ class WindowSteps {
     bool device = false;  // the op's buffers are device memory
   };
 
-  // True when `transport` has the window of every rank of a world of `size`.
-  static bool available(const ShmTransport& transport, int size);
+  // True when `transport` has the window of every rank of `members` (the
+  // group's ranks, ascending: every rank of a one-host job, or the ranks of
+  // this host in a job of several hosts).
+  static bool available(const ShmTransport& transport, const std::vector<int>& members);
 
-  WindowSteps(ShmTransport& transport, int rank, int size, std::chrono::microseconds spin);
+  // `rank` is one of `members`. Inside the group a rank is known by its index
+  // in `members` (slots, counters); messages name the communicator's ranks.
+  WindowSteps(ShmTransport& transport, std::vector<int> members, int rank, std::chrono::microseconds spin);
 
-  int rank() const { return rank_; }
+  int rank() const { return me_; }  // this rank's index in the group
   int size() const { return size_; }
+  int member(int index) const { return members_[static_cast<size_t>(index)]; }  // the communicator's rank
+  int globalRank() const { return rank_; }
   uint64_t step() const { return step_; }
   size_t slotBytes() const { return slot_bytes_; }
-  // The host slot of `rank` for the current step.
-  char* slot(int rank) const { return shm::windowSlot(windows_[static_cast<size_t>(rank)], step_, slot_bytes_); }
-  shm::WindowControl* control(int rank) const { return controls_[static_cast<size_t>(rank)]; }
+  // The host slot of the rank at `index` in the group, for the current step.
+  char* slot(int index) const { return shm::windowSlot(windows_[static_cast<size_t>(index)], step_, slot_bytes_); }
+  shm::WindowControl* control(int index) const { return controls_[static_cast<size_t>(index)]; }
   shm::WindowControl* mine() const { return mine_; }
 
   // Called for every op the communicator runs, whether the windows carry it
@@ -102,7 +108,7 @@ class WindowSteps {
   void publishValue(Counter counter, uint64_t value);
   // Until every peer's counter reaches `target` (checking failures between looks).
   void waitAll(const RunContext& run, Counter counter, uint64_t target);
-  uint64_t counter(int rank, Counter counter) const;
+  uint64_t counter(int index, Counter counter) const;
 
   // When the first step found every peer arrived (the end of "wait for peers").
   std::chrono::steady_clock::time_point firstCompletion() const { return first_completion_; }
@@ -115,15 +121,18 @@ class WindowSteps {
   // Rings the doorbell of every peer that sleeps waiting on a counter (after a store it must see).
   void wakeSleepingPeers();
   void checkDescriptors(const RunContext& run);
-  // Throws if a peer failed, runs another op, sent a message, or the deadline/abort came.
-  void checkPeer(const RunContext& run, int peer, Counter counter, uint64_t target);
+  // Throws if a peer (`index` in the group) failed, runs another op, sent a
+  // message, or the deadline/abort came.
+  void checkPeer(const RunContext& run, int index, Counter counter, uint64_t target);
 
   ShmTransport& transport_;
-  int rank_;
+  std::vector<int> members_;  // the group's ranks, ascending
+  int rank_;                  // this rank (the communicator's)
+  int me_;                    // its index in members_
   int size_;
   std::chrono::microseconds spin_;
   size_t slot_bytes_;
-  std::vector<char*> windows_;                 // every rank's window, indexed by rank
+  std::vector<char*> windows_;                 // every member's window, by index in the group
   std::vector<shm::WindowControl*> controls_;  // their control blocks
   shm::WindowControl* mine_;
   uint64_t step_ = 0;  // the current step (0 before the first)
