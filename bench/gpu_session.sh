@@ -40,7 +40,7 @@ echo "build: $(( $(date +%s) - t0 )) s for sm_$arch"
 export PYTHONPATH=$ROOT/python
 
 if has tests; then
-  (cd tests && timeout 330 python3 -m pytest -q -p no:cacheprovider -rs --timeout 240 \
+  (cd tests && timeout "${TESTS_TIMEOUT:-330}" python3 -m pytest -q -p no:cacheprovider -rs --timeout 240 \
      test_cuda.py test_cuda_collectives.py test_cuda_hosts.py "$@") > "$OUT/tests.log" 2>&1
   echo "tests: exit $?"; tail -25 "$OUT/tests.log"
 fi
@@ -65,11 +65,11 @@ if has bench; then
 fi
 if has hosts && command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d; then
   echo "== under MPS: world 2, one host" > "$OUT/hosts.log"
-  timeout 120 python3 bench/gpu_bench.py --allreduce --min-bytes 4K --max-bytes 256M --iters 20 \
+  timeout 90 python3 bench/gpu_bench.py --allreduce --min-bytes 4K --max-bytes 256M --iters 20 \
     --json "$OUT/gpu_allreduce_mps.json" >> "$OUT/hosts.log" 2>&1
   echo "allreduce world 2 under MPS: exit $?"
   echo "== under MPS: AABB (two emulated hosts of two ranks)" >> "$OUT/hosts.log"
-  timeout 200 python3 bench/gpu_bench.py --allreduce --hosts AABB --min-bytes 4K --max-bytes 256M --iters 20 \
+  timeout 150 python3 bench/gpu_bench.py --allreduce --hosts AABB --min-bytes 4K --max-bytes 256M --iters 20 \
     --json "$OUT/gpu_allreduce_hosts_aabb_mps.json" >> "$OUT/hosts.log" 2>&1
   echo "allreduce AABB under MPS: exit $?"
   echo quit | nvidia-cuda-mps-control
