@@ -40,7 +40,7 @@ echo "build: $(( $(date +%s) - t0 )) s for sm_$arch"
 export PYTHONPATH=$ROOT/python
 
 if has tests; then
-  (cd tests && timeout "${TESTS_TIMEOUT:-330}" python3 -m pytest -q -p no:cacheprovider -rs --timeout 240 \
+  (cd tests && timeout "${TESTS_TIMEOUT:-450}" python3 -m pytest -q -p no:cacheprovider -rs --timeout 240 \
      test_cuda.py test_cuda_collectives.py test_cuda_hosts.py "$@") > "$OUT/tests.log" 2>&1
   echo "tests: exit $?"; tail -25 "$OUT/tests.log"
 fi
