@@ -143,7 +143,37 @@ def _device_path(dist, torch, group):
         return f"unknown ({type(e).__name__})"
 
 
-def _allreduce_rank(rank, world, byte_sizes, iters):
+def _op_case(dist, torch, op, nbytes, rank, world):
+    """(run(group), check(group) -> #wrong, size in bytes, busbw factor) of one op at `nbytes`
+    (nccl-tests: the size of the whole buffer; allgather's output, reduce_scatter's input)."""
+    if op == "allreduce":
+        t = torch.empty(max(1, nbytes // 4), device="cuda")
+
+        def check(group):
+            t.fill_(rank + 1.0)
+            dist.all_reduce(t, group=group)
+            return int((t != world * (world + 1) / 2).sum().item())
+        return (lambda group: dist.all_reduce(t, group=group)), check, t.numel() * 4, 2 * (world - 1) / world
+    count = max(1, nbytes // 4 // world)
+    small, big = torch.empty(count, device="cuda"), torch.empty(world * count, device="cuda")
+    if op == "allgather":
+        def check(group):
+            small.fill_(rank + 1.0)
+            dist.all_gather_into_tensor(big, small, group=group)
+            want = torch.arange(1, world + 1, device="cuda", dtype=torch.float32).repeat_interleave(count)
+            return int((big != want).sum().item())
+        return ((lambda group: dist.all_gather_into_tensor(big, small, group=group)), check, big.numel() * 4,
+                (world - 1) / world)
+
+    def check(group):
+        big.fill_(rank + 1.0)
+        dist.reduce_scatter_tensor(small, big, group=group)
+        return int((small != world * (world + 1) / 2).sum().item())
+    return ((lambda group: dist.reduce_scatter_tensor(small, big, group=group)), check, big.numel() * 4,
+            (world - 1) / world)
+
+
+def _allreduce_rank(rank, world, byte_sizes, iters, ops=("allreduce",)):
     """One rank: the same CUDA tensors through rcoll (default group) and Gloo (a second group)."""
     from datetime import timedelta
 
@@ -166,50 +196,60 @@ def _allreduce_rank(rank, world, byte_sizes, iters):
         os.environ["RCOLL_CUDA_IPC"] = saved
     groups["gloo"] = dist.new_group(backend="gloo")
     rows = []
-    for nbytes in byte_sizes:
-        n = max(1, nbytes // 4)
-        t = torch.empty(n, device="cuda")
-        for name, group in groups.items():
-            reps = max(2, min(iters, (64 << 20) // max(nbytes, 1)))
-            for _ in range(2):
-                dist.all_reduce(t, group=group)
-            dist.barrier()
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(reps):
-                dist.all_reduce(t, group=group)
-            torch.cuda.synchronize()
-            seconds = (time.perf_counter() - start) / reps
-            t.fill_(rank + 1.0)
-            dist.all_reduce(t, group=group)
-            wrong = int((t != world * (world + 1) / 2).sum().item())
-            algbw = n * 4 / seconds
-            rows.append({"backend": name, "bytes": n * 4, "time_us": seconds * 1e6, "algbw_GBps": algbw / 1e9,
-                         "busbw_GBps": algbw * 2 * (world - 1) / world / 1e9, "wrong": wrong,
-                         "path": _device_path(dist, torch, group) if name.startswith("rcoll") else "gloo"})
+    for op in ops:
+        for nbytes in byte_sizes:
+            run, check, size, factor = _op_case(dist, torch, op, nbytes, rank, world)
+            for name, group in groups.items():
+                reps = max(2, min(iters, (64 << 20) // max(nbytes, 1)))
+                try:
+                    for _ in range(2):
+                        run(group)
+                except Exception as e:  # noqa: BLE001 -- Gloo lacks some ops on CUDA tensors: say so, go on
+                    rows.append({"op": op, "backend": name, "bytes": size, "error": str(e)[:200]})
+                    continue
+                dist.barrier()
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for _ in range(reps):
+                    run(group)
+                torch.cuda.synchronize()
+                seconds = (time.perf_counter() - start) / reps
+                wrong = check(group)
+                algbw = size / seconds
+                rows.append({"op": op, "backend": name, "bytes": size, "time_us": seconds * 1e6,
+                             "algbw_GBps": algbw / 1e9, "busbw_GBps": algbw * factor / 1e9, "wrong": wrong,
+                             "path": _device_path(dist, torch, group) if name.startswith("rcoll") else "gloo"})
     dist.destroy_process_group()
     return rows
 
 
-def allreduce(byte_sizes, iters, layout=None):
+def allreduce(byte_sizes, iters, layout=None, ops=("allreduce",)):
     from rcoll import spawn
 
     world = len(layout) if layout else 2
     env = {"RCOLL_HOSTID": list(layout)} if layout else None
-    results = spawn.run(_allreduce_rank, world, byte_sizes, iters, timeout=1800, env=env)
+    results = spawn.run(_allreduce_rank, world, byte_sizes, iters, tuple(ops), timeout=1800, env=env)
     rows = []
     for i, row in enumerate(results[0]):  # the slower rank's time, as nccl-tests reports
         row = dict(row)
-        row["time_us"] = max(r[i]["time_us"] for r in results)
-        row["algbw_GBps"] = row["bytes"] / (row["time_us"] / 1e6) / 1e9
-        row["busbw_GBps"] = row["algbw_GBps"] * 2 * (world - 1) / world
         if layout:
             row["layout"] = layout
+        if "error" in row or any("error" in r[i] for r in results):
+            row["error"] = row.get("error") or next(r[i]["error"] for r in results if "error" in r[i])
+            rows.append(row)
+            continue
+        factor = 2 * (world - 1) / world if row["op"] == "allreduce" else (world - 1) / world
+        row["time_us"] = max(r[i]["time_us"] for r in results)
+        row["algbw_GBps"] = row["bytes"] / (row["time_us"] / 1e6) / 1e9
+        row["busbw_GBps"] = row["algbw_GBps"] * factor
         row["wrong"] = sum(r[i]["wrong"] for r in results)
         rows.append(row)
-    print(f"{'size':>11} {'backend':>13} {'time us':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>6}  path")
+    print(f"{'op':>14} {'size':>11} {'backend':>13} {'time us':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>6}  path")
     for r in rows:
-        print(f"{r['bytes']:>11} {r['backend']:>13} {r['time_us']:>10.1f} {r['algbw_GBps']:>8.2f} "
+        if "error" in r:
+            print(f"{r['op']:>14} {r['bytes']:>11} {r['backend']:>13}  not run: {r['error']}")
+            continue
+        print(f"{r['op']:>14} {r['bytes']:>11} {r['backend']:>13} {r['time_us']:>10.1f} {r['algbw_GBps']:>8.2f} "
               f"{r['busbw_GBps']:>8.2f} {r['wrong']:>6}  {r['path']}")
     return rows
 
@@ -219,6 +259,7 @@ def main(argv=None):
     p.add_argument("--kernels", action="store_true", help="only the kernel benchmark")
     p.add_argument("--allreduce", action="store_true", help="only the world-2 allreduce benchmark")
     p.add_argument("--hosts", help="allreduce with one rank per letter on emulated hosts, e.g. AABB")
+    p.add_argument("--ops", default="allreduce", help="with --allreduce: any of allreduce,allgather,reduce_scatter")
     p.add_argument("--min-bytes", default="4K")
     p.add_argument("--max-bytes", default="256M")
     p.add_argument("--factor", type=int, default=4)
@@ -233,11 +274,11 @@ def main(argv=None):
     if args.kernels or both:
         out["kernels"] = kernels(torch, [s for s in byte_sizes if s >= 1 << 16], args.iters)
     if args.allreduce or both:
-        out["allreduce"] = allreduce(byte_sizes, args.iters, args.hosts)
+        out["allreduce"] = allreduce(byte_sizes, args.iters, args.hosts, args.ops.split(","))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
-    return 1 if any(r["wrong"] for r in out.get("allreduce", [])) else 0
+    return 1 if any(r.get("wrong") for r in out.get("allreduce", [])) else 0
 
 
 if __name__ == "__main__":

@@ -349,7 +349,7 @@ void Communicator::runDeviceOp(const Op& op) {
       return;
     }
   }
-  if (host_ipc_ && d.kind == OpKind::kAllreduce && runDeviceAllreduceOverHosts(op, context)) return;
+  if (host_ipc_ && runDeviceOpOverHosts(op, context)) return;
   DeviceStagingExecutor& ex = deviceExecutor(op.device, context);
   device_path_.store(ex.gdr() ? DevicePath::kGdr : DevicePath::kStaging, std::memory_order_relaxed);
   schedule_.reset(d, es);
@@ -381,8 +381,9 @@ DeviceStagingExecutor& Communicator::deviceExecutor(int device, const std::strin
   return *device_executor_;
 }
 
-bool Communicator::runDeviceAllreduceOverHosts(const Op& op, const std::string& context) {
+bool Communicator::runDeviceOpOverHosts(const Op& op, const std::string& context) {
   const OpDesc& d = op.desc;
+  if (d.kind != OpKind::kAllreduce && d.kind != OpKind::kAllgather && d.kind != OpKind::kReduceScatter) return false;
   const auto deadline = std::chrono::steady_clock::now() + op.timeout;
   DeviceStagingExecutor& ex = deviceExecutor(op.device, context);
   // The windows' set-up ends with every host's answer: the ring of this local
@@ -400,18 +401,17 @@ bool Communicator::runDeviceAllreduceOverHosts(const Op& op, const std::string& 
     executor_->run(s, deadline, op.timeout, abort_flag_);
     return on == 1;
   };
-  // One slice between the hosts, in place on the device: a ring of the ranks
-  // of this local index, through the staging executor. Sums only: avg
-  // divides once the hosts' shares are in (cuda_ipc_collectives.cc).
-  auto between = [&](char* data, size_t count) {
-    OpDesc sum = d;
-    if (sum.reduce_op == ReduceOp::kAvg) sum.reduce_op = ReduceOp::kSum;
-    const size_t es = elementSize(d.dtype);
+  // The phases between the hosts: rings of the ranks of this local index, on
+  // device memory through the staging executor. Sums only: avg divides once
+  // the hosts' shares are in (cuda_ipc_collectives.cc).
+  const size_t es = elementSize(d.dtype);
+  OpDesc sum = d;
+  if (sum.reduce_op == ReduceOp::kAvg) sum.reduce_op = ReduceOp::kSum;
+  auto between = [&](auto&& build) {
     schedule_.reset(sum, es);
-    buildRingAllreduce(schedule_, hostRingContext(es), data, data, count);
-    schedule_.algorithm = "hierarchical";
+    build(schedule_, hostRingContext(es));
     try {
-      ex.begin(nullptr, context);  // the windows' stream finished the slice already
+      ex.begin(nullptr, context);  // the windows' stream finished its part already
       ex.run(schedule_, deadline, op.timeout, abort_flag_);
       ex.finish(nullptr, deadline, op.timeout, abort_flag_);
     } catch (...) {
@@ -419,7 +419,22 @@ bool Communicator::runDeviceAllreduceOverHosts(const Op& op, const std::string& 
       throw;
     }
   };
-  const CudaIpcCollectives::BetweenHosts hosts{agree, between, static_cast<size_t>(size_)};
+  CudaIpcCollectives::BetweenHosts hosts;
+  hosts.agree = agree;
+  hosts.allreduce = [&](char* data, size_t count) {
+    between([&](Schedule& s, const AlgorithmContext& ring) { buildRingAllreduce(s, ring, data, data, count); });
+  };
+  hosts.allgather = [&](char* recv, size_t count) {
+    between([&](Schedule& s, const AlgorithmContext& ring) { buildRingAllgather(s, ring, recv, count); });
+  };
+  hosts.reduce_scatter = [&](char* sums, char* recv, size_t count) {
+    // In place in `sums`: a block is reduced there only after it was sent (algorithms.cc).
+    between(
+        [&](Schedule& s, const AlgorithmContext& ring) { buildRingReduceScatter(s, ring, sums, recv, sums, count); });
+  };
+  hosts.scratch = [&](size_t bytes) { return ex.scratch(bytes); };
+  hosts.ranks_on_host = &topology_.ranks_on_host;
+  hosts.world_size = static_cast<size_t>(size_);
   const CudaIpcCollectives::Config ipc{installedDeviceApi(), op.device,
                                        config_.cuda_ipc ? config_.cuda_ipc_slot_bytes : 0,
                                        config_.cuda_ipc_direct_bytes};
@@ -428,7 +443,7 @@ bool Communicator::runDeviceAllreduceOverHosts(const Op& op, const std::string& 
     return false;
   }
   device_path_.store(ex.gdr() ? DevicePath::kIpcGdr : DevicePath::kIpcStaging, std::memory_order_relaxed);
-  op_algorithm_ = "hierarchical (cuda ipc windows in each host)";
+  op_algorithm_ = "hierarchical (cuda ipc windows in each host)";  // the timeline's name
   return true;
 }
 

@@ -211,10 +211,11 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   void runDeviceOp(const Op& op);
   // The device executor, created by the first device op that needs it.
   DeviceStagingExecutor& deviceExecutor(int device, const std::string& context);
-  // A job of several hosts: the hierarchical allreduce through this host's
-  // device windows (cuda_ipc_collectives.h); false, having run nothing, when
-  // they are off on some host.
-  bool runDeviceAllreduceOverHosts(const Op& op, const std::string& context);
+  // A job of several hosts: the hierarchical allreduce, allgather or
+  // reduce_scatter through this host's device windows (cuda_ipc_collectives.h);
+  // false, having run nothing, for other ops or when the windows are off on
+  // some host.
+  bool runDeviceOpOverHosts(const Op& op, const std::string& context);
   // The ring of this rank's local index, one rank per host (hierarchical jobs).
   AlgorithmContext hostRingContext(size_t element_size) const;
   void chooseAlgorithms();  // sets hierarchical_, once the topology is known

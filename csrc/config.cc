@@ -38,9 +38,9 @@ const std::vector<ConfigVar>& configVars() {
       {"RCOLL_CUDA_IPC", "1",
        "when every rank is on one host, CUDA tensors of allreduce, allgather, reduce_scatter and "
        "broadcast go device to device through CUDA IPC windows (each rank's two device slots, mapped "
-       "by the others; reductions on the GPU); across hosts, the hierarchical allreduce sums inside "
-       "each host through them; ranks that cannot map each other's memory fall back together, with "
-       "one warning; `0`: pinned host staging"},
+       "by the others; reductions on the GPU); across hosts, the hierarchical allreduce, allgather and "
+       "reduce_scatter run inside each host through them; ranks that cannot map each other's memory "
+       "fall back together, with one warning; `0`: pinned host staging"},
       {"RCOLL_CUDA_IPC_SLOT_BYTES", "16M",
        "each rank's device window slot (it has two); larger ops run in steps of this size (4K to 1G)"},
       {"RCOLL_CUDA_IPC_DIRECT_BYTES", "1M",

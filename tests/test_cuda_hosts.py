@@ -4,8 +4,8 @@ a "host" the ranks share memory, between hosts they talk over TCP. The
 allreduce takes the hierarchical algorithm where the hosts have the same
 number of ranks (AABB, and interleaved ABAB): each host sums through its
 device windows (CUDA IPC) and each local index's slice is staged through
-pinned host memory between the hosts; with RCOLL_CUDA_IPC=0 every edge is
-staged. Where the hosts differ (AAAB) it takes the ring in host order, staged.
+pinned host memory between the hosts (allgather and reduce_scatter likewise);
+with RCOLL_CUDA_IPC=0 every edge is staged. Where the hosts differ (AAAB) it takes the ring in host order, staged.
 Each rank's timeline names the algorithm and the communicator the device
 path, which the test checks.
 
@@ -37,9 +37,10 @@ IPC_HIERARCHICAL = "hierarchical (cuda ipc windows in each host)"
 def test_collectives_across_emulated_hosts(tmp_path, layout, ipc, algorithm, path, worker):
     import cuda_workers as w
 
+    # other_collectives checks the path after its reduce_scatters, which go
+    # the way the allreduce goes (allgather too; broadcast stages).
     env = {"RCOLL_HOSTID": list(layout), "RCOLL_TIMELINE": str(tmp_path / "trace"), "RCOLL_CUDA_IPC": ipc,
-           # other_collectives checks the path after a reduce_scatter: staged between hosts
-           "EXPECT_DEVICE_PATH": path if worker == "all_reduce_matrix" else "staging"}
+           "EXPECT_DEVICE_PATH": path}
     every_rank_passed(spawn.run(getattr(w, worker), len(layout), timeout=300, env=env))
     if worker != "all_reduce_matrix":
         return

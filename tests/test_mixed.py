@@ -159,25 +159,25 @@ def test_device_collectives_across_hosts(layout, sweep, slots):
     every_rank_passed(rank_threads.run(getattr(dw, sweep), len(layout), timeout=300, env=env))
 
 
-# GPU buffers across hosts with each host's ranks as processes: the allreduce
-# sums inside each host through the device windows (CUDA IPC) and only each
-# local index's slice crosses between the hosts (cuda_ipc_collectives.h).
-# Every dtype, op and size, checked exactly; and every collective once, where
-# the other device ops (staged) come between allreduces through the windows
-# (its last op, a reduce_scatter, is staged).
+# GPU buffers across hosts with each host's ranks as processes: allreduce,
+# allgather and reduce_scatter run inside each host through the device windows
+# (CUDA IPC), and only each local index's share crosses between the hosts
+# (cuda_ipc_collectives.h). Every dtype, op and size, checked exactly; and
+# every collective once, where the other device ops (staged) come between
+# ops through the windows.
 @pytest.mark.usefixtures("emulated_device_runtime")
-@pytest.mark.parametrize("layout,sweep,path", [("AABB", "allreduce_sweep", "cuda-ipc+staging"),
-                                               ("ABAB", "allreduce_sweep", "cuda-ipc+staging"),
-                                               ("AAABBB", "allreduce_sweep", "cuda-ipc+staging"),
-                                               ("AABB", "every_collective_once", "staging")])
-def test_device_allreduce_across_hosts_through_cuda_ipc_windows(tmp_path, layout, sweep, path):
-    env = {**EMULATED_DEVICE, **SMALL_CHUNKS, **_hosts(layout), "EXPECT_DEVICE_PATH": path,
+@pytest.mark.parametrize("layout,sweep", [("AABB", "allreduce_sweep"), ("ABAB", "allreduce_sweep"),
+                                          ("AAABBB", "allreduce_sweep"), ("ABAB", "allgather_sweep"),
+                                          ("AAABBB", "allgather_sweep"), ("AABB", "reduce_scatter_sweep"),
+                                          ("AAABBB", "reduce_scatter_sweep"), ("AABB", "every_collective_once")])
+def test_device_collectives_across_hosts_through_cuda_ipc_windows(tmp_path, layout, sweep):
+    env = {**EMULATED_DEVICE, **SMALL_CHUNKS, **_hosts(layout), "EXPECT_DEVICE_PATH": "cuda-ipc+staging",
            "RCOLL_TIMELINE": str(tmp_path / "trace")}
     every_rank_passed(spawn.run(getattr(dw, sweep), len(layout), timeout=300, env=env))
     for rank in range(len(layout)):
         events = json.loads((tmp_path / f"trace.rank{rank}.json").read_text())
-        algorithms = {e["args"]["algorithm"] for e in events
-                      if e.get("cat") == "op" and e["args"]["op"].startswith("allreduce(")}
+        algorithms = {e["args"]["algorithm"] for e in events if e.get("cat") == "op"
+                      and e["args"]["op"].startswith(("allreduce(", "allgather(", "reduce_scatter("))}
         assert algorithms == {"hierarchical (cuda ipc windows in each host)"}, (rank, algorithms)
 
 

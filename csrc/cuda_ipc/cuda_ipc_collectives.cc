@@ -234,7 +234,7 @@ bool CudaIpcCollectives::run(const OpDesc& op, const char* send, char* recv, con
                              const DeviceEvent* ready, DeviceEvent* done, Deadline deadline,
                              std::chrono::milliseconds timeout, const std::atomic<bool>& abort_flag,
                              const BetweenHosts* hosts) {
-  if (!handles(op.kind) || (hosts != nullptr && op.kind != OpKind::kAllreduce)) return false;
+  if (!handles(op.kind) || (hosts != nullptr && op.kind == OpKind::kBroadcast)) return false;
   if (device_ && device_->state == Windows::State::kOff) return false;
   RunContext ctx{op, deadline, timeout, abort_flag, true};
   if (device_ && device_->device != config.device) {
@@ -254,10 +254,18 @@ bool CudaIpcCollectives::run(const OpDesc& op, const char* send, char* recv, con
         allreduce(ctx, send, recv, hosts);
         break;
       case OpKind::kAllgather:
-        allgather(ctx, send, recv);
+        if (hosts != nullptr) {
+          allgatherOverHosts(ctx, send, recv, *hosts);
+        } else {
+          allgather(ctx, send, recv);
+        }
         break;
       case OpKind::kReduceScatter:
-        reduceScatter(ctx, send, recv);
+        if (hosts != nullptr) {
+          reduceScatterOverHosts(ctx, send, recv, *hosts);
+        } else {
+          reduceScatter(ctx, send, recv);
+        }
         break;
       case OpKind::kBroadcast:
         broadcast(ctx, send, recv);
@@ -363,6 +371,70 @@ void CudaIpcCollectives::reduceScatter(const RunContext& run, const char* send, 
         reduceSlots(op, op.reduce_op, op.reduce_op == ReduceOp::kAvg ? P : 0, recv + done * es, me * n * es, n);
         wait(run);
       });
+}
+
+void CudaIpcCollectives::allgatherOverHosts(const RunContext& run, const char* send, char* recv,
+                                            const BetweenHosts& hosts) {
+  const OpDesc& op = run.op;
+  const size_t es = elementSize(op.dtype);
+  const size_t total = op.count;  // per rank
+  const std::vector<std::vector<int>>& on_host = *hosts.ranks_on_host;
+  const size_t H = on_host.size();
+  auto block = [&](size_t h, int index) { return recv + static_cast<size_t>(on_host[h][index]) * total * es; };
+  // 1. Between the hosts: the blocks of this local index's ranks.
+  copy(op, recv + static_cast<size_t>(rank_) * total * es, send, total * es);
+  wait(run);
+  if (total > 0) hosts.allgather(recv, total);
+  // 2. In the host: each rank's H blocks go through its window (slot layout
+  // of a step: host h's block at h * n).
+  steps_.forEachStep(
+      run, total, std::max<size_t>(1, device_->slot_bytes / (es * H)),
+      [&](size_t done, size_t n) {
+        for (size_t h = 0; h < H; ++h) copy(op, slot(me_) + h * n * es, block(h, me_) + done * es, n * es);
+        wait(run);
+      },
+      [&](size_t done, size_t n) {
+        for (int p = 0; p < size_; ++p) {
+          if (p == me_) continue;
+          for (size_t h = 0; h < H; ++h) copy(op, block(h, p) + done * es, slot(p) + h * n * es, n * es);
+        }
+        wait(run);
+      });
+}
+
+void CudaIpcCollectives::reduceScatterOverHosts(const RunContext& run, const char* send, char* recv,
+                                                const BetweenHosts& hosts) {
+  const OpDesc& op = run.op;
+  const size_t es = elementSize(op.dtype);
+  const size_t total = op.count;  // per rank: send holds world_size * total elements
+  const size_t W = hosts.world_size;
+  const std::vector<std::vector<int>>& on_host = *hosts.ranks_on_host;
+  const bool avg = op.reduce_op == ReduceOp::kAvg;
+  const ReduceOp local_op = avg ? ReduceOp::kSum : op.reduce_op;
+  char* sums = hosts.scratch(std::max<size_t>(1, W * total * es));
+  // 1. In the host: every window holds the step of all W blocks (block j at
+  // j * n); this rank sums the blocks of its local index's ranks.
+  steps_.forEachStep(
+      run, total, std::max<size_t>(1, device_->slot_bytes / (es * W)),
+      [&](size_t done, size_t n) {
+        for (size_t j = 0; j < W; ++j) copy(op, slot(me_) + j * n * es, send + (j * total + done) * es, n * es);
+        wait(run);
+      },
+      [&](size_t done, size_t n) {
+        for (const std::vector<int>& ranks : on_host) {
+          const size_t j = static_cast<size_t>(ranks[static_cast<size_t>(me_)]);
+          reduceSlots(op, local_op, 0, sums + (j * total + done) * es, j * n * es, n);
+        }
+        wait(run);
+      });
+  // 2. Between the hosts: those sums reduce-scattered; avg divides once.
+  if (total == 0) return;
+  hosts.reduce_scatter(sums, recv, total);
+  if (avg) {
+    check(device_->api.scale_divide_async(recv, total, static_cast<int>(op.dtype), W, device_->stream), op,
+          "dividing (avg) on the device");
+    wait(run);
+  }
 }
 
 void CudaIpcCollectives::broadcast(const RunContext& run, const char* send, char* recv) {

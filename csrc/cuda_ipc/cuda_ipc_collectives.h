@@ -21,14 +21,22 @@
 // ops take the pinned-host staging path (device_staging_executor.h).
 //
 // In a job of several hosts the windows span the ranks of this host (the
-// WindowSteps' group) and serve the hierarchical allreduce: in each step,
-// local rank i sums slice i of the step over its host from the device
-// windows, hands it to BetweenHosts::allreduce (the ranks of local index i,
-// one per host, sum it over the network with the staging executor), and
-// leaves the result in its slot, from which the host's other ranks copy it.
-// Each host link then carries 2(H-1)/H of the buffer, and inside a host the
-// data never leaves the GPU. Every host must take this path or none (the wire
-// protocols differ), so set-up ends with BetweenHosts::agree.
+// WindowSteps' group) and serve the hierarchical collectives; the ranks of
+// local index i, one per host, talk between the hosts through the staging
+// executor (BetweenHosts), and inside a host the data never leaves the GPU:
+//   allreduce       in each step, local rank i sums slice i of the step over
+//                   its host from the device windows, allreduces it with the
+//                   other hosts, and leaves the result in its slot, from which
+//                   the host's other ranks copy it: each host link carries
+//                   2(H-1)/H of the buffer.
+//   allgather       first between the hosts (each rank collects the blocks of
+//                   its local index), then each rank's H blocks go through its
+//                   window to the host's other ranks.
+//   reduce_scatter  backwards: local rank i sums, over its host, the blocks of
+//                   the ranks of local index i (read from every window), then
+//                   the hosts reduce-scatter those sums.
+// Every host must take this path or none (the wire protocols differ), so
+// set-up ends with BetweenHosts::agree.
 #pragma once
 
 #include <atomic>
@@ -63,6 +71,17 @@ class CudaIpcCollectives {
     // Sums `count` elements at `data` (device memory) with the same slice of
     // the other hosts, in place.
     std::function<void(char* data, size_t count)> allreduce;
+    // `recv` (world_size * count elements) holds this rank's block; the
+    // blocks of this local index's ranks on the other hosts arrive.
+    std::function<void(char* recv, size_t count)> allgather;
+    // `sums` (world_size * count) holds this host's sums at the blocks of this
+    // local index's ranks; their sum over the hosts of this rank's block ends
+    // in `recv`. The other blocks of `sums` are overwritten.
+    std::function<void(char* sums, char* recv, size_t count)> reduce_scatter;
+    // Device memory of at least `bytes` for reduce_scatter's sums.
+    std::function<char*(size_t bytes)> scratch;
+    // (*ranks_on_host)[h][i]: the rank of local index i on host h (topology.h).
+    const std::vector<std::vector<int>>* ranks_on_host;
     size_t world_size;  // avg divides by it, once
   };
 
@@ -80,7 +99,8 @@ class CudaIpcCollectives {
   // nothing, when they are off (RCOLL_CUDA_IPC=0 on rank 0, or some rank could
   // not export or map one): the caller then takes the staging path, as every
   // rank does. Throws RcollError naming this rank and the op on failure.
-  // `hosts`: the windows serve one host of several (allreduce only), else null.
+  // `hosts`: the windows serve one host of several (allreduce, allgather and
+  // reduce_scatter), else null.
   bool run(const OpDesc& op, const char* send, char* recv, const Config& config, const DeviceEvent* ready,
            DeviceEvent* done, Deadline deadline, std::chrono::milliseconds timeout, const std::atomic<bool>& abort_flag,
            const BetweenHosts* hosts = nullptr);
@@ -133,6 +153,8 @@ class CudaIpcCollectives {
   void allreduce(const RunContext& run, const char* send, char* recv, const BetweenHosts* hosts);
   void allgather(const RunContext& run, const char* send, char* recv);
   void reduceScatter(const RunContext& run, const char* send, char* recv);
+  void allgatherOverHosts(const RunContext& run, const char* send, char* recv, const BetweenHosts& hosts);
+  void reduceScatterOverHosts(const RunContext& run, const char* send, char* recv, const BetweenHosts& hosts);
   void broadcast(const RunContext& run, const char* send, char* recv);
 
   // The group's index of a communicator rank (broadcast's root), -1 if not in it.
