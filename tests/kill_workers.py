@@ -9,13 +9,17 @@ import numpy as np
 import rcoll
 
 
-def allreduce_until_killed(rank, world, victim, delay, kill_file, op_timeout, elements):
+def allreduce_until_killed(rank, world, victim, delay, kill_file, op_timeout, elements, device=False):
     """Every rank loops large allreduces; `delay` s after the first one, rank
     `victim` SIGKILLs itself, having written the kill time (time.time()) to
     `kill_file`. A survivor returns (error class, message, time.time() when the
-    error reached it, allreduces completed); the victim never returns."""
+    error reached it, allreduces completed); the victim never returns.
+    `device`: the buffer as a device array (the emulated device runtime)."""
     comm = rcoll.init(timeout=op_timeout)
     x = np.ones(elements, np.float32)
+    if device:
+        from device_workers import dev
+        x = dev(x)
     comm.allreduce(x, "max")  # every rank connected and its buffers allocated
     state = {"in_op": False, "ops": 0}
     if rank == victim:

@@ -191,6 +191,32 @@ def test_a_host_without_cuda_ipc_sends_every_host_to_staging():
     every_rank_passed(spawn.run(dw.allreduce_sweep, 4, timeout=300, env=env))
 
 
+# A rank killed (SIGKILL) while device allreduces run through the windows and
+# between the hosts: its host's ranks wait on it in a window, its local
+# index's ranks on the other host in the ring between the hosts; every
+# survivor raises PeerError naming it, well within the op timeout.
+@pytest.mark.usefixtures("emulated_device_runtime")
+@pytest.mark.parametrize("victim", [1, 2])
+def test_a_rank_killed_mid_device_allreduce_across_hosts_is_named_by_every_survivor(tmp_path, victim):
+    import kill_workers
+
+    op_timeout = 20.0
+    kill_file = tmp_path / "kill"
+    env = {**EMULATED_DEVICE, **_hosts("AABB"), "RCOLL_CUDA_IPC_SLOT_BYTES": "1M"}
+    results = spawn.run(kill_workers.allreduce_until_killed, 4, victim, 0.3, str(kill_file), op_timeout, 4 << 20,
+                        True, timeout=60 + op_timeout, allow_failures=True, grace=op_timeout + 5, env=env)
+    assert kill_file.exists(), results
+    kill_time = float(kill_file.read_text().split()[0])
+    assert results[victim] == ("error", f"rank {victim} died with exit code -9"), results[victim]
+    for rank, outcome in enumerate(results):
+        if rank == victim:
+            continue
+        name, message, error_time = outcome[0], outcome[1], outcome[2] if len(outcome) > 2 else None
+        assert name == "PeerError", (rank, outcome)
+        assert f"rank {victim}" in message, (rank, message)
+        assert error_time - kill_time < op_timeout / 2, (rank, error_time - kill_time, message)
+
+
 # The allreduce and allgather algorithm, as each rank's timeline names it:
 # hierarchical where several hosts have the same number (>= 2) of ranks, else
 # the ring in host order.
