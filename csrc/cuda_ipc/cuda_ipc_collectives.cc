@@ -354,23 +354,29 @@ void CudaIpcCollectives::allgather(const RunContext& run, const char* send, char
       });
 }
 
-void CudaIpcCollectives::reduceScatter(const RunContext& run, const char* send, char* recv) {
+void CudaIpcCollectives::reduceBlocks(const RunContext& run, const char* send, size_t blocks,
+                                      const std::vector<size_t>& mine, ReduceOp how, size_t divisor,
+                                      const std::function<char*(size_t block)>& out) {
   const OpDesc& op = run.op;
   const size_t es = elementSize(op.dtype);
-  const size_t total = op.count;  // per rank: send holds size * total elements
-  const size_t P = static_cast<size_t>(size_);
-  const size_t me = static_cast<size_t>(me_);
+  const size_t total = op.count;  // per block
   steps_.forEachStep(
-      run, total, std::max<size_t>(1, device_->slot_bytes / (es * P)),
+      run, total, std::max<size_t>(1, device_->slot_bytes / (es * blocks)),
       [&](size_t done, size_t n) {
         // Slot layout of a step: block j's n elements at j * n.
-        for (size_t j = 0; j < P; ++j) copy(op, slot(me_) + j * n * es, send + (j * total + done) * es, n * es);
+        for (size_t j = 0; j < blocks; ++j) copy(op, slot(me_) + j * n * es, send + (j * total + done) * es, n * es);
         wait(run);
       },
       [&](size_t done, size_t n) {
-        reduceSlots(op, op.reduce_op, op.reduce_op == ReduceOp::kAvg ? P : 0, recv + done * es, me * n * es, n);
+        for (size_t j : mine) reduceSlots(op, how, divisor, out(j) + done * es, j * n * es, n);
         wait(run);
       });
+}
+
+void CudaIpcCollectives::reduceScatter(const RunContext& run, const char* send, char* recv) {
+  const size_t P = static_cast<size_t>(size_);
+  const bool avg = run.op.reduce_op == ReduceOp::kAvg;
+  reduceBlocks(run, send, P, {static_cast<size_t>(me_)}, run.op.reduce_op, avg ? P : 0, [&](size_t) { return recv; });
 }
 
 void CudaIpcCollectives::allgatherOverHosts(const RunContext& run, const char* send, char* recv,
@@ -412,21 +418,10 @@ void CudaIpcCollectives::reduceScatterOverHosts(const RunContext& run, const cha
   const bool avg = op.reduce_op == ReduceOp::kAvg;
   const ReduceOp local_op = avg ? ReduceOp::kSum : op.reduce_op;
   char* sums = hosts.scratch(std::max<size_t>(1, W * total * es));
-  // 1. In the host: every window holds the step of all W blocks (block j at
-  // j * n); this rank sums the blocks of its local index's ranks.
-  steps_.forEachStep(
-      run, total, std::max<size_t>(1, device_->slot_bytes / (es * W)),
-      [&](size_t done, size_t n) {
-        for (size_t j = 0; j < W; ++j) copy(op, slot(me_) + j * n * es, send + (j * total + done) * es, n * es);
-        wait(run);
-      },
-      [&](size_t done, size_t n) {
-        for (const std::vector<int>& ranks : on_host) {
-          const size_t j = static_cast<size_t>(ranks[static_cast<size_t>(me_)]);
-          reduceSlots(op, local_op, 0, sums + (j * total + done) * es, j * n * es, n);
-        }
-        wait(run);
-      });
+  // 1. In the host: this rank sums the blocks of its local index's ranks.
+  std::vector<size_t> mine;
+  for (const std::vector<int>& ranks : on_host) mine.push_back(static_cast<size_t>(ranks[static_cast<size_t>(me_)]));
+  reduceBlocks(run, send, W, mine, local_op, 0, [&](size_t j) { return sums + j * total * es; });
   // 2. Between the hosts: those sums reduce-scattered; avg divides once.
   if (total == 0) return;
   hosts.reduce_scatter(sums, recv, total);

@@ -153,6 +153,12 @@ class CudaIpcCollectives {
   void allreduce(const RunContext& run, const char* send, char* recv, const BetweenHosts* hosts);
   void allgather(const RunContext& run, const char* send, char* recv);
   void reduceScatter(const RunContext& run, const char* send, char* recv);
+  // Both reduce-scatters' steps in the host: each window holds the step of
+  // all `blocks` blocks of `send` (op.count elements each); this rank reduces
+  // blocks `mine` over the group into out(block), with `how`, then divides by
+  // `divisor` unless it is 0.
+  void reduceBlocks(const RunContext& run, const char* send, size_t blocks, const std::vector<size_t>& mine,
+                    ReduceOp how, size_t divisor, const std::function<char*(size_t block)>& out);
   void allgatherOverHosts(const RunContext& run, const char* send, char* recv, const BetweenHosts& hosts);
   void reduceScatterOverHosts(const RunContext& run, const char* send, char* recv, const BetweenHosts& hosts);
   void broadcast(const RunContext& run, const char* send, char* recv);
