@@ -349,7 +349,7 @@ void Communicator::runDeviceOp(const Op& op) {
       return;
     }
   }
-  if (host_ipc_ && runDeviceOpOverHosts(op, context)) return;
+  if (hierarchical_ && runDeviceOpOverHosts(op, context)) return;
   DeviceStagingExecutor& ex = deviceExecutor(op.device, context);
   device_path_.store(ex.gdr() ? DevicePath::kGdr : DevicePath::kStaging, std::memory_order_relaxed);
   schedule_.reset(d, es);
@@ -383,7 +383,18 @@ DeviceStagingExecutor& Communicator::deviceExecutor(int device, const std::strin
 
 bool Communicator::runDeviceOpOverHosts(const Op& op, const std::string& context) {
   const OpDesc& d = op.desc;
+  // Every test before the windows' set-up gives the same answer on every
+  // rank (the op, the topology, the agreed settings), so that all of them
+  // reach the agreement below at the same op, or none does.
   if (d.kind != OpKind::kAllreduce && d.kind != OpKind::kAllgather && d.kind != OpKind::kReduceScatter) return false;
+  if (!config_.cuda_ipc) return false;
+  // A window step holds at least one element of every block it carries
+  // (reduce_scatter: the world's, allgather: the hosts'); past that, staging.
+  const size_t es = elementSize(d.dtype);
+  const size_t blocks = d.kind == OpKind::kReduceScatter ? static_cast<size_t>(size_)
+                        : d.kind == OpKind::kAllgather   ? static_cast<size_t>(topology_.hosts())
+                                                         : 1;
+  if (blocks * es > config_.cuda_ipc_slot_bytes) return false;
   const auto deadline = std::chrono::steady_clock::now() + op.timeout;
   DeviceStagingExecutor& ex = deviceExecutor(op.device, context);
   // The windows' set-up ends with every host's answer: the ring of this local
@@ -401,15 +412,24 @@ bool Communicator::runDeviceOpOverHosts(const Op& op, const std::string& context
     executor_->run(s, deadline, op.timeout, abort_flag_);
     return on == 1;
   };
+  if (!host_ipc_) {
+    // This host has no windows (a rank here refused shared memory, or it has
+    // too many ranks): it still answers the other hosts, once, and stages.
+    if (!windows_question_answered_) {
+      windows_question_answered_ = true;
+      agree(false);
+    }
+    return false;
+  }
   // The phases between the hosts: rings of the ranks of this local index, on
-  // device memory through the staging executor. Sums only: avg divides once
-  // the hosts' shares are in (cuda_ipc_collectives.cc).
-  const size_t es = elementSize(d.dtype);
-  OpDesc sum = d;
-  if (sum.reduce_op == ReduceOp::kAvg) sum.reduce_op = ReduceOp::kSum;
+  // device memory through the staging executor. The op's own descriptor goes
+  // on the wire (hosts that disagree on it meet a header naming the other
+  // call); avg reduces as a sum and divides once, by the world, when every
+  // host's share is in (cuda_ipc_collectives.cc), not in the ring.
   auto between = [&](auto&& build) {
-    schedule_.reset(sum, es);
+    schedule_.reset(d, es);
     build(schedule_, hostRingContext(es));
+    for (RecvStep& r : schedule_.recvs) r.divide_after = false;
     try {
       ex.begin(nullptr, context);  // the windows' stream finished its part already
       ex.run(schedule_, deadline, op.timeout, abort_flag_);

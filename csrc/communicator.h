@@ -250,8 +250,9 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   // host's ranks and their device windows, for device allreduces; else null.
   std::unique_ptr<WindowSteps> host_windows_;
   std::unique_ptr<CudaIpcCollectives> host_ipc_;
-  std::vector<int> host_ring_order_;     // hierarchical_: the ranks of this local index, host by host
-  std::vector<int> host_ring_position_;  // per rank: its position in host_ring_order_, or -1
+  bool windows_question_answered_ = false;  // hierarchical_ without host_ipc_: the other hosts were told "off"
+  std::vector<int> host_ring_order_;        // hierarchical_: the ranks of this local index, host by host
+  std::vector<int> host_ring_position_;     // per rank: its position in host_ring_order_, or -1
   enum class DevicePath { kNone, kIpcWindows, kStaging, kGdr, kIpcStaging, kIpcGdr };
   std::atomic<DevicePath> device_path_{DevicePath::kNone};
   std::unique_ptr<P2PEngine> p2p_;  // own sockets and thread; none in a world of size 1

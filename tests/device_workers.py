@@ -224,6 +224,17 @@ def mismatch(rank, world, kind):
         return (type(e).__name__, str(e), time.monotonic() - t0)
 
 
+def op_per_rank(rank, world, ops):
+    """A device allreduce with reduce op ops[rank]: the ranks may disagree."""
+    comm = rcoll.init(rank, world, timeout=20)
+    t0 = time.monotonic()
+    try:
+        comm.allreduce(dev(np.ones(1 << 16, np.float32)), ops[rank])
+        return ("ok", "", time.monotonic() - t0)
+    except rcoll.RcollError as e:
+        return (type(e).__name__, str(e), time.monotonic() - t0)
+
+
 def dead_peer(rank, world):
     import os
 

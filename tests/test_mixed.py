@@ -167,9 +167,11 @@ def test_device_collectives_across_hosts(layout, sweep, slots):
 # ops through the windows.
 @pytest.mark.usefixtures("emulated_device_runtime")
 @pytest.mark.parametrize("layout,sweep", [("AABB", "allreduce_sweep"), ("ABAB", "allreduce_sweep"),
-                                          ("AAABBB", "allreduce_sweep"), ("ABAB", "allgather_sweep"),
-                                          ("AAABBB", "allgather_sweep"), ("AABB", "reduce_scatter_sweep"),
-                                          ("AAABBB", "reduce_scatter_sweep"), ("AABB", "every_collective_once")])
+                                          ("AAABBB", "allreduce_sweep"), ("AABBCC", "allreduce_sweep"),
+                                          ("ABAB", "allgather_sweep"), ("AAABBB", "allgather_sweep"),
+                                          ("ABCABC", "allgather_sweep"), ("AABB", "reduce_scatter_sweep"),
+                                          ("ABAB", "reduce_scatter_sweep"), ("AABBCC", "reduce_scatter_sweep"),
+                                          ("AABB", "every_collective_once")])
 def test_device_collectives_across_hosts_through_cuda_ipc_windows(tmp_path, layout, sweep):
     env = {**EMULATED_DEVICE, **SMALL_CHUNKS, **_hosts(layout), "EXPECT_DEVICE_PATH": "cuda-ipc+staging",
            "RCOLL_TIMELINE": str(tmp_path / "trace")}
@@ -215,6 +217,28 @@ def test_a_rank_killed_mid_device_allreduce_across_hosts_is_named_by_every_survi
         assert name == "PeerError", (rank, outcome)
         assert f"rank {victim}" in message, (rank, message)
         assert error_time - kill_time < op_timeout / 2, (rank, error_time - kill_time, message)
+
+
+# A host without windows (rank 0 refuses shared memory, so host A's ranks
+# talk over TCP) still answers the other hosts at the windows' set-up: every
+# host stages, and the results are right.
+@pytest.mark.usefixtures("emulated_device_runtime")
+def test_a_host_without_windows_sends_every_host_to_staging():
+    env = {**EMULATED_DEVICE, **SMALL_CHUNKS, **_hosts("AABB"), "EXPECT_DEVICE_PATH": "staging",
+           "RCOLL_SHM_DISABLE": ["1", "0", "0", "0"]}
+    every_rank_passed(spawn.run(dw.allreduce_sweep, 4, timeout=300, env=env))
+
+
+# Hosts that disagree on the reduce op (avg on host A, sum on host B) agree
+# inside each host; the headers between the hosts carry the op and tell them
+# apart: a MismatchError naming both calls, every rank failing fast.
+@pytest.mark.usefixtures("emulated_device_runtime")
+def test_hosts_that_disagree_on_the_reduce_op_fail_with_a_mismatch():
+    env = {**EMULATED_DEVICE, **_hosts("AABB")}
+    results = spawn.run(dw.op_per_rank, 4, ["avg", "avg", "sum", "sum"], timeout=120, env=env)
+    assert all(name != "ok" and seconds < 15 for name, _, seconds in results), results
+    mismatches = [message for name, message, _ in results if name == "MismatchError"]
+    assert mismatches and all("avg" in m and "sum" in m for m in mismatches), results
 
 
 # The allreduce and allgather algorithm, as each rank's timeline names it:

@@ -236,6 +236,13 @@ bool CudaIpcCollectives::run(const OpDesc& op, const char* send, char* recv, con
                              const BetweenHosts* hosts) {
   if (!handles(op.kind) || (hosts != nullptr && op.kind == OpKind::kBroadcast)) return false;
   if (device_ && device_->state == Windows::State::kOff) return false;
+  // A step holds at least one element of every block it carries; past that
+  // (tiny slots, a huge world) the staging path, on every rank alike.
+  const size_t blocks = op.kind == OpKind::kReduceScatter
+                            ? (hosts != nullptr ? hosts->world_size : static_cast<size_t>(size_))
+                        : op.kind == OpKind::kAllgather && hosts != nullptr ? hosts->ranks_on_host->size()
+                                                                            : 1;
+  if (config.slot_bytes > 0 && blocks * elementSize(op.dtype) > config.slot_bytes) return false;
   RunContext ctx{op, deadline, timeout, abort_flag, true};
   if (device_ && device_->device != config.device) {
     throwError(
