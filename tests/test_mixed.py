@@ -183,13 +183,17 @@ def test_device_collectives_across_hosts_through_cuda_ipc_windows(tmp_path, layo
         assert algorithms == {"hierarchical (cuda ipc windows in each host)"}, (rank, algorithms)
 
 
-# One host whose GPUs cannot reach each other (no peer access): every host
-# stages instead, since the wire protocols of the two paths differ; results
-# stay right and nobody waits for a host that took the other path.
+# One host that cannot take the windows: its GPUs cannot reach each other (no
+# peer access), or it has none (rank 0 refuses shared memory, so host A's ranks
+# talk over TCP) and still answers the other hosts at the windows' set-up.
+# Every host stages instead, since the wire protocols of the two paths differ;
+# results stay right and nobody waits for a host that took the other path.
 @pytest.mark.usefixtures("emulated_device_runtime")
-def test_a_host_without_cuda_ipc_sends_every_host_to_staging():
-    env = {**EMULATED_DEVICE, **SMALL_CHUNKS, **_hosts("AABB"), "EXPECT_DEVICE_PATH": "staging",
-           "EMULATED_DEVICE_ID": ["gpu:0", "gpu:0", "gpu:1", "gpu:2"]}
+@pytest.mark.parametrize("why,setting", [
+    ("no_peer_access", {"EMULATED_DEVICE_ID": ["gpu:0", "gpu:0", "gpu:1", "gpu:2"]}),
+    ("no_windows", {"RCOLL_SHM_DISABLE": ["1", "0", "0", "0"]})])
+def test_a_host_without_cuda_ipc_sends_every_host_to_staging(why, setting):
+    env = {**EMULATED_DEVICE, **SMALL_CHUNKS, **_hosts("AABB"), "EXPECT_DEVICE_PATH": "staging", **setting}
     every_rank_passed(spawn.run(dw.allreduce_sweep, 4, timeout=300, env=env))
 
 
@@ -217,16 +221,6 @@ def test_a_rank_killed_mid_device_allreduce_across_hosts_is_named_by_every_survi
         assert name == "PeerError", (rank, outcome)
         assert f"rank {victim}" in message, (rank, message)
         assert error_time - kill_time < op_timeout / 2, (rank, error_time - kill_time, message)
-
-
-# A host without windows (rank 0 refuses shared memory, so host A's ranks
-# talk over TCP) still answers the other hosts at the windows' set-up: every
-# host stages, and the results are right.
-@pytest.mark.usefixtures("emulated_device_runtime")
-def test_a_host_without_windows_sends_every_host_to_staging():
-    env = {**EMULATED_DEVICE, **SMALL_CHUNKS, **_hosts("AABB"), "EXPECT_DEVICE_PATH": "staging",
-           "RCOLL_SHM_DISABLE": ["1", "0", "0", "0"]}
-    every_rank_passed(spawn.run(dw.allreduce_sweep, 4, timeout=300, env=env))
 
 
 # Hosts that disagree on the reduce op (avg on host A, sum on host B) agree
