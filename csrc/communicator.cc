@@ -17,6 +17,13 @@
 
 namespace rcoll {
 
+namespace {
+// The device windows' settings (RCOLL_CUDA_IPC*, agreed) for buffers on `device`.
+CudaIpcCollectives::Config deviceWindowsConfig(const Config& config, int device) {
+  return {installedDeviceApi(), device, config.cuda_ipc ? config.cuda_ipc_slot_bytes : 0, config.cuda_ipc_direct_bytes};
+}
+}  // namespace
+
 Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, const CommunicatorOptions& options)
     : rank_(rank), size_(size), name_(options.name), config_(Config::fromEnvironment(options.settings)) {
   if (size < 1 || rank < 0 || rank >= size) {
@@ -339,11 +346,8 @@ void Communicator::runDeviceOp(const Op& op) {
   // Every rank on one host: device to device through the CUDA IPC windows,
   // when all ranks could set them up (the same answer on every rank).
   if (shm_coll_) {
-    const ShmCollectives::DeviceConfig ipc{installedDeviceApi(), op.device,
-                                           config_.cuda_ipc ? config_.cuda_ipc_slot_bytes : 0,
-                                           config_.cuda_ipc_direct_bytes};
-    if (shm_coll_->runDevice(d, op.send, op.recv, ipc, op.ready.get(), op.work->deviceCompletion().get(), deadline,
-                             op.timeout, abort_flag_)) {
+    if (shm_coll_->runDevice(d, op.send, op.recv, deviceWindowsConfig(config_, op.device), op.ready.get(),
+                             op.work->deviceCompletion().get(), deadline, op.timeout, abort_flag_)) {
       device_path_.store(DevicePath::kIpcWindows, std::memory_order_relaxed);
       op_algorithm_ = "cuda ipc windows";
       return;
@@ -388,13 +392,11 @@ bool Communicator::runDeviceOpOverHosts(const Op& op, const std::string& context
   // reach the agreement below at the same op, or none does.
   if (d.kind != OpKind::kAllreduce && d.kind != OpKind::kAllgather && d.kind != OpKind::kReduceScatter) return false;
   if (!config_.cuda_ipc) return false;
-  // A window step holds at least one element of every block it carries
-  // (reduce_scatter: the world's, allgather: the hosts'); past that, staging.
+  if (!CudaIpcCollectives::stepHoldsBlocks(d, config_.cuda_ipc_slot_bytes, static_cast<size_t>(size_),
+                                           static_cast<size_t>(topology_.hosts()))) {
+    return false;
+  }
   const size_t es = elementSize(d.dtype);
-  const size_t blocks = d.kind == OpKind::kReduceScatter ? static_cast<size_t>(size_)
-                        : d.kind == OpKind::kAllgather   ? static_cast<size_t>(topology_.hosts())
-                                                         : 1;
-  if (blocks * es > config_.cuda_ipc_slot_bytes) return false;
   const auto deadline = std::chrono::steady_clock::now() + op.timeout;
   DeviceStagingExecutor& ex = deviceExecutor(op.device, context);
   // The windows' set-up ends with every host's answer: the ring of this local
@@ -455,11 +457,8 @@ bool Communicator::runDeviceOpOverHosts(const Op& op, const std::string& context
   hosts.scratch = [&](size_t bytes) { return ex.scratch(bytes); };
   hosts.ranks_on_host = &topology_.ranks_on_host;
   hosts.world_size = static_cast<size_t>(size_);
-  const CudaIpcCollectives::Config ipc{installedDeviceApi(), op.device,
-                                       config_.cuda_ipc ? config_.cuda_ipc_slot_bytes : 0,
-                                       config_.cuda_ipc_direct_bytes};
-  if (!host_ipc_->run(d, op.send, op.recv, ipc, op.ready.get(), op.work->deviceCompletion().get(), deadline, op.timeout,
-                      abort_flag_, &hosts)) {
+  if (!host_ipc_->run(d, op.send, op.recv, deviceWindowsConfig(config_, op.device), op.ready.get(),
+                      op.work->deviceCompletion().get(), deadline, op.timeout, abort_flag_, &hosts)) {
     return false;
   }
   device_path_.store(ex.gdr() ? DevicePath::kIpcGdr : DevicePath::kIpcStaging, std::memory_order_relaxed);

@@ -138,23 +138,20 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
   Config p2p_shm_config = mesh_.config;
   p2p_shm_config.shm_coll = false;
   const Config* shm_settings = &shm_config;
-  ShmTransport* host_shm = nullptr;  // the collective transport's shared memory, if any
-  auto makeTransport = [&](const ConnectInfo& connect_info) -> std::unique_ptr<Transport> {
-    if (!need_network) {
-      auto shm = std::make_unique<ShmTransport>(connect_info, *shm_settings, bind_host);
-      host_shm = shm.get();
-      return shm;
-    }
-    if (shm_peers == 0) return makeNetwork(connect_info);
+  // `*shm`: its shared-memory transport (itself, or a composite's child), or null.
+  auto makeTransport = [&](const ConnectInfo& connect_info, ShmTransport** shm) -> std::unique_ptr<Transport> {
+    *shm = nullptr;
+    if (shm_peers == 0 && need_network) return makeNetwork(connect_info);
+    auto shared = std::make_unique<ShmTransport>(connect_info, *shm_settings, bind_host);
+    *shm = shared.get();
+    if (!need_network) return shared;
     std::vector<std::unique_ptr<Transport>> children;
-    auto shm = std::make_unique<ShmTransport>(connect_info, *shm_settings, bind_host);
-    host_shm = shm.get();
-    children.push_back(std::move(shm));
+    children.push_back(std::move(shared));
     children.push_back(makeNetwork(connect_info));
     return std::make_unique<CompositeTransport>(connect_info, std::move(children), route, mesh_.config.spin);
   };
-  mesh_.transport = makeTransport(mesh_.info);
-  ShmTransport* const collective_shm = host_shm;
+  ShmTransport* collective_shm = nullptr;
+  mesh_.transport = makeTransport(mesh_.info, &collective_shm);
   RCOLL_INFO("rank %d: transport %s; %s", rank_, mesh_.transport->name(), describeEdges(mesh_.peer_transports).c_str());
   // Point-to-point traffic gets its own connections (p2p_engine.h): sockets or
   // queue pairs. Their handshakes and headers carry a different id, so a stray
@@ -163,7 +160,8 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
   p2p_info.comm_id = mesh_.info.comm_id ^ kPointToPointIdSalt;
   shm_settings = &p2p_shm_config;
   network_settings = &p2p_network_config;
-  auto p2p_transport = makeTransport(p2p_info);
+  ShmTransport* p2p_shm = nullptr;  // unused: point-to-point has no windows
+  auto p2p_transport = makeTransport(p2p_info, &p2p_shm);
   // One string per rank: its two meshes' addresses, each "kind=host:port ...".
   const std::string mine = listenAddresses(*mesh_.transport) + "\n" + listenAddresses(*p2p_transport);
   const std::vector<std::string> addresses = allGather(store, prefix + "addr", mine, deadline);
@@ -214,14 +212,14 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
       mesh_.host_windows = std::make_unique<WindowSteps>(*collective_shm, local, rank_, mesh_.config.spin);
     }
   }
-  if (auto* shm = dynamic_cast<ShmTransport*>(mesh_.transport.get())) {
-    if (ShmCollectives::available(*shm, size_)) {
-      mesh_.shm_coll =
-          std::make_unique<ShmCollectives>(*shm, rank_, size_, mesh_.config.spin, mesh_.config.shm_coll_direct_bytes);
+  if (!need_network && collective_shm != nullptr) {
+    if (ShmCollectives::available(*collective_shm, size_)) {
+      mesh_.shm_coll = std::make_unique<ShmCollectives>(*collective_shm, rank_, size_, mesh_.config.spin,
+                                                        mesh_.config.shm_coll_direct_bytes);
       RCOLL_INFO(
           "rank %d: allreduce, allgather, reduce_scatter, broadcast and barrier go through shared windows "
           "(slots of %zu bytes)",
-          rank_, shm->windowSlotBytes());
+          rank_, collective_shm->windowSlotBytes());
     }
   }
   mesh_.p2p_info = p2p_info;

@@ -18,6 +18,13 @@ bool CudaIpcCollectives::handles(OpKind kind) {
          kind == OpKind::kBroadcast;
 }
 
+bool CudaIpcCollectives::stepHoldsBlocks(const OpDesc& op, size_t slot_bytes, size_t world, size_t hosts) {
+  const size_t blocks = op.kind == OpKind::kReduceScatter            ? world
+                        : op.kind == OpKind::kAllgather && hosts > 0 ? hosts
+                                                                     : 1;
+  return blocks * elementSize(op.dtype) <= slot_bytes;
+}
+
 CudaIpcCollectives::~CudaIpcCollectives() = default;
 
 CudaIpcCollectives::Windows::~Windows() { release(); }
@@ -50,13 +57,6 @@ std::string CudaIpcCollectives::context(const OpDesc& op) const {
 
 char* CudaIpcCollectives::slot(int index) const {
   return device_->blocks[static_cast<size_t>(index)] + static_cast<size_t>(steps_.step() % 2) * device_->slot_bytes;
-}
-
-int CudaIpcCollectives::indexOf(int rank) const {
-  for (int i = 0; i < size_; ++i) {
-    if (steps_.member(i) == rank) return i;
-  }
-  return -1;
 }
 
 void CudaIpcCollectives::check(int rc, const OpDesc& op, const char* what) const {
@@ -143,7 +143,8 @@ bool CudaIpcCollectives::setUp(const RunContext& run, const Config& config, cons
     }
     if (on) {
       RCOLL_INFO("rank %d: %s go through CUDA IPC windows (device %d, 2 x %zu bytes, %d ranks)", rank_,
-                 hosts != nullptr ? "device allreduces sum inside this host" : "device ops of this communicator",
+                 hosts != nullptr ? "device allreduce, allgather and reduce_scatter inside this host"
+                                  : "device ops of this communicator",
                  dev.device, dev.slot_bytes, size_);
     }
     return on;
@@ -236,13 +237,9 @@ bool CudaIpcCollectives::run(const OpDesc& op, const char* send, char* recv, con
                              const BetweenHosts* hosts) {
   if (!handles(op.kind) || (hosts != nullptr && op.kind == OpKind::kBroadcast)) return false;
   if (device_ && device_->state == Windows::State::kOff) return false;
-  // A step holds at least one element of every block it carries; past that
-  // (tiny slots, a huge world) the staging path, on every rank alike.
-  const size_t blocks = op.kind == OpKind::kReduceScatter
-                            ? (hosts != nullptr ? hosts->world_size : static_cast<size_t>(size_))
-                        : op.kind == OpKind::kAllgather && hosts != nullptr ? hosts->ranks_on_host->size()
-                                                                            : 1;
-  if (config.slot_bytes > 0 && blocks * elementSize(op.dtype) > config.slot_bytes) return false;
+  const size_t world = hosts != nullptr ? hosts->world_size : static_cast<size_t>(size_);
+  const size_t host_count = hosts != nullptr ? hosts->ranks_on_host->size() : 0;
+  if (config.slot_bytes > 0 && !stepHoldsBlocks(op, config.slot_bytes, world, host_count)) return false;
   RunContext ctx{op, deadline, timeout, abort_flag, true};
   if (device_ && device_->device != config.device) {
     throwError(
@@ -442,7 +439,7 @@ void CudaIpcCollectives::reduceScatterOverHosts(const RunContext& run, const cha
 void CudaIpcCollectives::broadcast(const RunContext& run, const char* send, char* recv) {
   const OpDesc& op = run.op;
   const size_t es = elementSize(op.dtype);
-  const int root = indexOf(static_cast<int>(op.root));
+  const int root = steps_.indexOf(static_cast<int>(op.root));
   steps_.forEachStep(
       run, op.count, device_->slot_bytes / es,
       [&](size_t done, size_t n) {

@@ -91,6 +91,12 @@ class CudaIpcCollectives {
 
   // allreduce, allgather, reduce_scatter and broadcast.
   static bool handles(OpKind kind);
+  // Whether a window step of `slot_bytes` holds one element of every block
+  // that `op` puts in it (reduce_scatter: the world's `world` blocks;
+  // allgather across `hosts` hosts: theirs; 0 hosts: one host). Past that
+  // (tiny slots, a huge world) every rank stages; the answer is the same on
+  // every rank.
+  static bool stepHoldsBlocks(const OpDesc& op, size_t slot_bytes, size_t world, size_t hosts);
 
   // Runs `op` on device buffers of `config.device` through the device
   // windows. Its copies wait for `ready` (the caller's stream; may be null);
@@ -162,9 +168,6 @@ class CudaIpcCollectives {
   void allgatherOverHosts(const RunContext& run, const char* send, char* recv, const BetweenHosts& hosts);
   void reduceScatterOverHosts(const RunContext& run, const char* send, char* recv, const BetweenHosts& hosts);
   void broadcast(const RunContext& run, const char* send, char* recv);
-
-  // The group's index of a communicator rank (broadcast's root), -1 if not in it.
-  int indexOf(int rank) const;
 
   WindowSteps& steps_;
   const int rank_;                   // the communicator's rank (for messages)

@@ -2,7 +2,6 @@
 
 #include <sched.h>
 
-#include <algorithm>
 #include <set>
 #include <string>
 
@@ -72,7 +71,7 @@ WindowSteps::WindowSteps(ShmTransport& transport, std::vector<int> members, int 
     : transport_(transport),
       members_(std::move(members)),
       rank_(rank),
-      me_(static_cast<int>(std::find(members_.begin(), members_.end(), rank) - members_.begin())),
+      me_(indexOf(rank)),
       size_(static_cast<int>(members_.size())),
       spin_(spin),
       slot_bytes_(transport.windowSlotBytes()) {

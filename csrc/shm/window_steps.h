@@ -65,6 +65,11 @@ class WindowSteps {
   int rank() const { return me_; }  // this rank's index in the group
   int size() const { return size_; }
   int member(int index) const { return members_[static_cast<size_t>(index)]; }  // the communicator's rank
+  // The group's index of a communicator rank, -1 if it is not in the group.
+  int indexOf(int rank) const {
+    const auto it = std::find(members_.begin(), members_.end(), rank);
+    return it == members_.end() ? -1 : static_cast<int>(it - members_.begin());
+  }
   int globalRank() const { return rank_; }
   uint64_t step() const { return step_; }
   size_t slotBytes() const { return slot_bytes_; }
