@@ -218,10 +218,13 @@ void buildDisseminationBarrier(Schedule& s, const AlgorithmContext& ctx) {
   const int P = ctx.size, r = ctx.rank;
   int round = 0;
   for (int dist = 1; dist < P; dist *= 2, ++round) {
-    // Round k's message may only leave once round k-1's has arrived: that is
-    // what makes every rank transitively hear from every other.
+    // Round k's message may only leave once the messages of every earlier
+    // round have arrived: that is what makes every rank transitively hear
+    // from every other. Round k-1's alone is not enough: rank r+1 hears from r
+    // only in round 0, and at P = 6 that is the only path from r to r-1
+    // (1 + 4), so with round 1 done early r-1 left before r entered.
     int dep = round == 0 ? -1 : static_cast<int>(s.recvs.size()) - 1;
-    s.sends.push_back({mod(r + dist, P), nullptr, static_cast<uint64_t>(round), 0, dep});
+    s.sends.push_back({mod(r + dist, P), nullptr, static_cast<uint64_t>(round), 0, dep, /*after_earlier_recvs=*/true});
     s.recvs.push_back({mod(r - dist, P), static_cast<uint64_t>(round), 0, nullptr, nullptr, nullptr, false});
   }
 }

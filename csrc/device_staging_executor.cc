@@ -251,7 +251,7 @@ bool DeviceStagingExecutor::harvest(const Schedule& schedule, size_t* sends_done
       continue;
     }
     free_recv_slots_.push_back(f.slot);
-    recv_done_[static_cast<size_t>(f.index)] = 1;
+    recv_progress_.markDone(static_cast<size_t>(f.index));
     ++*recvs_done;
     f = recvs_landing_.back();
     recvs_landing_.pop_back();
@@ -270,8 +270,7 @@ bool DeviceStagingExecutor::harvest(const Schedule& schedule, size_t* sends_done
       fail(schedule, failure.kind, failure.message);
     }
     const RecvStep& step = schedule.recvs[static_cast<size_t>(f.index)];
-    if (step.reduce_out != nullptr && step.reduce_after_recv >= 0 &&
-        !recv_done_[static_cast<size_t>(step.reduce_after_recv)]) {
+    if (step.reduce_out != nullptr && step.reduce_after_recv >= 0 && !recv_progress_.done(step.reduce_after_recv)) {
       ++i;  // arrived, but what it is reduced with is not on the device yet
       continue;
     }
@@ -279,7 +278,7 @@ bool DeviceStagingExecutor::harvest(const Schedule& schedule, size_t* sends_done
     transport_->release(f.request);
     f.request = nullptr;
     if (f.slot < 0) {  // zero-byte message: nothing to copy
-      recv_done_[static_cast<size_t>(f.index)] = 1;
+      recv_progress_.markDone(static_cast<size_t>(f.index));
       ++*recvs_done;
     } else {
       Slot& slot = recv_slots_[static_cast<size_t>(f.slot)];
@@ -353,7 +352,7 @@ void DeviceStagingExecutor::run(const Schedule& schedule, Deadline deadline, std
   const size_t es = schedule.elem_size;
   const size_t n_sends = schedule.sends.size();
   const size_t n_recvs = schedule.recvs.size();
-  recv_done_.assign(n_recvs, 0);
+  recv_progress_.reset(n_recvs);
   // The op's local steps ran on the D2H stream; reductions on the H2D stream
   // may read what they wrote.
   join_event_->record(d2h_stream_, context_);
@@ -389,7 +388,7 @@ void DeviceStagingExecutor::run(const Schedule& schedule, Deadline deadline, std
     for (SendQueues::Peer& peer : send_queues_.peers()) {
       for (int64_t index; (index = send_queues_.next(peer)) >= 0;) {
         const SendStep& step = schedule.sends[static_cast<size_t>(index)];
-        if (step.after_recv >= 0 && !recv_done_[static_cast<size_t>(step.after_recv)]) break;
+        if (!recv_progress_.sendReady(step)) break;
         const size_t bytes = step.count * es;
         int slot = -1;
         if (bytes > 0) {

@@ -142,7 +142,7 @@ class DeviceStagingExecutor final : public LocalMemory {
   std::vector<InFlight> sends_posted_;
   std::vector<InFlight> recvs_posted_;   // on the wire
   std::vector<InFlight> recvs_landing_;  // H2D (+ reduction) queued, event pending
-  std::vector<uint8_t> recv_done_;
+  RecvProgress recv_progress_;
 };
 
 }  // namespace rcoll

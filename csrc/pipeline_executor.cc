@@ -103,7 +103,7 @@ bool PipelineExecutor::harvest(const Schedule& schedule, size_t* sends_done, siz
       ++i;  // arrived, but a send still reads what the reduction would overwrite
       continue;
     }
-    if (f.slot != nullptr && step.reduce_after_recv >= 0 && !recv_done_[static_cast<size_t>(step.reduce_after_recv)]) {
+    if (f.slot != nullptr && step.reduce_after_recv >= 0 && !recv_progress_.done(step.reduce_after_recv)) {
       ++i;  // arrived, but what it is reduced with has not
       continue;
     }
@@ -124,7 +124,7 @@ bool PipelineExecutor::harvest(const Schedule& schedule, size_t* sends_done, siz
                          strFormat("\"elements\": %zu, \"from\": %d", step.count, step.peer));
       }
     }
-    recv_done_[static_cast<size_t>(f.index)] = 1;
+    recv_progress_.markDone(static_cast<size_t>(f.index));
     ++*recvs_done;
     transport_.release(f.request);
     f = recvs_in_flight_.back();
@@ -156,7 +156,7 @@ void PipelineExecutor::run(const Schedule& schedule, Deadline deadline, std::chr
   const size_t es = schedule.elem_size;
   const size_t n_sends = schedule.sends.size();
   const size_t n_recvs = schedule.recvs.size();
-  recv_done_.assign(n_recvs, 0);
+  recv_progress_.reset(n_recvs);
   send_done_.assign(n_sends, 0);
   first_completion_ = {};
   // Whole-buffer registrations for transports that need them, released however run() ends.
@@ -195,7 +195,7 @@ void PipelineExecutor::run(const Schedule& schedule, Deadline deadline, std::chr
       for (int64_t index;
            (index = send_queues_.next(peer)) >= 0 && sendWindowOpen(sends_in_flight_.size(), peer.in_flight);) {
         const SendStep& step = schedule.sends[static_cast<size_t>(index)];
-        if (step.after_recv >= 0 && !recv_done_[static_cast<size_t>(step.after_recv)]) break;
+        if (!recv_progress_.sendReady(step)) break;
         WireHeader header =
             makeHeader(schedule.op, comm_id_, static_cast<uint32_t>(rank_), step.offset, step.count * es);
         if (!schedule.send_pair_count.empty()) header.count = schedule.send_pair_count[static_cast<size_t>(step.peer)];

@@ -68,7 +68,7 @@ class PipelineExecutor {
   };
   std::vector<InFlight> sends_in_flight_;
   std::vector<InFlight> recvs_in_flight_;
-  std::vector<uint8_t> recv_done_;
+  RecvProgress recv_progress_;
   std::vector<uint8_t> send_done_;
   SendQueues send_queues_;
 };

@@ -21,6 +21,12 @@ struct SendStep {
   uint64_t offset;  // element offset within the op's buffer (goes into the header)
   uint64_t count;   // elements
   int after_recv;   // index into Schedule::recvs that must complete first, or -1
+  // Wait for every receive before `after_recv` too. Receives complete in any
+  // order, so one done says nothing of those before it; a chain of zero-byte
+  // messages that must carry "every earlier one arrived" (the dissemination
+  // barrier's rounds) needs this, a send that forwards the data of one
+  // receive does not.
+  bool after_earlier_recvs = false;
 };
 
 struct RecvStep {
@@ -68,6 +74,29 @@ struct Schedule {
     send_pair_count.clear();
     recv_pair_count.clear();
   }
+};
+
+// Which receives of a running schedule are done, and whether a send may
+// leave (SendStep::after_recv, after_earlier_recvs). Both executors keep one.
+class RecvProgress {
+ public:
+  void reset(size_t recvs) {
+    done_.assign(recvs, 0);
+    prefix_ = 0;
+  }
+  void markDone(size_t index) {
+    done_[index] = 1;
+    while (prefix_ < done_.size() && done_[prefix_] != 0) ++prefix_;
+  }
+  bool done(int index) const { return done_[static_cast<size_t>(index)] != 0; }
+  bool sendReady(const SendStep& step) const {
+    if (step.after_recv < 0) return true;
+    return step.after_earlier_recvs ? prefix_ > static_cast<size_t>(step.after_recv) : done(step.after_recv);
+  }
+
+ private:
+  std::vector<uint8_t> done_;
+  size_t prefix_ = 0;  // receives [0, prefix_) are all done
 };
 
 // The executors' send window. Sends wait in one queue per peer and at most

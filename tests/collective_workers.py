@@ -22,6 +22,24 @@ def sizes_for(world):
     return sorted(sizes)
 
 
+def barrier_waits(rank, world, late_seconds=0.03):
+    """Each rank in turn enters the barrier late: no rank may leave it before
+    the late one entered (one process's clock: ranks are threads)."""
+    comm = rcoll.init(rank, world)
+    failures = []
+    for late in range(world):
+        if rank == late:
+            time.sleep(late_seconds)
+        entered = time.monotonic()
+        comm.barrier()
+        left = time.monotonic()
+        times = comm.allgather(np.array([entered, left])).reshape(world, 2)
+        if left < times[late, 0]:
+            failures.append(f"rank {rank} left the barrier {times[late, 0] - left:.4f} s before rank {late} entered")
+    comm.shutdown()
+    return world, failures
+
+
 def allreduce_sweep(rank, world, seed=1):
     comm = rcoll.init(rank, world)
     failures = []

@@ -50,6 +50,14 @@ def transport(request, monkeypatch):
 
 
 @WINDOW_OPS
+@pytest.mark.parametrize("world", range(2, 9))
+def test_barrier_waits_for_every_rank(world):
+    """The dissemination barrier once let a rank out early at 6, 7 and 8 ranks
+    (csrc/algorithms.cc: a round waited for the round before it only)."""
+    every_rank_passed(rank_threads.run(w.barrier_waits, world, timeout=60))
+
+
+@WINDOW_OPS
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("chunks", ["default", "small"])
 def test_allreduce_matrix(world, chunks):

@@ -120,8 +120,13 @@ bool interpret(std::vector<Schedule>& schedules, const Topology& t, const Execut
       const size_t rz = static_cast<size_t>(r);
       const Schedule& s = schedules[rz];
       auto ready = [&](int index) {
-        const int after = s.sends[static_cast<size_t>(index)].after_recv;
-        return after < 0 || recv_done[rz][static_cast<size_t>(after)];
+        const SendStep& step = s.sends[static_cast<size_t>(index)];
+        if (step.after_recv < 0) return true;
+        const size_t first = step.after_earlier_recvs ? 0 : static_cast<size_t>(step.after_recv);
+        for (size_t j = first; j <= static_cast<size_t>(step.after_recv); ++j) {
+          if (!recv_done[rz][j]) return false;
+        }
+        return true;
       };
       int earliest = -1;  // the earliest unposted send in schedule order
       for (size_t p = 0; p < Pz; ++p) {
@@ -428,10 +433,76 @@ void testLongSchedulesUnderTheSendWindow() {
   }
 }
 
+// A barrier must not let a rank out before every rank came in: whatever
+// order the messages arrive in, each rank's last receive must be preceded,
+// through the dependencies the executors honour (a send waits only for what
+// its after_recv and after_earlier_recvs name), by a message of every other
+// rank. Computed as what each message "knows" (the ranks it transitively
+// heard from) at its fixed point, for every world size up to 64.
+void testTheBarrierHearsFromEveryRank() {
+  for (int P = 1; P <= 64; ++P) {
+    const size_t Pz = static_cast<size_t>(P);
+    std::vector<Schedule> schedules(Pz);
+    for (int r = 0; r < P; ++r) {
+      OpDesc d;
+      d.kind = OpKind::kBarrier;
+      schedules[static_cast<size_t>(r)].reset(d, 1);
+      buildDisseminationBarrier(schedules[static_cast<size_t>(r)], AlgorithmContext{r, P, Segmenter{1, 1}});
+    }
+    // matched_send[r][j]: (peer, index) of the send that rank r's receive j takes
+    // (the k-th receive from a peer takes the k-th message it sent here).
+    std::vector<std::vector<std::pair<int, size_t>>> matched_send(Pz);
+    for (int r = 0; r < P; ++r) {
+      std::vector<size_t> taken(Pz, 0);
+      for (const RecvStep& recv : schedules[static_cast<size_t>(r)].recvs) {
+        const auto& sends = schedules[static_cast<size_t>(recv.peer)].sends;
+        size_t seen = 0, index = sends.size();
+        for (size_t i = 0; i < sends.size() && index == sends.size(); ++i) {
+          if (sends[i].peer == r && seen++ == taken[static_cast<size_t>(recv.peer)]) index = i;
+        }
+        check(index < sends.size(), "barrier at P=" + std::to_string(P) + ": a receive no send matches");
+        if (index == sends.size()) return;
+        ++taken[static_cast<size_t>(recv.peer)];
+        matched_send[static_cast<size_t>(r)].push_back({recv.peer, index});
+      }
+    }
+    std::vector<std::vector<uint64_t>> knows(Pz);  // per send, the ranks it heard from
+    for (int r = 0; r < P; ++r)
+      knows[static_cast<size_t>(r)].assign(schedules[static_cast<size_t>(r)].sends.size(), 1ull << r);
+    auto recvKnows = [&](int r, size_t j) {
+      const auto& [peer, index] = matched_send[static_cast<size_t>(r)][j];
+      return knows[static_cast<size_t>(peer)][index];
+    };
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (int r = 0; r < P; ++r) {
+        const Schedule& s = schedules[static_cast<size_t>(r)];
+        for (size_t i = 0; i < s.sends.size(); ++i) {
+          const SendStep& step = s.sends[i];
+          if (step.after_recv < 0) continue;
+          uint64_t k = knows[static_cast<size_t>(r)][i];
+          const size_t first = step.after_earlier_recvs ? 0 : static_cast<size_t>(step.after_recv);
+          for (size_t j = first; j <= static_cast<size_t>(step.after_recv); ++j) k |= recvKnows(r, j);
+          changed = changed || k != knows[static_cast<size_t>(r)][i];
+          knows[static_cast<size_t>(r)][i] = k;
+        }
+      }
+    }
+    const uint64_t everyone = P == 64 ? ~0ull : (1ull << P) - 1;
+    for (int r = 0; r < P; ++r) {
+      uint64_t heard = 1ull << r;
+      for (size_t j = 0; j < schedules[static_cast<size_t>(r)].recvs.size(); ++j) heard |= recvKnows(r, j);
+      check(heard == everyone, "barrier at P=" + std::to_string(P) + ": rank " + std::to_string(r) +
+                                   " may leave before some rank entered");
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
   try {
+    testTheBarrierHearsFromEveryRank();
     testLongSchedulesUnderTheSendWindow();
     testHierarchicalCollectives();
   } catch (const std::exception& e) {
