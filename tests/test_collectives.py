@@ -57,6 +57,14 @@ def test_barrier_waits_for_every_rank(world):
     every_rank_passed(rank_threads.run(w.barrier_waits, world, timeout=60))
 
 
+@pytest.mark.transports(["shm"])  # RCOLL_TRANSPORT=auto below: shm inside each emulated host, TCP between
+@pytest.mark.parametrize("layout", ["AABBCC", "ABCABC", "AAABBBCC"])
+def test_barrier_waits_for_every_rank_across_emulated_hosts(layout, monkeypatch):
+    monkeypatch.setenv("RCOLL_TRANSPORT", "auto")
+    env = {"RCOLL_HOSTID": list(layout)}
+    every_rank_passed(rank_threads.run(w.barrier_waits, len(layout), timeout=60, env=env))
+
+
 @WINDOW_OPS
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("chunks", ["default", "small"])
