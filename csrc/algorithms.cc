@@ -163,13 +163,12 @@ void buildRingReduceScatter(Schedule& s, const AlgorithmContext& ctx, const char
                             size_t count) {
   const size_t es = s.elem_size;
   // Block b (a ring position) is the block of the rank at that position: its
-  // place in `send`, and where that rank's result ends up.
-  auto start = [&](int b) { return static_cast<size_t>(ctx.rankAt(b)) * count; };
+  // place in `send` (at that rank's place, or at b: blocks_by_position), and
+  // where that rank's result ends up.
+  auto place = [&](int b) { return static_cast<size_t>(ctx.blocks_by_position ? b : ctx.rankAt(b)); };
+  auto start = [&](int b) { return place(b) * count; };
   auto len = [&](int) { return count; };
-  auto acc = [&](int b) {
-    const int owner = ctx.rankAt(b);
-    return owner == ctx.rank ? recv : scratch + static_cast<size_t>(owner) * count * es;
-  };
+  auto acc = [&](int b) { return ctx.rankAt(b) == ctx.rank ? recv : scratch + place(b) * count * es; };
   appendReduceScatterPhase(s, ctx, send, start, len, acc);
 }
 

@@ -41,6 +41,11 @@ struct AlgorithmContext {
   const int* ring_position = nullptr;
   // Where the ranks are (hosts, local ranks), for the hierarchical algorithms. Null: unknown.
   const Topology* topology = nullptr;
+  // The ring reduce-scatter's buffers hold `size` blocks, the block of ring
+  // position b at b * count, instead of world-sized buffers with each block at
+  // its rank's place: a ring of a few ranks of a large world (one per host)
+  // then needs no world-sized scratch.
+  bool blocks_by_position = false;
 
   int position() const { return ring_position ? ring_position[rank] : rank; }
   int positionOf(int r) const { return ring_position ? ring_position[r] : r; }

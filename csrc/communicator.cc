@@ -450,9 +450,13 @@ bool Communicator::runDeviceOpOverHosts(const Op& op, const std::string& context
     between([&](Schedule& s, const AlgorithmContext& ring) { buildRingAllgather(s, ring, recv, count); });
   };
   hosts.reduce_scatter = [&](char* sums, char* recv, size_t count) {
-    // In place in `sums`: a block is reduced there only after it was sent (algorithms.cc).
-    between(
-        [&](Schedule& s, const AlgorithmContext& ring) { buildRingReduceScatter(s, ring, sums, recv, sums, count); });
+    // In place in `sums`, one block per host (blocks_by_position: host h's at
+    // h * count): a block is reduced there only after it was sent (algorithms.cc).
+    between([&](Schedule& s, const AlgorithmContext& ring) {
+      AlgorithmContext by_host = ring;
+      by_host.blocks_by_position = true;
+      buildRingReduceScatter(s, by_host, sums, recv, sums, count);
+    });
   };
   hosts.scratch = [&](size_t bytes) { return ex.scratch(bytes); };
   hosts.ranks_on_host = &topology_.ranks_on_host;

@@ -421,11 +421,18 @@ void CudaIpcCollectives::reduceScatterOverHosts(const RunContext& run, const cha
   const std::vector<std::vector<int>>& on_host = *hosts.ranks_on_host;
   const bool avg = op.reduce_op == ReduceOp::kAvg;
   const ReduceOp local_op = avg ? ReduceOp::kSum : op.reduce_op;
-  char* sums = hosts.scratch(std::max<size_t>(1, W * total * es));
-  // 1. In the host: this rank sums the blocks of its local index's ranks.
+  // One block per host, not per rank: with k ranks on each host the scratch
+  // is 1/k of the input.
+  const size_t H = on_host.size();
+  char* sums = hosts.scratch(std::max<size_t>(1, H * total * es));
+  // 1. In the host: this rank sums the blocks of its local index's ranks
+  // (mine[h]: the one on host h), host h's sum at h * total.
   std::vector<size_t> mine;
   for (const std::vector<int>& ranks : on_host) mine.push_back(static_cast<size_t>(ranks[static_cast<size_t>(me_)]));
-  reduceBlocks(run, send, W, mine, local_op, 0, [&](size_t j) { return sums + j * total * es; });
+  reduceBlocks(run, send, W, mine, local_op, 0, [&](size_t rank) {
+    const size_t h = static_cast<size_t>(std::find(mine.begin(), mine.end(), rank) - mine.begin());
+    return sums + h * total * es;
+  });
   // 2. Between the hosts: those sums reduce-scattered; avg divides once.
   if (total == 0) return;
   hosts.reduce_scatter(sums, recv, total);

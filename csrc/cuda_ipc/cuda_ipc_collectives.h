@@ -74,9 +74,10 @@ class CudaIpcCollectives {
     // `recv` (world_size * count elements) holds this rank's block; the
     // blocks of this local index's ranks on the other hosts arrive.
     std::function<void(char* recv, size_t count)> allgather;
-    // `sums` (world_size * count) holds this host's sums at the blocks of this
-    // local index's ranks; their sum over the hosts of this rank's block ends
-    // in `recv`. The other blocks of `sums` are overwritten.
+    // `sums` (hosts * count) holds this host's sums of the blocks of this
+    // local index's ranks, host h's rank's at h * count; their sum over the
+    // hosts of this rank's block ends in `recv`. The other blocks of `sums`
+    // are overwritten.
     std::function<void(char* sums, char* recv, size_t count)> reduce_scatter;
     // Device memory of at least `bytes` for reduce_scatter's sums.
     std::function<char*(size_t bytes)> scratch;
