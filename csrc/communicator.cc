@@ -390,7 +390,7 @@ bool Communicator::runDeviceOpOverHosts(const Op& op, const std::string& context
   // Every test before the windows' set-up gives the same answer on every
   // rank (the op, the topology, the agreed settings), so that all of them
   // reach the agreement below at the same op, or none does.
-  if (d.kind != OpKind::kAllreduce && d.kind != OpKind::kAllgather && d.kind != OpKind::kReduceScatter) return false;
+  if (!CudaIpcCollectives::handles(d.kind)) return false;
   if (!config_.cuda_ipc) return false;
   if (!CudaIpcCollectives::stepHoldsBlocks(d, config_.cuda_ipc_slot_bytes, static_cast<size_t>(size_),
                                            static_cast<size_t>(topology_.hosts()))) {
@@ -457,6 +457,9 @@ bool Communicator::runDeviceOpOverHosts(const Op& op, const std::string& context
       by_host.blocks_by_position = true;
       buildRingReduceScatter(s, by_host, sums, recv, sums, count);
     });
+  };
+  hosts.broadcast = [&](char* data, size_t count, int root) {
+    between([&](Schedule& s, const AlgorithmContext& ring) { buildChainBroadcast(s, ring, data, count, root); });
   };
   hosts.scratch = [&](size_t bytes) { return ex.scratch(bytes); };
   hosts.ranks_on_host = &topology_.ranks_on_host;

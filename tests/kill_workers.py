@@ -9,8 +9,10 @@ import numpy as np
 import rcoll
 
 
-def allreduce_until_killed(rank, world, victim, delay, kill_file, op_timeout, elements, device=False):
-    """Every rank loops large allreduces; `delay` s after the first one, rank
+def allreduce_until_killed(rank, world, victim, delay, kill_file, op_timeout, elements, device=False,
+                           op="allreduce"):
+    """Every rank loops large allreduces (op="broadcast": broadcasts from rank
+    0); `delay` s after the first one, rank
     `victim` SIGKILLs itself, having written the kill time (time.time()) to
     `kill_file`. A survivor returns (error class, message, time.time() when the
     error reached it, allreduces completed); the victim never returns.
@@ -37,7 +39,10 @@ def allreduce_until_killed(rank, world, victim, delay, kill_file, op_timeout, el
     while time.monotonic() < deadline:
         try:
             state["in_op"] = True
-            comm.allreduce(x, "max")  # max: the values stay 1
+            if op == "broadcast":
+                comm.broadcast(x, root=0)
+            else:
+                comm.allreduce(x, "max")  # max: the values stay 1
             state["in_op"] = False
         except rcoll.RcollError as e:
             return type(e).__name__, str(e), time.time(), state["ops"]

@@ -160,9 +160,9 @@ def test_device_collectives_across_hosts(layout, sweep, slots):
 
 
 # GPU buffers across hosts with each host's ranks as processes: allreduce,
-# allgather and reduce_scatter run inside each host through the device windows
-# (CUDA IPC), and only each local index's share crosses between the hosts
-# (cuda_ipc_collectives.h). Every dtype, op and size, checked exactly; and
+# allgather, reduce_scatter and broadcast run inside each host through the
+# device windows (CUDA IPC), and only each local index's share (broadcast: the
+# root's local index) crosses between the hosts (cuda_ipc_collectives.h). Every dtype, op and size, checked exactly; and
 # every collective once, where the other device ops (staged) come between
 # ops through the windows.
 @pytest.mark.usefixtures("emulated_device_runtime")
@@ -171,7 +171,8 @@ def test_device_collectives_across_hosts(layout, sweep, slots):
                                           ("ABAB", "allgather_sweep"), ("AAABBB", "allgather_sweep"),
                                           ("ABCABC", "allgather_sweep"), ("AABB", "reduce_scatter_sweep"),
                                           ("ABAB", "reduce_scatter_sweep"), ("AABBCC", "reduce_scatter_sweep"),
-                                          ("AABB", "every_collective_once")])
+                                          ("AABB", "broadcast_sweep"), ("ABCABC", "broadcast_sweep"),
+                                          ("AAABBB", "broadcast_sweep"), ("AABB", "every_collective_once")])
 def test_device_collectives_across_hosts_through_cuda_ipc_windows(tmp_path, layout, sweep):
     env = {**EMULATED_DEVICE, **SMALL_CHUNKS, **_hosts(layout), "EXPECT_DEVICE_PATH": "cuda-ipc+staging",
            "RCOLL_TIMELINE": str(tmp_path / "trace")}
@@ -179,7 +180,7 @@ def test_device_collectives_across_hosts_through_cuda_ipc_windows(tmp_path, layo
     for rank in range(len(layout)):
         events = json.loads((tmp_path / f"trace.rank{rank}.json").read_text())
         algorithms = {e["args"]["algorithm"] for e in events if e.get("cat") == "op"
-                      and e["args"]["op"].startswith(("allreduce(", "allgather(", "reduce_scatter("))}
+                      and e["args"]["op"].startswith(("allreduce(", "allgather(", "reduce_scatter(", "broadcast("))}
         assert algorithms == {"hierarchical (cuda ipc windows in each host)"}, (rank, algorithms)
 
 
@@ -197,20 +198,22 @@ def test_a_host_without_cuda_ipc_sends_every_host_to_staging(why, setting):
     every_rank_passed(spawn.run(dw.allreduce_sweep, 4, timeout=300, env=env))
 
 
-# A rank killed (SIGKILL) while device allreduces run through the windows and
-# between the hosts: its host's ranks wait on it in a window, its local
-# index's ranks on the other host in the ring between the hosts; every
-# survivor raises PeerError naming it, well within the op timeout.
+# A rank killed (SIGKILL) while device allreduces (or broadcasts from rank 0)
+# run through the windows and between the hosts: its host's ranks wait on it
+# in a window, its local index's ranks on the other host in the ring (the
+# chain) between the hosts; every survivor raises PeerError naming it, well
+# within the op timeout.
 @pytest.mark.usefixtures("emulated_device_runtime")
+@pytest.mark.parametrize("op", ["allreduce", "broadcast"])
 @pytest.mark.parametrize("victim", [1, 2])
-def test_a_rank_killed_mid_device_allreduce_across_hosts_is_named_by_every_survivor(tmp_path, victim):
+def test_a_rank_killed_mid_device_op_across_hosts_is_named_by_every_survivor(tmp_path, victim, op):
     import kill_workers
 
     op_timeout = 20.0
     kill_file = tmp_path / "kill"
     env = {**EMULATED_DEVICE, **_hosts("AABB"), "RCOLL_CUDA_IPC_SLOT_BYTES": "1M"}
     results = spawn.run(kill_workers.allreduce_until_killed, 4, victim, 0.3, str(kill_file), op_timeout, 4 << 20,
-                        True, timeout=60 + op_timeout, allow_failures=True, grace=op_timeout + 5, env=env)
+                        True, op, timeout=60 + op_timeout, allow_failures=True, grace=op_timeout + 5, env=env)
     assert kill_file.exists(), results
     kill_time = float(kill_file.read_text().split()[0])
     assert results[victim] == ("error", f"rank {victim} died with exit code -9"), results[victim]

@@ -235,7 +235,7 @@ bool CudaIpcCollectives::run(const OpDesc& op, const char* send, char* recv, con
                              const DeviceEvent* ready, DeviceEvent* done, Deadline deadline,
                              std::chrono::milliseconds timeout, const std::atomic<bool>& abort_flag,
                              const BetweenHosts* hosts) {
-  if (!handles(op.kind) || (hosts != nullptr && op.kind == OpKind::kBroadcast)) return false;
+  if (!handles(op.kind)) return false;
   if (device_ && device_->state == Windows::State::kOff) return false;
   const size_t world = hosts != nullptr ? hosts->world_size : static_cast<size_t>(size_);
   const size_t host_count = hosts != nullptr ? hosts->ranks_on_host->size() : 0;
@@ -272,7 +272,11 @@ bool CudaIpcCollectives::run(const OpDesc& op, const char* send, char* recv, con
         }
         break;
       case OpKind::kBroadcast:
-        broadcast(ctx, send, recv);
+        if (hosts != nullptr) {
+          broadcastOverHosts(ctx, send, recv, *hosts);
+        } else {
+          broadcastFrom(ctx, steps_.indexOf(static_cast<int>(op.root)), send, recv);
+        }
         break;
       default:
         break;
@@ -443,19 +447,43 @@ void CudaIpcCollectives::reduceScatterOverHosts(const RunContext& run, const cha
   }
 }
 
-void CudaIpcCollectives::broadcast(const RunContext& run, const char* send, char* recv) {
+void CudaIpcCollectives::broadcastOverHosts(const RunContext& run, const char* send, char* recv,
+                                            const BetweenHosts& hosts) {
+  const OpDesc& op = run.op;
+  const size_t bytes = op.count * elementSize(op.dtype);
+  const int root = static_cast<int>(op.root);
+  int root_index = -1;  // the root's local index
+  for (const std::vector<int>& ranks : *hosts.ranks_on_host) {
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (ranks[i] == root) root_index = static_cast<int>(i);
+    }
+  }
+  // 1. Between the hosts: the root's local index's ranks, down a chain. The
+  // others wait for its window in step 2.
+  if (me_ == root_index) {
+    if (rank_ == root && send != recv && bytes > 0) {
+      copy(op, recv, send, bytes);
+      wait(run);
+    }
+    if (op.count > 0) hosts.broadcast(recv, op.count, root);
+  }
+  // 2. In the host: from that rank's window to the others.
+  broadcastFrom(run, root_index, recv, recv);
+}
+
+void CudaIpcCollectives::broadcastFrom(const RunContext& run, int source, const char* from, char* recv) {
   const OpDesc& op = run.op;
   const size_t es = elementSize(op.dtype);
-  const int root = steps_.indexOf(static_cast<int>(op.root));
   steps_.forEachStep(
       run, op.count, device_->slot_bytes / es,
       [&](size_t done, size_t n) {
-        if (me_ != root) return;
-        copy(op, slot(me_), send + done * es, n * es);
+        if (me_ != source) return;
+        copy(op, slot(me_), from + done * es, n * es);
         wait(run);
       },
       [&](size_t done, size_t n) {
-        copy(op, recv + done * es, slot(root), n * es);  // the root's own copy from its slot too
+        if (me_ == source && from == recv) return;         // in place there already
+        copy(op, recv + done * es, slot(source), n * es);  // the root's own copy (out of place) from its slot too
         wait(run);
       });
 }

@@ -35,6 +35,10 @@
 //   reduce_scatter  backwards: local rank i sums, over its host, the blocks of
 //                   the ranks of local index i (read from every window), then
 //                   the hosts reduce-scatter those sums.
+//   broadcast       the ranks of the root's local index pass the buffer down a
+//                   chain between the hosts (one crossing of each host link),
+//                   then each of them hands it to its host's ranks through
+//                   its window.
 // Every host must take this path or none (the wire protocols differ), so
 // set-up ends with BetweenHosts::agree.
 #pragma once
@@ -79,6 +83,9 @@ class CudaIpcCollectives {
     // hosts of this rank's block ends in `recv`. The other blocks of `sums`
     // are overwritten.
     std::function<void(char* sums, char* recv, size_t count)> reduce_scatter;
+    // `data` (count elements) of `root` (a rank of this local index) reaches
+    // the other ranks of this local index, in place.
+    std::function<void(char* data, size_t count, int root)> broadcast;
     // Device memory of at least `bytes` for reduce_scatter's sums.
     std::function<char*(size_t bytes)> scratch;
     // (*ranks_on_host)[h][i]: the rank of local index i on host h (topology.h).
@@ -106,8 +113,7 @@ class CudaIpcCollectives {
   // nothing, when they are off (RCOLL_CUDA_IPC=0 on rank 0, or some rank could
   // not export or map one): the caller then takes the staging path, as every
   // rank does. Throws RcollError naming this rank and the op on failure.
-  // `hosts`: the windows serve one host of several (allreduce, allgather and
-  // reduce_scatter), else null.
+  // `hosts`: the windows serve one host of several, else null.
   bool run(const OpDesc& op, const char* send, char* recv, const Config& config, const DeviceEvent* ready,
            DeviceEvent* done, Deadline deadline, std::chrono::milliseconds timeout, const std::atomic<bool>& abort_flag,
            const BetweenHosts* hosts = nullptr);
@@ -168,7 +174,10 @@ class CudaIpcCollectives {
                     ReduceOp how, size_t divisor, const std::function<char*(size_t block)>& out);
   void allgatherOverHosts(const RunContext& run, const char* send, char* recv, const BetweenHosts& hosts);
   void reduceScatterOverHosts(const RunContext& run, const char* send, char* recv, const BetweenHosts& hosts);
-  void broadcast(const RunContext& run, const char* send, char* recv);
+  void broadcastOverHosts(const RunContext& run, const char* send, char* recv, const BetweenHosts& hosts);
+  // `source` (group index) hands `from` (its buffer) to every rank's `recv`
+  // through its window.
+  void broadcastFrom(const RunContext& run, int source, const char* from, char* recv);
 
   WindowSteps& steps_;
   const int rank_;                   // the communicator's rank (for messages)
