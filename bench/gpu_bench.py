@@ -153,7 +153,15 @@ def _op_case(dist, torch, op, nbytes, rank, world):
             t.fill_(rank + 1.0)
             dist.all_reduce(t, group=group)
             return int((t != world * (world + 1) / 2).sum().item())
-        return (lambda group: dist.all_reduce(t, group=group)), check, t.numel() * 4, 2 * (world - 1) / world
+        return (lambda group: dist.all_reduce(t, group=group)), check, t.numel() * 4, BUSBW_FACTOR[op](world)
+    if op == "broadcast":
+        t = torch.empty(max(1, nbytes // 4), device="cuda")
+
+        def check(group):
+            t.fill_(rank + 1.0)
+            dist.broadcast(t, src=0, group=group)
+            return int((t != 1.0).sum().item())
+        return (lambda group: dist.broadcast(t, src=0, group=group)), check, t.numel() * 4, BUSBW_FACTOR[op](world)
     count = max(1, nbytes // 4 // world)
     small, big = torch.empty(count, device="cuda"), torch.empty(world * count, device="cuda")
     if op == "allgather":
@@ -163,14 +171,19 @@ def _op_case(dist, torch, op, nbytes, rank, world):
             want = torch.arange(1, world + 1, device="cuda", dtype=torch.float32).repeat_interleave(count)
             return int((big != want).sum().item())
         return ((lambda group: dist.all_gather_into_tensor(big, small, group=group)), check, big.numel() * 4,
-                (world - 1) / world)
+                BUSBW_FACTOR[op](world))
 
     def check(group):
         big.fill_(rank + 1.0)
         dist.reduce_scatter_tensor(small, big, group=group)
         return int((small != world * (world + 1) / 2).sum().item())
     return ((lambda group: dist.reduce_scatter_tensor(small, big, group=group)), check, big.numel() * 4,
-            (world - 1) / world)
+            BUSBW_FACTOR[op](world))
+
+
+# nccl-tests' busbw = algbw * factor (doc/PERFORMANCE.md).
+BUSBW_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
+                "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
 
 
 def _allreduce_rank(rank, world, byte_sizes, iters, ops=("allreduce",)):
@@ -238,7 +251,7 @@ def allreduce(byte_sizes, iters, layout=None, ops=("allreduce",)):
             row["error"] = row.get("error") or next(r[i]["error"] for r in results if "error" in r[i])
             rows.append(row)
             continue
-        factor = 2 * (world - 1) / world if row["op"] == "allreduce" else (world - 1) / world
+        factor = BUSBW_FACTOR[row["op"]](world)
         row["time_us"] = max(r[i]["time_us"] for r in results)
         row["algbw_GBps"] = row["bytes"] / (row["time_us"] / 1e6) / 1e9
         row["busbw_GBps"] = row["algbw_GBps"] * factor
@@ -259,7 +272,8 @@ def main(argv=None):
     p.add_argument("--kernels", action="store_true", help="only the kernel benchmark")
     p.add_argument("--allreduce", action="store_true", help="only the world-2 allreduce benchmark")
     p.add_argument("--hosts", help="allreduce with one rank per letter on emulated hosts, e.g. AABB")
-    p.add_argument("--ops", default="allreduce", help="with --allreduce: any of allreduce,allgather,reduce_scatter")
+    p.add_argument("--ops", default="allreduce",
+                   help="with --allreduce: any of allreduce,allgather,reduce_scatter,broadcast")
     p.add_argument("--min-bytes", default="4K")
     p.add_argument("--max-bytes", default="256M")
     p.add_argument("--factor", type=int, default=4)

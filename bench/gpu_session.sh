@@ -69,7 +69,7 @@ if has hosts && command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps
     --json "$OUT/gpu_allreduce_mps.json" >> "$OUT/hosts.log" 2>&1
   echo "allreduce world 2 under MPS: exit $?"
   echo "== under MPS: AABB (two emulated hosts of two ranks)" >> "$OUT/hosts.log"
-  timeout 150 python3 bench/gpu_bench.py --allreduce --ops allreduce,allgather,reduce_scatter --hosts AABB \
+  timeout 200 python3 bench/gpu_bench.py --allreduce --ops allreduce,allgather,reduce_scatter,broadcast --hosts AABB \
     --min-bytes 64K --max-bytes 256M --iters 20 \
     --json "$OUT/gpu_allreduce_hosts_aabb_mps.json" >> "$OUT/hosts.log" 2>&1
   echo "allreduce AABB under MPS: exit $?"
