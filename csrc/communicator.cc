@@ -462,8 +462,7 @@ bool Communicator::runDeviceOpOverHosts(const Op& op, const std::string& context
     between([&](Schedule& s, const AlgorithmContext& ring) { buildChainBroadcast(s, ring, data, count, root); });
   };
   hosts.scratch = [&](size_t bytes) { return ex.scratch(bytes); };
-  hosts.ranks_on_host = &topology_.ranks_on_host;
-  hosts.world_size = static_cast<size_t>(size_);
+  hosts.topology = &topology_;
   if (!host_ipc_->run(d, op.send, op.recv, deviceWindowsConfig(config_, op.device), op.ready.get(),
                       op.work->deviceCompletion().get(), deadline, op.timeout, abort_flag_, &hosts)) {
     return false;

@@ -237,8 +237,8 @@ bool CudaIpcCollectives::run(const OpDesc& op, const char* send, char* recv, con
                              const BetweenHosts* hosts) {
   if (!handles(op.kind)) return false;
   if (device_ && device_->state == Windows::State::kOff) return false;
-  const size_t world = hosts != nullptr ? hosts->world_size : static_cast<size_t>(size_);
-  const size_t host_count = hosts != nullptr ? hosts->ranks_on_host->size() : 0;
+  const size_t world = hosts != nullptr ? hosts->worldSize() : static_cast<size_t>(size_);
+  const size_t host_count = hosts != nullptr ? static_cast<size_t>(hosts->topology->hosts()) : 0;
   if (config.slot_bytes > 0 && !stepHoldsBlocks(op, config.slot_bytes, world, host_count)) return false;
   RunContext ctx{op, deadline, timeout, abort_flag, true};
   if (device_ && device_->device != config.device) {
@@ -327,7 +327,7 @@ void CudaIpcCollectives::allreduce(const RunContext& run, const char* send, char
           wait(run);
           hosts->allreduce(mine, my_len);
           if (avg) {
-            check(device_->api.scale_divide_async(mine, my_len, static_cast<int>(op.dtype), hosts->world_size,
+            check(device_->api.scale_divide_async(mine, my_len, static_cast<int>(op.dtype), hosts->worldSize(),
                                                   device_->stream),
                   op, "dividing (avg) on the device");
           }
@@ -392,7 +392,7 @@ void CudaIpcCollectives::allgatherOverHosts(const RunContext& run, const char* s
   const OpDesc& op = run.op;
   const size_t es = elementSize(op.dtype);
   const size_t total = op.count;  // per rank
-  const std::vector<std::vector<int>>& on_host = *hosts.ranks_on_host;
+  const std::vector<std::vector<int>>& on_host = hosts.topology->ranks_on_host;
   const size_t H = on_host.size();
   auto block = [&](size_t h, int index) { return recv + static_cast<size_t>(on_host[h][index]) * total * es; };
   // 1. Between the hosts: the blocks of this local index's ranks.
@@ -421,22 +421,20 @@ void CudaIpcCollectives::reduceScatterOverHosts(const RunContext& run, const cha
   const OpDesc& op = run.op;
   const size_t es = elementSize(op.dtype);
   const size_t total = op.count;  // per rank: send holds world_size * total elements
-  const size_t W = hosts.world_size;
-  const std::vector<std::vector<int>>& on_host = *hosts.ranks_on_host;
+  const size_t W = hosts.worldSize();
+  const Topology& t = *hosts.topology;
   const bool avg = op.reduce_op == ReduceOp::kAvg;
   const ReduceOp local_op = avg ? ReduceOp::kSum : op.reduce_op;
   // One block per host, not per rank: with k ranks on each host the scratch
   // is 1/k of the input.
-  const size_t H = on_host.size();
-  char* sums = hosts.scratch(std::max<size_t>(1, H * total * es));
-  // 1. In the host: this rank sums the blocks of its local index's ranks
-  // (mine[h]: the one on host h), host h's sum at h * total.
+  char* sums = hosts.scratch(std::max<size_t>(1, static_cast<size_t>(t.hosts()) * total * es));
+  // 1. In the host: this rank sums the blocks of its local index's ranks,
+  // each host's sum at its host's place.
   std::vector<size_t> mine;
-  for (const std::vector<int>& ranks : on_host) mine.push_back(static_cast<size_t>(ranks[static_cast<size_t>(me_)]));
-  reduceBlocks(run, send, W, mine, local_op, 0, [&](size_t rank) {
-    const size_t h = static_cast<size_t>(std::find(mine.begin(), mine.end(), rank) - mine.begin());
-    return sums + h * total * es;
-  });
+  for (const std::vector<int>& ranks : t.ranks_on_host)
+    mine.push_back(static_cast<size_t>(ranks[static_cast<size_t>(me_)]));
+  reduceBlocks(run, send, W, mine, local_op, 0,
+               [&](size_t rank) { return sums + static_cast<size_t>(t.host_of[rank]) * total * es; });
   // 2. Between the hosts: those sums reduce-scattered; avg divides once.
   if (total == 0) return;
   hosts.reduce_scatter(sums, recv, total);
@@ -452,12 +450,7 @@ void CudaIpcCollectives::broadcastOverHosts(const RunContext& run, const char* s
   const OpDesc& op = run.op;
   const size_t bytes = op.count * elementSize(op.dtype);
   const int root = static_cast<int>(op.root);
-  int root_index = -1;  // the root's local index
-  for (const std::vector<int>& ranks : *hosts.ranks_on_host) {
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      if (ranks[i] == root) root_index = static_cast<int>(i);
-    }
-  }
+  const int root_index = hosts.topology->local_rank[static_cast<size_t>(root)];
   // 1. Between the hosts: the root's local index's ranks, down a chain. The
   // others wait for its window in step 2.
   if (me_ == root_index) {

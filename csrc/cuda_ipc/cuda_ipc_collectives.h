@@ -54,6 +54,7 @@
 #include "device_runtime.h"
 #include "shm/window_steps.h"
 #include "socket_util.h"
+#include "topology.h"
 #include "wire.h"
 
 namespace rcoll {
@@ -88,9 +89,10 @@ class CudaIpcCollectives {
     std::function<void(char* data, size_t count, int root)> broadcast;
     // Device memory of at least `bytes` for reduce_scatter's sums.
     std::function<char*(size_t bytes)> scratch;
-    // (*ranks_on_host)[h][i]: the rank of local index i on host h (topology.h).
-    const std::vector<std::vector<int>>* ranks_on_host;
-    size_t world_size;  // avg divides by it, once
+    // Where the ranks are: topology->ranks_on_host[h][i] is the rank of local
+    // index i on host h. avg divides once, by the world size.
+    const Topology* topology;
+    size_t worldSize() const { return topology->host_of.size(); }
   };
 
   explicit CudaIpcCollectives(WindowSteps& steps)
