@@ -20,6 +20,7 @@
 #include <exception>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "algorithms.h"
@@ -66,6 +67,14 @@ struct Message {
   bool read;  // the bytes were read when the send was posted; else they are read when delivered
   std::vector<char> bytes;
 };
+
+// The receives [first, end) a send waits for (schedule.h's contract, read
+// here apart from the executors' RecvProgress so that the two can disagree).
+std::pair<size_t, size_t> recvsWaitedFor(const SendStep& step) {
+  if (step.after_recv < 0) return {0, 0};
+  const size_t last = static_cast<size_t>(step.after_recv);
+  return {step.after_earlier_recvs ? 0 : last, last + 1};
+}
 
 // Runs the schedules of every rank to completion as the executor `model`
 // would, over a transport that buffers nothing: a send finishes only when the
@@ -120,10 +129,8 @@ bool interpret(std::vector<Schedule>& schedules, const Topology& t, const Execut
       const size_t rz = static_cast<size_t>(r);
       const Schedule& s = schedules[rz];
       auto ready = [&](int index) {
-        const SendStep& step = s.sends[static_cast<size_t>(index)];
-        if (step.after_recv < 0) return true;
-        const size_t first = step.after_earlier_recvs ? 0 : static_cast<size_t>(step.after_recv);
-        for (size_t j = first; j <= static_cast<size_t>(step.after_recv); ++j) {
+        const auto [first, end] = recvsWaitedFor(s.sends[static_cast<size_t>(index)]);
+        for (size_t j = first; j < end; ++j) {
           if (!recv_done[rz][j]) return false;
         }
         return true;
@@ -478,11 +485,9 @@ void testTheBarrierHearsFromEveryRank() {
       for (int r = 0; r < P; ++r) {
         const Schedule& s = schedules[static_cast<size_t>(r)];
         for (size_t i = 0; i < s.sends.size(); ++i) {
-          const SendStep& step = s.sends[i];
-          if (step.after_recv < 0) continue;
           uint64_t k = knows[static_cast<size_t>(r)][i];
-          const size_t first = step.after_earlier_recvs ? 0 : static_cast<size_t>(step.after_recv);
-          for (size_t j = first; j <= static_cast<size_t>(step.after_recv); ++j) k |= recvKnows(r, j);
+          const auto [first, end] = recvsWaitedFor(s.sends[i]);
+          for (size_t j = first; j < end; ++j) k |= recvKnows(r, j);
           changed = changed || k != knows[static_cast<size_t>(r)][i];
           knows[static_cast<size_t>(r)][i] = k;
         }
