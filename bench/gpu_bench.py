@@ -144,7 +144,7 @@ def _device_path(dist, torch, group):
 
 
 def _op_case(dist, torch, op, nbytes, rank, world):
-    """(run(group), check(group) -> #wrong, size in bytes, busbw factor) of one op at `nbytes`
+    """(run(group), check(group) -> #wrong, size in bytes) of one op at `nbytes`
     (nccl-tests: the size of the whole buffer; allgather's output, reduce_scatter's input)."""
     if op == "allreduce":
         t = torch.empty(max(1, nbytes // 4), device="cuda")
@@ -153,7 +153,7 @@ def _op_case(dist, torch, op, nbytes, rank, world):
             t.fill_(rank + 1.0)
             dist.all_reduce(t, group=group)
             return int((t != world * (world + 1) / 2).sum().item())
-        return (lambda group: dist.all_reduce(t, group=group)), check, t.numel() * 4, BUSBW_FACTOR[op](world)
+        return (lambda group: dist.all_reduce(t, group=group)), check, t.numel() * 4
     if op == "broadcast":
         t = torch.empty(max(1, nbytes // 4), device="cuda")
 
@@ -161,7 +161,7 @@ def _op_case(dist, torch, op, nbytes, rank, world):
             t.fill_(rank + 1.0)
             dist.broadcast(t, src=0, group=group)
             return int((t != 1.0).sum().item())
-        return (lambda group: dist.broadcast(t, src=0, group=group)), check, t.numel() * 4, BUSBW_FACTOR[op](world)
+        return (lambda group: dist.broadcast(t, src=0, group=group)), check, t.numel() * 4
     count = max(1, nbytes // 4 // world)
     small, big = torch.empty(count, device="cuda"), torch.empty(world * count, device="cuda")
     if op == "allgather":
@@ -170,15 +170,13 @@ def _op_case(dist, torch, op, nbytes, rank, world):
             dist.all_gather_into_tensor(big, small, group=group)
             want = torch.arange(1, world + 1, device="cuda", dtype=torch.float32).repeat_interleave(count)
             return int((big != want).sum().item())
-        return ((lambda group: dist.all_gather_into_tensor(big, small, group=group)), check, big.numel() * 4,
-                BUSBW_FACTOR[op](world))
+        return ((lambda group: dist.all_gather_into_tensor(big, small, group=group)), check, big.numel() * 4)
 
     def check(group):
         big.fill_(rank + 1.0)
         dist.reduce_scatter_tensor(small, big, group=group)
         return int((small != world * (world + 1) / 2).sum().item())
-    return ((lambda group: dist.reduce_scatter_tensor(small, big, group=group)), check, big.numel() * 4,
-            BUSBW_FACTOR[op](world))
+    return ((lambda group: dist.reduce_scatter_tensor(small, big, group=group)), check, big.numel() * 4)
 
 
 # nccl-tests' busbw = algbw * factor (doc/PERFORMANCE.md).
@@ -211,7 +209,7 @@ def _allreduce_rank(rank, world, byte_sizes, iters, ops=("allreduce",)):
     rows = []
     for op in ops:
         for nbytes in byte_sizes:
-            run, check, size, factor = _op_case(dist, torch, op, nbytes, rank, world)
+            run, check, size = _op_case(dist, torch, op, nbytes, rank, world)
             for name, group in groups.items():
                 reps = max(2, min(iters, (64 << 20) // max(nbytes, 1)))
                 try:
@@ -228,9 +226,8 @@ def _allreduce_rank(rank, world, byte_sizes, iters, ops=("allreduce",)):
                 torch.cuda.synchronize()
                 seconds = (time.perf_counter() - start) / reps
                 wrong = check(group)
-                algbw = size / seconds
-                rows.append({"op": op, "backend": name, "bytes": size, "time_us": seconds * 1e6,
-                             "algbw_GBps": algbw / 1e9, "busbw_GBps": algbw * factor / 1e9, "wrong": wrong,
+                # algbw and busbw come from the slowest rank's time (allreduce() below).
+                rows.append({"op": op, "backend": name, "bytes": size, "time_us": seconds * 1e6, "wrong": wrong,
                              "path": _device_path(dist, torch, group) if name.startswith("rcoll") else "gloo"})
     dist.destroy_process_group()
     return rows
@@ -251,10 +248,9 @@ def allreduce(byte_sizes, iters, layout=None, ops=("allreduce",)):
             row["error"] = row.get("error") or next(r[i]["error"] for r in results if "error" in r[i])
             rows.append(row)
             continue
-        factor = BUSBW_FACTOR[row["op"]](world)
         row["time_us"] = max(r[i]["time_us"] for r in results)
         row["algbw_GBps"] = row["bytes"] / (row["time_us"] / 1e6) / 1e9
-        row["busbw_GBps"] = row["algbw_GBps"] * factor
+        row["busbw_GBps"] = row["algbw_GBps"] * BUSBW_FACTOR[row["op"]](world)
         row["wrong"] = sum(r[i]["wrong"] for r in results)
         rows.append(row)
     print(f"{'op':>14} {'size':>11} {'backend':>13} {'time us':>10} {'algbw':>8} {'busbw':>8} {'#wrong':>6}  path")
