@@ -168,28 +168,64 @@ def reduce_scatter_sweep(rank, world, seed=14):
 
 
 def waits_for_the_callers_stream(rank, world):
-    """The caller's stream writes the input late (a delayed copy queued before
-    the collective): the op must reduce the new values, not what was there."""
+    """The caller's stream still has work on the op's buffers when the op is
+    called: a delayed copy writes the input late, or writes junk into the
+    output late. Every op must read the new input and leave its result after
+    that junk, never under it: on one host and across hosts, for the ranks
+    that reduce or send and for those that only receive (a broadcast's other
+    hosts)."""
     import rcoll_emulated_device as emulated
 
     comm = rcoll.init(rank, world)
     stream = emulated.stream_create()
     failures, case = [], 0
+    sources = []  # alive until the stream is gone: a copy that lands after a wrong op reads them
+
+    def late(dst, src, delay):
+        # Queued on the caller's stream before the op: lands after `delay` seconds.
+        sources.append(src)
+        emulated.delayed_copy(stream, dst.__array_interface__["data"][0], src.__array_interface__["data"][0],
+                              src.nbytes, delay)
+
+    def check(name, n, delay, got, expected):
+        nonlocal case
+        case += 1
+        if not same(got, expected):
+            failures.append(f"{name} n={n} delay={delay}: the op did not wait for the caller's stream: "
+                            f"{differences(got, expected)}")
+
     try:
         for n in (1, 1000, 5000):
             for delay in (0.0, 0.05):
-                case += 1
-                stale = np.zeros(n, np.float32)
-                fresh = np.full(n, rank + 1, np.float32)
-                emulated.delayed_copy(stream, stale.__array_interface__["data"][0],
-                                      fresh.__array_interface__["data"][0], fresh.nbytes, delay)
-                comm.allreduce(dev(stale, stream=stream))
-                expected = np.full(n, world * (world + 1) // 2, np.float32)
-                if not same(stale, expected):
-                    failures.append(f"n={n} delay={delay}: the op did not wait for the caller's stream: "
-                                    f"{differences(stale, expected)}")
+                x = np.zeros(n, np.float32)
+                late(x, np.full(n, rank + 1, np.float32), delay)
+                comm.allreduce(dev(x, stream=stream))
+                check("allreduce", n, delay, x, np.full(n, world * (world + 1) // 2, np.float32))
+
+                for root in range(world):
+                    x = np.zeros(n, np.float32)
+                    late(x, np.full(n, rank + 1, np.float32), delay)  # the root's input; junk on the others
+                    comm.broadcast(dev(x, stream=stream), root=root)
+                    check(f"broadcast root={root} in place", n, delay, x, np.full(n, root + 1, np.float32))
+                    x, out = np.full(n, rank + 1, np.float32), np.zeros(n, np.float32)
+                    late(out, np.full(n, -1, np.float32), delay)
+                    comm.broadcast(dev(x, stream=stream), root=root, out=dev(out, stream=stream))
+                    check(f"broadcast root={root} out of place", n, delay, out, np.full(n, root + 1, np.float32))
+
+                x, out = np.zeros(n, np.float32), np.zeros(world * n, np.float32)
+                late(x, np.full(n, rank + 1, np.float32), delay)
+                late(out, np.full(world * n, -1, np.float32), delay)
+                comm.allgather(dev(x, stream=stream), out=dev(out, stream=stream))
+                check("allgather", n, delay, out, np.repeat(np.arange(1, world + 1, dtype=np.float32), n))
+
+                x, out = np.zeros(world * n, np.float32), np.zeros(n, np.float32)
+                late(x, np.full(world * n, rank + 1, np.float32), delay)
+                late(out, np.full(n, -1, np.float32), delay)
+                comm.reduce_scatter(dev(x, stream=stream), "sum", out=dev(out, stream=stream))
+                check("reduce_scatter", n, delay, out, np.full(n, world * (world + 1) // 2, np.float32))
     finally:
         emulated.stream_destroy(stream)
+    check_path(comm, world, failures)
     return case, failures
 
 

@@ -38,7 +38,9 @@ def test_collectives_across_emulated_hosts(tmp_path, layout, ipc, algorithm, pat
     import cuda_workers as w
 
     # other_collectives checks the path after its reduce_scatters, which go
-    # the way the allreduce goes (allgather too; broadcast stages).
+    # the way the allreduce goes (allgather and broadcast too). Its broadcasts
+    # fill the tensor on the caller's stream just before the op: the op must
+    # wait for that on every rank (found here, on an H200, 2026-11-27).
     env = {"RCOLL_HOSTID": list(layout), "RCOLL_TIMELINE": str(tmp_path / "trace"), "RCOLL_CUDA_IPC": ipc,
            "EXPECT_DEVICE_PATH": path}
     every_rank_passed(spawn.run(getattr(w, worker), len(layout), timeout=300, env=env))

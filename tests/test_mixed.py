@@ -184,6 +184,19 @@ def test_device_collectives_across_hosts_through_cuda_ipc_windows(tmp_path, layo
         assert algorithms == {"hierarchical (cuda ipc windows in each host)"}, (rank, algorithms)
 
 
+# Work still queued on the caller's stream when a device op is called: the
+# input written late, junk written late into the output. Every op through the
+# windows and between the hosts waits for it, on the ranks that send and on
+# those that only receive (the other hosts of a broadcast, whose chain writes
+# the buffer off the windows' stream).
+@pytest.mark.usefixtures("emulated_device_runtime")
+@pytest.mark.parametrize("layout,ipc,path", [("AABB", "1", "cuda-ipc+staging"), ("ABCABC", "1", "cuda-ipc+staging"),
+                                             ("AABB", "0", "staging")])
+def test_device_ops_across_hosts_wait_for_the_callers_stream(layout, ipc, path):
+    env = {**EMULATED_DEVICE, **SMALL_CHUNKS, **_hosts(layout), "RCOLL_CUDA_IPC": ipc, "EXPECT_DEVICE_PATH": path}
+    every_rank_passed(spawn.run(dw.waits_for_the_callers_stream, len(layout), timeout=300, env=env))
+
+
 # One host that cannot take the windows: its GPUs cannot reach each other (no
 # peer access), or it has none (rank 0 refuses shared memory, so host A's ranks
 # talk over TCP) and still answers the other hosts at the windows' set-up.

@@ -454,10 +454,11 @@ void CudaIpcCollectives::broadcastOverHosts(const RunContext& run, const char* s
   // 1. Between the hosts: the root's local index's ranks, down a chain. The
   // others wait for its window in step 2.
   if (me_ == root_index) {
-    if (rank_ == root && send != recv && bytes > 0) {
-      copy(op, recv, send, bytes);
-      wait(run);
-    }
+    if (rank_ == root && send != recv && bytes > 0) copy(op, recv, send, bytes);
+    // The chain reads `recv` (the root) or writes it (the others) off the
+    // windows' stream, which alone waited for the caller's: what the caller
+    // queued on `recv` must be done first, even with nothing to copy.
+    wait(run);
     if (op.count > 0) hosts.broadcast(recv, op.count, root);
   }
   // 2. In the host: from that rank's window to the others.
