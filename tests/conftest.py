@@ -63,6 +63,42 @@ def every_rank_passed(results) -> int:
     return total
 
 
+def _xdist_controller(config) -> bool:
+    """Whether this process hands the tests to pytest-xdist workers."""
+    return config.pluginmanager.has_plugin("dsession")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    # Most tests wait (on their ranks' start-up, sockets and timers) more than
+    # they compute: one worker more than the cores keeps them busy; more only
+    # adds ranks competing for them.
+    return min(6, (os.cpu_count() or 1) + 1)
+
+
+def pytest_collection_modifyitems(config, items):
+    if not hasattr(config, "workerinput"):
+        return
+    # An xdist worker (each collects the same list; the controller hands them
+    # out in this order): the long tests first, so that none of them starts
+    # last and holds the session's end alone; the guest suite's test last,
+    # since it only waits for the guest that runs from the start.
+    import guest_suite
+
+    def turn(item):
+        if item.originalname == guest_suite.TEST_NAME:
+            return 2
+        return 0 if item.get_closest_marker("slow") else 1
+
+    items.sort(key=turn)
+
+
+def pytest_sessionstart(session):
+    if _xdist_controller(session.config):
+        import guest_suite
+        guest_suite.share_with_workers()
+
+
 def pytest_collection_finish(session):
     # The Soft-RoCE guest's suite runs beside the other tests (tests/guest_suite.py).
     if not session.config.option.collectonly:
@@ -70,6 +106,13 @@ def pytest_collection_finish(session):
         guest_suite.start([item.name for item in session.items])
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    # Under xdist, the controller starts it, once: workers share its outcome.
+    import guest_suite
+    guest_suite.start_for_workers([nodeid.split("::")[-1].split("[")[0] for nodeid in ids])
+
+
 def pytest_sessionfinish(session):
     import guest_suite
-    guest_suite.stop()
+    guest_suite.stop(shared_folder_owner=_xdist_controller(session.config))

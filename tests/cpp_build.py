@@ -10,6 +10,7 @@ suite), and a second run compiles only what changed. By hand:
     cmake -S . -B build/t -DRCOLL_BUILD_TESTS=ON -DRCOLL_BUILD_PYTHON=OFF \\
           -DRCOLL_SANITIZE=address,undefined && cmake --build build/t && ctest --test-dir build/t
 """
+import fcntl
 import os
 import shutil
 import subprocess
@@ -39,6 +40,15 @@ def build(flavour, targets, *, cxx=None, options=(), timeout=1800):
     cmake = tool("cmake")
     assert cmake, "cmake is needed (pip install cmake, part of the test extra)"
     build_dir = os.path.join(ROOT, "build", "pytest-cmake", flavour)
+    # Tests run in parallel (pytest-xdist) may ask for one flavour at once: one
+    # CMake at a time per directory, the second then finds the targets built.
+    os.makedirs(os.path.dirname(build_dir), exist_ok=True)
+    with open(f"{build_dir}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        return _build_locked(cmake, build_dir, flavour, targets, cxx, options, timeout)
+
+
+def _build_locked(cmake, build_dir, flavour, targets, cxx, options, timeout):
     python = flavour in WITH_PYTHON
     configure = [cmake, "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=RelWithDebInfo", "-DRCOLL_BUILD_TESTS=ON",
                  "-DRCOLL_WERROR=ON", "-DRCOLL_BUILD_CUDA=OFF", f"-DRCOLL_BUILD_PYTHON={'ON' if python else 'OFF'}",

@@ -8,6 +8,12 @@ selected, tests/conftest.py starts the guest as soon as collection ends
 (start()), and that test waits for it (result()), with the same time limit it
 would have had. RCOLL_GUEST_IN_BACKGROUND=0 runs it in its turn instead.
 
+Under pytest-xdist the test runs in some worker, but the guest must start
+once, when collection ends: the controller starts it (start_for_workers(),
+when the first worker reports its collection) with its output in a folder
+named by RCOLL_GUEST_SUITE_DIR, which the workers inherit; the test's worker
+reads the outcome there when the controller has written its exit status.
+
 The guest sees this checkout through 9p: the emulated device runtime is built
 here before it starts, so that the guest and the host never build it into
 build/testing/ at once.
@@ -15,9 +21,11 @@ build/testing/ at once.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import List, Optional
 
@@ -26,14 +34,22 @@ from softroce import PREPARE_ALLOWANCE_S, guest_available, guest_command, in_gue
 TEST_NAME = "test_verbs_suite_in_the_softroce_guest"
 # TCG emulation: the suite takes 20-30 min on a busy 2-core machine.
 GUEST_TIMEOUT_S = 3600
-SUITE = [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "--durations=10",
+# -n 0: one process in the guest (its two emulated CPUs are busy enough).
+SUITE = [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "-n", "0", "--durations=10",
          "tests/test_verbs.py"]
+SHARED_DIR_ENV = "RCOLL_GUEST_SUITE_DIR"
 
 
 class _Run:
-    def __init__(self):
-        self.stdout = tempfile.TemporaryFile(mode="w+")
-        self.stderr = tempfile.TemporaryFile(mode="w+")
+    def __init__(self, directory: Optional[str] = None):
+        # In `directory` (files another process reads), else anonymous files.
+        def output(name):
+            if directory is None:
+                return tempfile.TemporaryFile(mode="w+")
+            return open(os.path.join(directory, name), "w+")
+
+        self.stdout = output("stdout")
+        self.stderr = output("stderr")
         self.started = time.monotonic()
         self.proc = subprocess.Popen(guest_command(SUITE, GUEST_TIMEOUT_S), stdin=subprocess.DEVNULL,
                                      stdout=self.stdout, stderr=self.stderr, text=True)
@@ -71,6 +87,8 @@ def start(selected_names: List[str]) -> None:
     global _run
     if _run is not None or TEST_NAME not in selected_names or in_guest():
         return
+    if os.environ.get(SHARED_DIR_ENV):
+        return  # an xdist worker: the controller starts it (start_for_workers)
     if os.environ.get("RCOLL_GUEST_IN_BACKGROUND", "1") == "0" or not guest_available()[0]:
         return  # the test runs the guest in its turn (or says why it cannot)
     from emulated_device.build import build
@@ -78,18 +96,78 @@ def start(selected_names: List[str]) -> None:
     _run = _Run()
 
 
-def result() -> subprocess.CompletedProcess:
-    """The guest suite's outcome: the run start() began, or a run now."""
+def share_with_workers() -> None:
+    """pytest-xdist's controller, before the workers start: the folder where
+    the guest's outcome will be (start_for_workers), named in their environment."""
+    os.environ[SHARED_DIR_ENV] = tempfile.mkdtemp(prefix="rcoll-guest-suite-")
+
+
+def start_for_workers(selected_names: List[str]) -> None:
+    """pytest-xdist's controller, once a worker has collected: start() with the
+    output in the shared folder, and a thread that writes the exit status there."""
     global _run
+    directory = os.environ.get(SHARED_DIR_ENV)
+    if directory is None or _run is not None or os.path.exists(os.path.join(directory, "decided")):
+        return
+    open(os.path.join(directory, "decided"), "w").close()  # the first worker's list decides
+    if TEST_NAME not in selected_names or in_guest():
+        return
+    if os.environ.get("RCOLL_GUEST_IN_BACKGROUND", "1") == "0" or not guest_available()[0]:
+        return
+    from emulated_device.build import build
+    build()
+    _run = run = _Run(directory)
+    open(os.path.join(directory, "started"), "w").close()
+
+    def write_status():
+        returncode = run.proc.wait()
+        partial = os.path.join(directory, "returncode.partial")
+        with open(partial, "w") as f:
+            f.write(str(returncode))
+        os.replace(partial, os.path.join(directory, "returncode"))  # whole or absent for the reader
+
+    threading.Thread(target=write_status, daemon=True).start()
+
+
+def _shared_result(directory: str) -> subprocess.CompletedProcess:
+    """A worker's wait for the run the controller started (start_for_workers)."""
+    deadline = time.monotonic() + GUEST_TIMEOUT_S + PREPARE_ALLOWANCE_S
+    status = os.path.join(directory, "returncode")
+    while not os.path.exists(status):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the Soft-RoCE guest's suite started by pytest's controller did not end "
+                               f"within {GUEST_TIMEOUT_S + PREPARE_ALLOWANCE_S} s (its output: {directory})")
+        time.sleep(1)
+
+    def read(name):
+        with open(os.path.join(directory, name)) as f:
+            return f.read()
+
+    with open(status) as f:
+        returncode = int(f.read())
+    return subprocess.CompletedProcess(SUITE, returncode, read("stdout"), read("stderr"))
+
+
+def result() -> subprocess.CompletedProcess:
+    """The guest suite's outcome: the run start() or the xdist controller
+    began, or a run now."""
+    global _run
+    directory = os.environ.get(SHARED_DIR_ENV)
+    if _run is None and directory is not None and os.path.exists(os.path.join(directory, "started")):
+        return _shared_result(directory)
     if _run is None:
         return run_in_guest(SUITE, GUEST_TIMEOUT_S)
     run, _run = _run, None
     return run.wait()
 
 
-def stop() -> None:
-    """At the session's end: a guest nobody waited for (the test deselected by -x, -k...) is stopped."""
+def stop(shared_folder_owner: bool = False) -> None:
+    """At the session's end: a guest nobody waited for (the test deselected by
+    -x, -k...) is stopped; the xdist controller removes the shared folder."""
     global _run
     if _run is not None:
         _run.stop()
         _run = None
+    directory = os.environ.get(SHARED_DIR_ENV)
+    if directory is not None and shared_folder_owner:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -41,7 +41,7 @@ def test_multiprocess_suites_under_asan_and_ubsan(tmp_path):
     # test_device_collectives.py: the GPU staging executor on the emulated device runtime.
     suites = [os.path.join(ROOT, "tests", f)
               for f in ("test_collectives.py", "test_errors.py", "test_device_collectives.py")]
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *suites,
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-n", "2", *suites,
                           "-k", "not large_buffers and not [8]"],
                          capture_output=True, text=True, timeout=1800, env=env, cwd=str(tmp_path))
     tail = run.stdout[-3000:] + run.stderr[-5000:]

@@ -30,7 +30,7 @@ MUST_PASS = [
 def test_selection_of_torchs_own_suite_passes():
     ids = [f"{os.path.join(HERE, 'torch_suite.py')}::TestDistBackendWithSpawn::{name}" for name in MUST_PASS]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RCOLL_")}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", *ids],
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-rA", *ids],
                           capture_output=True, text=True, timeout=840, env=env, cwd=HERE)
     passed = [name for name in MUST_PASS if f"PASSED torch_suite.py::TestDistBackendWithSpawn::{name}" in proc.stdout
               or f"::{name} PASSED" in proc.stdout]
