@@ -52,6 +52,14 @@ def skip_without_torch_gpu(module_check=None):
         pytest.skip(f"rcoll's CUDA module cannot run here: {reason}")
 
 
+def dev_shm_names() -> set:
+    """What /dev/shm holds, less Python multiprocessing's semaphores (sem.mp-*,
+    of any process on the machine: the tests running in parallel too). rcoll
+    itself names nothing there: its segments are memfds."""
+    names = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
+    return {n for n in names if not n.startswith("sem.mp-")}
+
+
 def every_rank_passed(results) -> int:
     """Checks the (cases, failures) every rank of a sweep returned: each rank
     ran cases and none failed. Returns the number of cases checked."""

@@ -17,7 +17,7 @@ import device_workers as dw
 import mixed_workers as w
 import pytest
 import rank_threads
-from conftest import EMULATED_DEVICE, SMALL_CHUNKS, every_rank_passed
+from conftest import EMULATED_DEVICE, SMALL_CHUNKS, dev_shm_names, every_rank_passed
 
 import rcoll
 from rcoll import spawn
@@ -269,16 +269,9 @@ def test_algorithm_follows_the_topology(tmp_path, layout, algo, expected):
         assert [op["args"]["algorithm"] for op in ops] == [expected, expected], (rank, ops)
 
 
-def _dev_shm():
-    # sem.mp-*: Python multiprocessing's semaphores (of any test run on the
-    # machine); rcoll itself never names anything in /dev/shm.
-    names = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
-    return {n for n in names if not n.startswith("sem.mp-")}
-
-
 @pytest.mark.parametrize("layout,victim", [("AABB", 3), ("ABAB", 1), ("AAAB", 0)])
 def test_kill_9_in_a_mixed_ring_fails_every_survivor(layout, victim):
-    before = _dev_shm()
+    before = dev_shm_names()
     world = len(layout)
     results = spawn.run(w.killed_mid_collective, world, victim, timeout=90, env=_hosts(layout), allow_failures=True)
     assert results[victim][0] == "error"
@@ -290,7 +283,7 @@ def test_kill_9_in_a_mixed_ring_fails_every_survivor(layout, victim):
         assert name == "PeerError", (rank, message)
         assert f"rank {victim}" in message and "allreduce(float32, count=4194304, op=sum)" in message, (rank, message)
         assert seconds < 20, (rank, seconds, message)  # seen on the edge, not at the 60 s op timeout
-    assert _dev_shm() - before == set()
+    assert dev_shm_names() - before == set()
 
 
 @pytest.mark.parametrize("layout,aborter", [("AABB", 0), ("ABAB", 3)])

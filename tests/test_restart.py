@@ -28,6 +28,7 @@ from pathlib import Path
 
 import launch
 import pytest
+from conftest import dev_shm_names
 from emulated_hosts import TwoHosts, needs_netns, torchrun_on_hosts
 
 pytestmark = pytest.mark.slow  # whole torchrun jobs, started twice each
@@ -88,10 +89,10 @@ def _check(job_dir, log_dir, outcomes, shm_before, killed_after=KILLED_AFTER):
         launch.check_rank_output(str(d.relative_to(log_dir)), (d / "stdout.log").read_text(),
                                  (d / "stderr.log").read_text(), allow=TORCH_WARNINGS)
     assert _job_processes(str(job_dir)) == [], "job processes outlived torchrun"
-    new = set(os.listdir("/dev/shm")) - shm_before
+    new = dev_shm_names() - shm_before
     if new:
         time.sleep(1)  # what another test made and removes at once is not ours
-        new &= set(os.listdir("/dev/shm"))
+        new &= dev_shm_names()
     assert not new, f"left in /dev/shm: {sorted(new)}"
 
 
@@ -101,7 +102,7 @@ def _trials(tmp_path, run, killed_after=KILLED_AFTER):
     for trial in range(TRIALS):
         job_dir, log_dir = tmp_path / f"job{trial}", tmp_path / f"logs{trial}"
         job_dir.mkdir()
-        shm_before = set(os.listdir("/dev/shm"))
+        shm_before = dev_shm_names()
         start = time.monotonic()
         try:
             outcomes = run(job_dir, log_dir)

@@ -1,9 +1,9 @@
 """Ranks on one host use the shared-memory transport (csrc/shm/); the collective
 matrices run over it in test_collectives.py, DDP in test_torch.py."""
-import os
 
 import pytest
 import shm_workers as w
+from conftest import dev_shm_names
 
 from rcoll import spawn
 
@@ -20,17 +20,10 @@ def test_shm_disable_and_transport_override(monkeypatch):
     assert spawn.run(w.transport_of, 2, timeout=60, env={"RCOLL_TRANSPORT": "tcp"}) == ["tcp", "tcp"]
 
 
-def _dev_shm():
-    # sem.mp-*: Python multiprocessing's semaphores (of any test run on the
-    # machine); rcoll itself never names anything in /dev/shm.
-    names = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
-    return {n for n in names if not n.startswith("sem.mp-")}
-
-
 @pytest.mark.parametrize("world", [2, 4])
 def test_kill_9_fails_survivors_and_leaves_nothing_behind(world, monkeypatch):
     monkeypatch.setenv("RCOLL_TRANSPORT", "shm")
-    before = _dev_shm()
+    before = dev_shm_names()
     results = spawn.run(w.killed_mid_collective, world, timeout=60, allow_failures=True)
     dead = world - 1
     assert results[dead][0] == "error"
@@ -40,4 +33,4 @@ def test_kill_9_fails_survivors_and_leaves_nothing_behind(world, monkeypatch):
         assert f"rank {dead}" in message and "allreduce(float32, count=4194304, op=sum)" in message, message
         assert seconds < 10, seconds  # detected through the side channel, not the 60 s timeout
     # The segments are memfds, never named in /dev/shm: nothing can leak there.
-    assert _dev_shm() - before == set()
+    assert dev_shm_names() - before == set()
