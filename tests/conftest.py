@@ -5,6 +5,14 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+import ports  # noqa: E402
+
+import rcoll.spawn  # noqa: E402
+
+# spawn.run's rendezvous ports, and every test's: from this process's own
+# range (tests/ports.py), not the kernel's pick, which parallel tests can share.
+rcoll.spawn.free_port = ports.free_port
+
 # Small segments make every size up to a few thousand elements cross many
 # pipeline segments, so the segment bookkeeping is exercised cheaply.
 SMALL_CHUNKS = {"RCOLL_CHUNK_BYTES": "256", "RCOLL_MIN_CHUNK_BYTES": "64", "RCOLL_SHM_COLL_SLOT_BYTES": "4K",

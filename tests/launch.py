@@ -10,12 +10,13 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence
+
+import ports
 
 # What must never appear on a rank's stderr. Anything else a rank prints on
 # stderr fails the job too, unless a test allows it by pattern.
@@ -106,9 +107,7 @@ def busy_cpus(count: Optional[int] = None) -> Iterator[None]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return ports.free_port()
 
 
 def run_ranks(script: Path, rank_envs: Sequence[Dict[str, str]], *, allow: Sequence[str] = (),

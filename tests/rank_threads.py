@@ -24,8 +24,10 @@ import threading
 import time
 import traceback
 
+from ports import free_port
+
 from rcoll import communicator
-from rcoll.spawn import RankFailed, free_port
+from rcoll.spawn import RankFailed
 
 _this_rank = threading.local()  # .settings: the per-rank RCOLL_* values of the thread's rank
 
