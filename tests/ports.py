@@ -17,7 +17,23 @@ import socket
 import threading
 from typing import Tuple
 
-LOW, HIGH = 10000, 32000  # Linux's default ephemeral range starts at 32768
+
+def _outside_the_ephemeral_range():
+    """About 20,000 ports the kernel hands out to no connect() or bind(0):
+    below Linux's ephemeral range (32768-60999 by default) or above it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            first, last = (int(x) for x in f.read().split())
+    except (OSError, ValueError):
+        first, last = 32768, 60999
+    if first >= 12000:
+        return max(1024, first - 22000), first - 1
+    if last <= 63000:
+        return last + 1, 65535
+    return 10000, 32000  # no room outside it: the pick at least rarely meets another test's
+
+
+LOW, HIGH = _outside_the_ephemeral_range()
 MAX_WORKERS = 8
 ENV = "RCOLL_TEST_PORT_RANGE"  # "low:high:testrunuid", for the pytest sessions a worker starts
 
