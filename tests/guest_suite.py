@@ -82,18 +82,27 @@ class _Run:
 _run: Optional[_Run] = None
 
 
+def _worth_starting(selected_names: List[str]) -> bool:
+    """Whether the guest's test is selected and the guest can run here; if
+    not, the test runs the guest in its turn (or says why it cannot)."""
+    if TEST_NAME not in selected_names or in_guest():
+        return False
+    return os.environ.get("RCOLL_GUEST_IN_BACKGROUND", "1") != "0" and guest_available()[0]
+
+
+def _launch(directory: Optional[str] = None) -> _Run:
+    from emulated_device.build import build
+    build()
+    return _Run(directory)
+
+
 def start(selected_names: List[str]) -> None:
     """Starts the guest suite if its test is selected and the guest can run here."""
     global _run
-    if _run is not None or TEST_NAME not in selected_names or in_guest():
-        return
-    if os.environ.get(SHARED_DIR_ENV):
-        return  # an xdist worker: the controller starts it (start_for_workers)
-    if os.environ.get("RCOLL_GUEST_IN_BACKGROUND", "1") == "0" or not guest_available()[0]:
-        return  # the test runs the guest in its turn (or says why it cannot)
-    from emulated_device.build import build
-    build()
-    _run = _Run()
+    if _run is not None or os.environ.get(SHARED_DIR_ENV):
+        return  # started, or an xdist worker: the controller starts it (start_for_workers)
+    if _worth_starting(selected_names):
+        _run = _launch()
 
 
 def share_with_workers() -> None:
@@ -102,21 +111,20 @@ def share_with_workers() -> None:
     os.environ[SHARED_DIR_ENV] = tempfile.mkdtemp(prefix="rcoll-guest-suite-")
 
 
+_decided = False  # the controller's: the first worker's collection decides (they all collect the same)
+
+
 def start_for_workers(selected_names: List[str]) -> None:
     """pytest-xdist's controller, once a worker has collected: start() with the
     output in the shared folder, and a thread that writes the exit status there."""
-    global _run
+    global _run, _decided
     directory = os.environ.get(SHARED_DIR_ENV)
-    if directory is None or _run is not None or os.path.exists(os.path.join(directory, "decided")):
+    if directory is None or _decided:
         return
-    open(os.path.join(directory, "decided"), "w").close()  # the first worker's list decides
-    if TEST_NAME not in selected_names or in_guest():
+    _decided = True
+    if not _worth_starting(selected_names):
         return
-    if os.environ.get("RCOLL_GUEST_IN_BACKGROUND", "1") == "0" or not guest_available()[0]:
-        return
-    from emulated_device.build import build
-    build()
-    _run = run = _Run(directory)
+    _run = run = _launch(directory)
     open(os.path.join(directory, "started"), "w").close()
 
     def write_status():

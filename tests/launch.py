@@ -106,8 +106,7 @@ def busy_cpus(count: Optional[int] = None) -> Iterator[None]:
             p.wait()
 
 
-def free_port() -> int:
-    return ports.free_port()
+free_port = ports.free_port  # this test process's own range (tests/ports.py)
 
 
 def run_ranks(script: Path, rank_envs: Sequence[Dict[str, str]], *, allow: Sequence[str] = (),
