@@ -32,6 +32,9 @@ op checked element by element). Rank 0 hosts the rendezvous store (rcoll's, or
 torch's TCPStore for gloo): MASTER_ADDR is 198.18.0.1, the address of rank 0's
 namespace. RCOLL_SOCKET_IFNAME=eth0 and GLOO_SOCKET_IFNAME=eth0 make both backends
 put their data sockets on the veth (there is nothing else but lo in a namespace).
+The Open MPI backend (`mpi`; needs mpirun and mpi4py) is started by one
+mpirun in rank 0's namespace, which reaches the other hosts' namespaces through a
+remote-shell script in place of ssh (see mpi_command).
 The bytes counted on each eth0 before and after are reported next to the bytes
 the op must move, so that it is visible that the traffic crossed the shaped link.
 
@@ -72,7 +75,11 @@ PREFIX = "rcoll-bench-"
 SUBNET = "198.18.0"  # 198.18.0.0/15 is reserved for benchmarking (RFC 2544); we use a /24 of it
 # rcoll-ring: rcoll with RCOLL_ALGO=ring (the flat ring in host order, where rcoll
 # would take the hierarchical allreduce), to compare the two in one run.
-BACKENDS = ("rcoll", "rcoll-ring", "gloo")
+# mpi: Open MPI through mpi4py, started by one mpirun (see mpi_command) with its
+# defaults (coll/tuned: flat algorithms in rank order). Its hierarchical coll/han
+# (`--mca coll_han_priority 100`) is left out: in Open MPI 4.1.4 (Debian 12) it
+# hands MPI_IN_PLACE to the reduce inside a host as a buffer and crashes across hosts.
+BACKENDS = ("rcoll", "rcoll-ring", "gloo", "mpi")
 BACKEND_ENV = {"rcoll-ring": {"RCOLL_ALGO": "ring"}}
 
 
@@ -238,6 +245,24 @@ class Cluster:
         self.procs.append(p)
         return p
 
+    def remote_shell(self, directory):
+        """A script that Open MPI's rsh launcher calls as `agent [options] HOST COMMAND` in
+        place of ssh: it runs COMMAND (an orted) in HOST's namespace. Each host also gets
+        a hostname of its own (a UTS namespace, see mpi_command): Open MPI names its
+        shared-memory segments after the hostname, and ranks of different hosts must not
+        meet there."""
+        path = os.path.join(directory, "netns-rsh")
+        cases = "".join(f"  {self.addr(i)}) ns={ns} ;;\n" for i, ns in enumerate(self.ranks))
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\n"
+                    "# written by bench/netem.py: Open MPI's remote shell between emulated hosts\n"
+                    'while [ "${1#-}" != "$1" ]; do shift; done  # ssh options, if any\n'
+                    'host=$1; shift\n'
+                    f'case "$host" in\n{cases}  *) echo "netns-rsh: unknown host $host" >&2; exit 1 ;;\nesac\n'
+                    'exec ip netns exec "$ns" unshare --uts /bin/sh -c "hostname $ns && $*"\n')
+        os.chmod(path, 0o755)
+        return path
+
     def kill_all(self):
         for p in self.procs:
             if p.poll() is None:
@@ -322,7 +347,13 @@ def run_backend(cluster, backend, layout, cfg, timeout, base_env, port):
             json.dump(cfg, f)
         before = cluster.counters()
         procs = []
-        for r in range(world):
+        if backend == "mpi":
+            # one mpirun in the first rank's namespace, under that host's own hostname
+            cmd = mpi_command(cluster, layout, cfg_path, tmp)
+            ns0 = cluster.ranks[layout[0]]
+            procs.append(cluster.popen(layout[0], ["unshare", "--uts", "sh", "-c", f'hostname {ns0} && exec "$@"',
+                                                   "sh"] + cmd, base_env))
+        for r in range(0 if backend == "mpi" else world):
             host = layout[r]
             env = dict(base_env, **BACKEND_ENV.get(backend, {}))
             env.update(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(layout[:r].count(host)),
@@ -351,6 +382,22 @@ def run_backend(cluster, backend, layout, cfg, timeout, base_env, port):
             raise
     moved = {h: (after[h][0] - before[h][0], after[h][1] - before[h][1]) for h in sorted(set(layout))}
     return sweep.merge(per_rank, world), moved
+
+
+def mpi_command(cluster, layout, cfg_path, out_dir):
+    """mpirun for `layout`: one application context per rank (MPMD syntax), so that rank r
+    runs on host layout[r] whatever the placement; orteds reach the other hosts through
+    Cluster.remote_shell. Data and out-of-band traffic on eth0; between ranks of one host
+    shared memory (vader), as on real hosts."""
+    rank_argv = [sys.executable, "-m", "rcoll._sweep_rank", "--cfg", cfg_path, "--out", out_dir,
+                 "--backend", "mpi", "--launcher", "mpi"]
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+           "--mca", "plm_rsh_agent", cluster.remote_shell(out_dir), "--mca", "plm_rsh_no_tree_spawn", "1",
+           "--mca", "oob_tcp_if_include", "eth0", "--mca", "btl_tcp_if_include", "eth0",
+           "--mca", "pml", "ob1", "--mca", "btl", "self,vader,tcp"]
+    for r, host in enumerate(layout):
+        cmd += ([":"] if r else []) + ["-np", "1", "--host", cluster.addr(host)] + rank_argv
+    return cmd
 
 
 def expected_wire_bytes(rows, world, hosts=None):
@@ -505,6 +552,11 @@ def main(argv=None):
         except ImportError as exc:
             print(f"note: skipping the gloo backend: torch is not usable ({exc})", file=sys.stderr)
             backends.remove("gloo")
+    if "mpi" in backends:
+        why_not = sweep.mpi_missing()
+        if why_not:
+            print(f"note: skipping the mpi backend: {why_not}", file=sys.stderr)
+            backends.remove("mpi")
     if not backends:
         print("error: no backend left to run", file=sys.stderr)
         return 2
