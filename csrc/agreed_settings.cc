@@ -45,6 +45,9 @@ const AgreedSetting kAgreedSettings[kAgreedSettingCount] = {
      }},
     {"RCOLL_CUDA_IPC_DIRECT_BYTES", [](const Config& c) -> uint64_t { return c.cuda_ipc_direct_bytes; },
      [](Config& c, uint64_t v) { c.cuda_ipc_direct_bytes = v; }},
+    // Which device ops across hosts take the windows (their wire differs from staging's).
+    {"RCOLL_CUDA_IPC_HOSTS_MIN_BYTES", [](const Config& c) -> uint64_t { return c.cuda_ipc_hosts_min_bytes; },
+     [](Config& c, uint64_t v) { c.cuda_ipc_hosts_min_bytes = v; }},
     // Both ends of a pair must open the same number of sockets.
     {"RCOLL_SOCKETS_PER_PEER", [](const Config& c) -> uint64_t { return static_cast<uint64_t>(c.sockets_per_peer); },
      [](Config& c, uint64_t v) { c.sockets_per_peer = static_cast<int>(v); }},

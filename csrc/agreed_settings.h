@@ -15,7 +15,7 @@
 
 namespace rcoll {
 
-constexpr int kAgreedSettingCount = 10;
+constexpr int kAgreedSettingCount = 11;
 
 #pragma pack(push, 1)
 struct JobInfo {

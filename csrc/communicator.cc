@@ -392,6 +392,13 @@ bool Communicator::runDeviceOpOverHosts(const Op& op, const std::string& context
   // reach the agreement below at the same op, or none does.
   if (!CudaIpcCollectives::handles(d.kind)) return false;
   if (!config_.cuda_ipc) return false;
+  if (d.kind != OpKind::kAllreduce) {
+    // Their phases inside and between the hosts run one after the other: a
+    // small buffer pays the windows' hand-offs and saves little (config.cc).
+    const bool per_rank_count = d.kind == OpKind::kAllgather || d.kind == OpKind::kReduceScatter;
+    const size_t whole = d.count * elementSize(d.dtype) * (per_rank_count ? static_cast<size_t>(size_) : 1);
+    if (whole < config_.cuda_ipc_hosts_min_bytes) return false;
+  }
   if (!CudaIpcCollectives::stepHoldsBlocks(d, config_.cuda_ipc_slot_bytes, static_cast<size_t>(size_),
                                            static_cast<size_t>(topology_.hosts()))) {
     return false;

@@ -167,6 +167,37 @@ def reduce_scatter_sweep(rank, world, seed=14):
     return case, failures
 
 
+def around_the_windows_threshold(rank, world, seed=19):
+    """allgather, reduce_scatter and broadcast of float32 device buffers whose
+    whole buffer is just under and at RCOLL_CUDA_IPC_HOSTS_MIN_BYTES (the
+    test sets it): checked exactly; the test reads which way each went in
+    the timeline. Returns the path after each op too."""
+    comm = rcoll.init(rank, world)
+    limit = int(os.environ["RCOLL_CUDA_IPC_HOSTS_MIN_BYTES"])
+    failures, paths = [], []
+    f32 = np.dtype(np.float32)
+    for whole in (limit - 4 * world, limit):  # bytes of the whole buffer, a multiple of 4 * world
+        n = whole // 4 // world  # allgather's input, reduce_scatter's output
+        expected = stacked(seed, world, f32, n, "max")
+        out = np.zeros((world, n), f32)
+        comm.allgather(dev(make_input(seed, rank, f32, n, "max")), out=dev(out))
+        if not same(out, expected):
+            failures.append(f"allgather of {whole} B: {differences(out, expected)}")
+        paths.append(("allgather", whole, comm.device_path))
+        x = make_input(seed, rank, f32, n * world, "sum")
+        got = np.zeros(n, f32)
+        comm.reduce_scatter(dev(x), "sum", out=dev(got))
+        if not same(got, reduced(seed, world, f32, n * world, "sum")[rank * n:(rank + 1) * n]):
+            failures.append(f"reduce_scatter of {whole} B: wrong result")
+        paths.append(("reduce_scatter", whole, comm.device_path))
+        b = make_input(seed, rank, f32, whole // 4, "max")
+        comm.broadcast(dev(b), root=world - 1)
+        if not same(b, make_input(seed, world - 1, f32, whole // 4, "max")):
+            failures.append(f"broadcast of {whole} B: wrong result")
+        paths.append(("broadcast", whole, comm.device_path))
+    return paths, failures
+
+
 def waits_for_the_callers_stream(rank, world):
     """The caller's stream still has work on the op's buffers when the op is
     called: a delayed copy writes the input late, or writes junk into the

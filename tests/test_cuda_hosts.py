@@ -41,8 +41,9 @@ def test_collectives_across_emulated_hosts(tmp_path, layout, ipc, algorithm, pat
     # the way the allreduce goes (allgather and broadcast too). Its broadcasts
     # fill the tensor on the caller's stream just before the op: the op must
     # wait for that on every rank (found here, on an H200, 2026-11-27).
+    # RCOLL_CUDA_IPC_HOSTS_MIN_BYTES=0: the windows at the small sizes too (by default those stage).
     env = {"RCOLL_HOSTID": list(layout), "RCOLL_TIMELINE": str(tmp_path / "trace"), "RCOLL_CUDA_IPC": ipc,
-           "EXPECT_DEVICE_PATH": path}
+           "EXPECT_DEVICE_PATH": path, "RCOLL_CUDA_IPC_HOSTS_MIN_BYTES": "0"}
     every_rank_passed(spawn.run(getattr(w, worker), len(layout), timeout=300, env=env))
     if worker != "all_reduce_matrix":
         return

@@ -184,6 +184,28 @@ def test_device_collectives_across_hosts_through_cuda_ipc_windows(tmp_path, layo
         assert algorithms == {"hierarchical (cuda ipc windows in each host)"}, (rank, algorithms)
 
 
+# Across hosts, allgather, reduce_scatter and broadcast of device buffers under
+# RCOLL_CUDA_IPC_HOSTS_MIN_BYTES stage on every edge (their phases do not
+# overlap: the windows cost more than they save there), from it on they take
+# the windows; the ranks agree on the way by the size alone (the allreduce is
+# not affected). The other tests set it to 0, to run the windows at every size.
+@pytest.mark.usefixtures("emulated_device_runtime")
+def test_small_device_ops_across_hosts_stage_below_the_windows_threshold(tmp_path):
+    limit = 8 << 10
+    env = {**EMULATED_DEVICE, **SMALL_CHUNKS, **_hosts("AABB"), "RCOLL_CUDA_IPC_HOSTS_MIN_BYTES": str(limit),
+           "RCOLL_TIMELINE": str(tmp_path / "trace")}
+    results = spawn.run(dw.around_the_windows_threshold, 4, timeout=300, env=env)
+    for rank, (paths, failures) in enumerate(results):
+        assert failures == [], (rank, failures)
+        assert paths == [(op, whole, "staging" if whole < limit else "cuda-ipc+staging")
+                         for whole in (limit - 16, limit) for op in ("allgather", "reduce_scatter", "broadcast")]
+        events = json.loads((tmp_path / f"trace.rank{rank}.json").read_text())
+        ops = [e["args"] for e in events if e.get("cat") == "op"]
+        assert len(ops) == 6, (rank, ops)
+        windows = [a["algorithm"] == "hierarchical (cuda ipc windows in each host)" for a in ops]
+        assert windows == [False] * 3 + [True] * 3, (rank, ops)
+
+
 # Work still queued on the caller's stream when a device op is called: the
 # input written late, junk written late into the output. Every op through the
 # windows and between the hosts waits for it, on the ranks that send and on
