@@ -37,6 +37,10 @@ GUEST_TIMEOUT_S = 3600
 # -n 0: one process in the guest (its two emulated CPUs are busy enough).
 SUITE = [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "-n", "0", "--durations=10",
          "tests/test_verbs.py"]
+# The verbs transport moves bytes: its matrices take one dtype per element size
+# and the reduce ops with paths of their own (tests/reference.py); every pair
+# runs on the other transports in the main suite.
+SUITE_ENV = {"TEST_MATRIX": "paths"}
 SHARED_DIR_ENV = "RCOLL_GUEST_SUITE_DIR"
 
 
@@ -51,7 +55,7 @@ class _Run:
         self.stdout = output("stdout")
         self.stderr = output("stderr")
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(guest_command(SUITE, GUEST_TIMEOUT_S), stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(guest_command(SUITE, GUEST_TIMEOUT_S, SUITE_ENV), stdin=subprocess.DEVNULL,
                                      stdout=self.stdout, stderr=self.stderr, text=True)
 
     def wait(self) -> subprocess.CompletedProcess:
@@ -164,7 +168,7 @@ def result() -> subprocess.CompletedProcess:
     if _run is None and directory is not None and os.path.exists(os.path.join(directory, "started")):
         return _shared_result(directory)
     if _run is None:
-        return run_in_guest(SUITE, GUEST_TIMEOUT_S)
+        return run_in_guest(SUITE, GUEST_TIMEOUT_S, SUITE_ENV)
     run, _run = _run, None
     return run.wait()
 

@@ -37,7 +37,10 @@ def test_multiprocess_suites_under_asan_and_ubsan(tmp_path):
                LD_PRELOAD=preload,
                # Python itself is not leak-clean; the C++ leak check is the TSan/ASan unit tests' job.
                ASAN_OPTIONS="detect_leaks=0:abort_on_error=1",
-               UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
+               UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1",
+               # Every op, size and world, over every transport, failures included; one dtype per
+               # element size and the reduce ops that take their own paths (tests/reference.py).
+               TEST_MATRIX="paths")
     # test_device_collectives.py: the GPU staging executor on the emulated device runtime.
     suites = [os.path.join(ROOT, "tests", f)
               for f in ("test_collectives.py", "test_errors.py", "test_device_collectives.py")]
