@@ -26,6 +26,7 @@ DTYPES += FLOAT8
 # numpy has no float type of these: they are computed in float32 and rounded once.
 NARROW_FLOATS = [d for d in [np.dtype(np.float16), BFLOAT16, *FLOAT8] if d is not None]
 OPS = ["sum", "prod", "min", "max", "avg", "band", "bor", "bxor"]
+SEEDED_DTYPES, SEEDED_OPS = list(DTYPES), list(OPS)  # inputs are seeded by these, whatever the matrix
 
 # TEST_MATRIX=paths (a test's variable, not an rcoll setting): the suites that
 # rerun the matrices for what lies under the reductions (the sanitized core,
@@ -74,7 +75,8 @@ def _cached_input(seed, rank, dtype, n, op):
 
 
 def _generate(seed, rank, dtype, n, op):
-    rng = np.random.default_rng([seed, rank, n, DTYPES.index(dtype) if dtype in DTYPES else 0, OPS.index(op)])
+    rng = np.random.default_rng([seed, rank, n, SEEDED_DTYPES.index(dtype) if dtype in SEEDED_DTYPES else 0,
+                                 SEEDED_OPS.index(op)])
     if dtype == np.bool_:
         return rng.integers(0, 2, n).astype(np.bool_)
     signed = dtype.kind in "fi" or dtype in NARROW_FLOATS
