@@ -19,19 +19,24 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = [pytest.mark.slow, needs_netns()]  # namespaces, a shaped link, two backends
 
 
-@pytest.mark.timeout(300)
-def test_hierarchical_allreduce_on_emulated_hosts_moves_what_it_must(tmp_path):
+def _netem(tmp_path, layouts, size, backends):
+    """bench/netem.py at 2 Gbit/s, 3 iterations; returns its stdout and its JSON records."""
     out = tmp_path / "netem.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (os.path.dirname(os.path.dirname(rcoll.__file__)), os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "netem.py"), "--layouts", "AABB,ABAB",
-                           "--rates", "2gbit", "--delay", "0", "--min-bytes", "4M", "--max-bytes", "4M",
-                           "--iters", "3", "--warmup", "1", "--link-seconds", "0", "--backends", "rcoll,rcoll-ring",
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "netem.py"), "--layouts", layouts,
+                           "--rates", "2gbit", "--delay", "0", "--min-bytes", size, "--max-bytes", size,
+                           "--iters", "3", "--warmup", "1", "--link-seconds", "0", "--backends", backends,
                            "--timeout", "120", "--json", str(out)],
                           capture_output=True, text=True, timeout=280, env=env)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
-    doc = json.loads(out.read_text())
-    for rec in doc["records"]:
+    return proc.stdout, json.loads(out.read_text())["records"]
+
+
+@pytest.mark.timeout(300)
+def test_hierarchical_allreduce_on_emulated_hosts_moves_what_it_must(tmp_path):
+    _, records = _netem(tmp_path, "AABB,ABAB", "4M", "rcoll,rcoll-ring")
+    for rec in records:
         assert rec["errors"] == {}, rec["errors"]
         for backend, rows in rec["results"].items():
             assert rows and all(r["wrong"] == 0 for r in rows if "time_us" in r), (rec["layout"], backend, rows)
@@ -55,16 +60,7 @@ def test_open_mpi_runs_beside_rcoll_on_emulated_hosts_whatever_the_placement(tmp
     # One mpirun in the first host's namespace, orteds started in the others through
     # netem.py's remote shell: rank r must run on host layout[r] (ABAB interleaves), its
     # results must be right, and its traffic must cross the shaped links.
-    out = tmp_path / "netem.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (os.path.dirname(os.path.dirname(rcoll.__file__)), os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "netem.py"), "--layouts", "ABAB",
-                           "--rates", "2gbit", "--delay", "0", "--min-bytes", "1M", "--max-bytes", "1M",
-                           "--iters", "3", "--warmup", "1", "--link-seconds", "0", "--backends", "rcoll,mpi",
-                           "--timeout", "120", "--json", str(out)],
-                          capture_output=True, text=True, timeout=280, env=env)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
-    (rec,) = json.loads(out.read_text())["records"]
+    stdout, (rec,) = _netem(tmp_path, "ABAB", "1M", "rcoll,mpi")
     assert rec["errors"] == {}, rec["errors"]
     rows = rec["results"]["mpi"]
     assert rows and all(r["wrong"] == 0 for r in rows if "time_us" in r), rows
@@ -72,4 +68,4 @@ def test_open_mpi_runs_beside_rcoll_on_emulated_hosts_whatever_the_placement(tmp
     # order sends at least the ring edge's payload over each link; nothing stayed local.
     wire = rec["wire"]["mpi"]
     assert wire["sent_max"] >= wire["payload"] > 0, wire
-    assert "rcoll/mpi" in proc.stdout
+    assert "rcoll/mpi" in stdout
