@@ -353,14 +353,15 @@ def run_backend(cluster, backend, layout, cfg, timeout, base_env, port):
             ns0 = cluster.ranks[layout[0]]
             procs.append(cluster.popen(layout[0], ["unshare", "--uts", "sh", "-c", f'hostname {ns0} && exec "$@"',
                                                    "sh"] + cmd, base_env))
-        for r in range(0 if backend == "mpi" else world):
-            host = layout[r]
-            env = dict(base_env, **BACKEND_ENV.get(backend, {}))
-            env.update(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(layout[:r].count(host)),
-                       LOCAL_WORLD_SIZE=str(layout.count(host)), MASTER_ADDR=cluster.addr(layout[0]),
-                       MASTER_PORT=str(port), RCOLL_SOCKET_IFNAME="eth0", GLOO_SOCKET_IFNAME="eth0")
-            procs.append(cluster.popen(host, [sys.executable, "-m", "rcoll._sweep_rank", "--cfg", cfg_path,
-                                           "--out", tmp, "--backend", backend.split("-")[0], "--launcher", "env"], env))
+        else:  # one process per rank, in its host's namespace, as torchrun would start it
+            for r, host in enumerate(layout):
+                env = dict(base_env, **BACKEND_ENV.get(backend, {}))
+                env.update(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(layout[:r].count(host)),
+                           LOCAL_WORLD_SIZE=str(layout.count(host)), MASTER_ADDR=cluster.addr(layout[0]),
+                           MASTER_PORT=str(port), RCOLL_SOCKET_IFNAME="eth0", GLOO_SOCKET_IFNAME="eth0")
+                procs.append(cluster.popen(host, [sys.executable, "-m", "rcoll._sweep_rank", "--cfg", cfg_path,
+                                               "--out", tmp, "--backend", backend.split("-")[0], "--launcher", "env"],
+                                           env))
         deadline = time.monotonic() + timeout
         failed_at = None
         while any(p.poll() is None for p in procs):

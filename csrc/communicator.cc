@@ -395,8 +395,8 @@ bool Communicator::runDeviceOpOverHosts(const Op& op, const std::string& context
   if (d.kind != OpKind::kAllreduce) {
     // Their phases inside and between the hosts run one after the other: a
     // small buffer pays the windows' hand-offs and saves little (config.cc).
-    const bool per_rank_count = d.kind == OpKind::kAllgather || d.kind == OpKind::kReduceScatter;
-    const size_t whole = d.count * elementSize(d.dtype) * (per_rank_count ? static_cast<size_t>(size_) : 1);
+    const size_t blocks = opTraits(d.kind).per_rank_blocks ? static_cast<size_t>(size_) : 1;
+    const size_t whole = d.count * elementSize(d.dtype) * blocks;  // the whole buffer, as benchmarks count it
     if (whole < config_.cuda_ipc_hosts_min_bytes) return false;
   }
   if (!CudaIpcCollectives::stepHoldsBlocks(d, config_.cuda_ipc_slot_bytes, static_cast<size_t>(size_),

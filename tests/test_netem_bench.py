@@ -13,6 +13,7 @@ import pytest
 from emulated_hosts import needs_netns
 
 import rcoll
+import rcoll.sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,13 +50,11 @@ def test_hierarchical_allreduce_on_emulated_hosts_moves_what_it_must(tmp_path):
         assert rec["wire"]["rcoll"]["payload"] * 1.5 == pytest.approx(rec["wire"]["rcoll-ring"]["payload"])
 
 
-def _mpi_missing():
-    from rcoll import sweep
-    return sweep.mpi_missing()
+MPI_MISSING = rcoll.sweep.mpi_missing()  # None, or why mpirun or mpi4py cannot run here
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(_mpi_missing() is not None, reason=f"Open MPI: {_mpi_missing()}")
+@pytest.mark.skipif(MPI_MISSING is not None, reason=f"Open MPI: {MPI_MISSING}")
 def test_open_mpi_runs_beside_rcoll_on_emulated_hosts_whatever_the_placement(tmp_path):
     # One mpirun in the first host's namespace, orteds started in the others through
     # netem.py's remote shell: rank r must run on host layout[r] (ABAB interleaves), its
