@@ -16,8 +16,10 @@
    result is checked. With --hosts, one rank per letter, each claiming the
    host its letter names (RCOLL_HOSTID; they talk over TCP on loopback
    between "hosts"): "rcoll" sums inside each host through CUDA IPC and
-   stages only between hosts, "rcoll-staging" (RCOLL_CUDA_IPC=0) stages on
-   every edge.
+   stages only between hosts (allgather, reduce_scatter and broadcast
+   smaller than RCOLL_CUDA_IPC_HOSTS_MIN_BYTES stage), "rcoll-windows" takes
+   the windows at every size (that threshold at 0), "rcoll-staging"
+   (RCOLL_CUDA_IPC=0) stages on every edge.
 
 Without a GPU (or without rcoll._cuda, or with a CPU build of torch) it says
 so and exits with status 2.
@@ -184,7 +186,21 @@ BUSBW_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (
                 "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
 
 
-def _allreduce_rank(rank, world, byte_sizes, iters, ops=("allreduce",)):
+def _group_with(dist, **settings):
+    """An rcoll group created while the environment holds `settings` (read once, when a group is made)."""
+    saved = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
+    try:
+        return dist.new_group(backend="rcoll")
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
+
+
+def _allreduce_rank(rank, world, byte_sizes, iters, ops=("allreduce",), hosts=False):
     """One rank: the same CUDA tensors through rcoll (default group) and Gloo (a second group)."""
     from datetime import timedelta
 
@@ -198,13 +214,11 @@ def _allreduce_rank(rank, world, byte_sizes, iters, ops=("allreduce",)):
     groups = {"rcoll": None}
     # The same ranks through pinned host staging instead of CUDA IPC (rank
     # 0's RCOLL_CUDA_IPC, read when a group is created, decides for all).
-    saved = os.environ.get("RCOLL_CUDA_IPC")
-    os.environ["RCOLL_CUDA_IPC"] = "0"
-    groups["rcoll-staging"] = dist.new_group(backend="rcoll")
-    if saved is None:
-        del os.environ["RCOLL_CUDA_IPC"]
-    else:
-        os.environ["RCOLL_CUDA_IPC"] = saved
+    groups["rcoll-staging"] = _group_with(dist, RCOLL_CUDA_IPC="0")
+    if hosts:
+        # Across hosts, the windows at every size: what the default group's
+        # RCOLL_CUDA_IPC_HOSTS_MIN_BYTES threshold chooses against.
+        groups["rcoll-windows"] = _group_with(dist, RCOLL_CUDA_IPC_HOSTS_MIN_BYTES="0")
     groups["gloo"] = dist.new_group(backend="gloo")
     rows = []
     for op in ops:
@@ -238,7 +252,7 @@ def allreduce(byte_sizes, iters, layout=None, ops=("allreduce",)):
 
     world = len(layout) if layout else 2
     env = {"RCOLL_HOSTID": list(layout)} if layout else None
-    results = spawn.run(_allreduce_rank, world, byte_sizes, iters, tuple(ops), timeout=1800, env=env)
+    results = spawn.run(_allreduce_rank, world, byte_sizes, iters, tuple(ops), bool(layout), timeout=1800, env=env)
     rows = []
     for i, row in enumerate(results[0]):  # the slower rank's time, as nccl-tests reports
         row = dict(row)

@@ -7,7 +7,8 @@
 #
 # tests: the GPU tests; bench: the kernels and the world-2 allreduce (time-sliced
 # and under MPS); hosts: under MPS, the world-2 allreduce and the allreduce on
-# four ranks claiming two hosts (AABB: CUDA IPC inside each, staging between).
+# four ranks claiming two hosts (AABB: CUDA IPC inside each, staging between);
+# threshold: the ops under RCOLL_CUDA_IPC_HOSTS_MIN_BYTES, 16 KiB to 4 MiB, AABB.
 #
 # Device time is short, so this does everything in one command and keeps
 # going past a failing step: each step's log says what happened.
@@ -39,6 +40,16 @@ for m in _core _cuda; do cp /tmp/rcoll-bld/$m*.so python/rcoll/; done
 echo "build: $(( $(date +%s) - t0 )) s for sm_$arch"
 export PYTHONPATH=$ROOT/python
 
+if has threshold && command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d; then
+  # Where RCOLL_CUDA_IPC_HOSTS_MIN_BYTES should sit: the three ops it governs
+  # around it, with the windows at every size and all-staged beside them.
+  timeout 200 python3 bench/gpu_bench.py --allreduce --hosts AABB --ops allgather,reduce_scatter,broadcast \
+    --min-bytes 16K --max-bytes 4M --factor 2 --iters 100 \
+    --json "$OUT/gpu_hosts_threshold_aabb_mps.json" > "$OUT/threshold.log" 2>&1
+  echo "threshold AABB under MPS: exit $?"
+  echo quit | nvidia-cuda-mps-control
+  cat "$OUT/threshold.log"
+fi
 if has tests; then
   (cd tests && timeout "${TESTS_TIMEOUT:-450}" python3 -m pytest -q -p no:cacheprovider -rs --timeout 240 \
      test_cuda.py test_cuda_collectives.py test_cuda_hosts.py "$@") > "$OUT/tests.log" 2>&1

@@ -46,13 +46,14 @@ const std::vector<ConfigVar>& configVars() {
       {"RCOLL_CUDA_IPC_DIRECT_BYTES", "1M",
        "CUDA IPC allreduce: while step bytes x ranks stay within this, every rank reduces the whole "
        "step (one hand-off); above, each reduces a slice that the others copy"},
-      {"RCOLL_CUDA_IPC_HOSTS_MIN_BYTES", "256K",
+      {"RCOLL_CUDA_IPC_HOSTS_MIN_BYTES", "128K",
        "across hosts, CUDA tensors of allgather, reduce_scatter and broadcast smaller than this (the "
        "whole buffer: allgather's output, reduce_scatter's input) are staged on every edge instead of "
        "going through the CUDA IPC windows inside each host: those ops run their phases inside and "
-       "between the hosts one after the other, which costs more than it saves on small buffers "
-       "(measured crossover 64K-1M on one H200, docs/benchmarks.md); the allreduce, whose phases "
-       "alternate, takes the windows at every size. `0`: the windows at every size"},
+       "between the hosts one after the other, which saves nothing on small buffers (on one H200 the "
+       "windows won every run from 128K and tied with staging below it, docs/benchmarks.md); the "
+       "allreduce, whose phases alternate, takes the windows at every size. `0`: the windows at every "
+       "size"},
       {"RCOLL_GDR", "auto",
        "GPUDirect RDMA: CUDA tensors sent over verbs go between GPU memory and the NIC with no copy "
        "through host memory (the staging slots are GPU memory, registered as a dma-buf, else through "

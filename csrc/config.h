@@ -57,7 +57,7 @@ struct Config {
   bool cuda_ipc = true;                         // RCOLL_CUDA_IPC: device buffers through CUDA IPC windows (one host)
   size_t cuda_ipc_slot_bytes = 16 << 20;        // RCOLL_CUDA_IPC_SLOT_BYTES: each device window slot (two per rank)
   size_t cuda_ipc_direct_bytes = 1 << 20;       // RCOLL_CUDA_IPC_DIRECT_BYTES: see configVars()
-  size_t cuda_ipc_hosts_min_bytes = 256 << 10;  // RCOLL_CUDA_IPC_HOSTS_MIN_BYTES: see configVars()
+  size_t cuda_ipc_hosts_min_bytes = 128 << 10;  // RCOLL_CUDA_IPC_HOSTS_MIN_BYTES: see configVars()
   enum class Gdr { kOff, kAuto, kOn };
   Gdr gdr = Gdr::kAuto;                        // RCOLL_GDR: GPUDirect RDMA for device buffers over verbs
   std::string host_id;                         // RCOLL_HOSTID: this rank's host identity (edge_plan.h)

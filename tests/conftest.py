@@ -15,7 +15,7 @@ rcoll.spawn.free_port = ports.free_port
 
 # Small segments make every size up to a few thousand elements cross many
 # pipeline segments, so the segment bookkeeping is exercised cheaply.
-# Device ops across hosts take the CUDA IPC windows at every size (not only from 256K).
+# Device ops across hosts take the CUDA IPC windows at every size (not only from 128K).
 SMALL_CHUNKS = {"RCOLL_CHUNK_BYTES": "256", "RCOLL_MIN_CHUNK_BYTES": "64", "RCOLL_SHM_COLL_SLOT_BYTES": "4K",
                 "RCOLL_CUDA_IPC_SLOT_BYTES": "4K", "RCOLL_CUDA_IPC_HOSTS_MIN_BYTES": "0"}
 
