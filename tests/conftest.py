@@ -6,6 +6,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 import ports  # noqa: E402
+from cpu_ledger import pytest_runtest_protocol  # noqa: E402,F401 -- RCOLL_TEST_CPU_LOG: each test's CPU time
 
 import rcoll.spawn  # noqa: E402
 
