@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence
 
@@ -91,17 +93,59 @@ def torchrun(script: Path, nproc: int, tmp_path: Path, *, args: Sequence[str] = 
     return [out for _, out, _ in outputs]
 
 
+def _runnable_tasks() -> Optional[int]:
+    """The kernel's count of runnable tasks, this reader included (/proc/loadavg's 4th field)."""
+    try:
+        with open("/proc/loadavg") as f:
+            return int(f.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 @contextlib.contextmanager
-def busy_cpus(count: Optional[int] = None) -> Iterator[None]:
-    """Processes spinning beside the job, as a training job's data-loader workers
-    keep the CPUs: races at start-up and exit show up far more often then."""
+def busy_cpus(ranks: int = 1, count: Optional[int] = None) -> Iterator[None]:
+    """Keeps the CPUs busy beside a job of `ranks` processes, as a training job's
+    data-loader workers do: races at start-up and exit show up far more often then.
+
+    Spinners make up what the rest of the machine does not. Every 50 ms as many
+    of them run as keep `count` (the CPUs) runnable tasks beside the job (taken
+    to keep one per rank runnable), and the others are stopped. Run alone, the
+    job meets `count` spinners all along; under the parallel suite, whose other
+    tests keep the CPUs busy already, they stop instead of taking CPU from those
+    tests (two spinners there cost about a third of the suite's CPU time). Where
+    the kernel's runnable count cannot be read, every spinner runs."""
     count = count or os.cpu_count() or 2
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    done = threading.Event()
+    running = count
+
+    def pace():
+        nonlocal running
+        samples: List[int] = []
+        while not done.wait(0.01):
+            runnable = _runnable_tasks()
+            if runnable is None:
+                return
+            samples.append(runnable - 1 - running)  # neither this reader nor the running spinners
+            if len(samples) < 5:
+                continue
+            others = sorted(samples)[len(samples) // 2]
+            samples.clear()
+            wanted = max(0, min(count, count + ranks - others))
+            for i, p in enumerate(spinners):
+                if (i < wanted) != (i < running):
+                    os.kill(p.pid, signal.SIGCONT if i < wanted else signal.SIGSTOP)
+            running = wanted
+
+    pacer = threading.Thread(target=pace, name="busy_cpus", daemon=True)
+    pacer.start()
     try:
         yield
     finally:
+        done.set()
+        pacer.join()
         for p in spinners:
-            p.kill()
+            p.kill()  # a stopped process dies of SIGKILL too
         for p in spinners:
             p.wait()
 

@@ -37,7 +37,7 @@ def _numpy_job_envs(world, launcher):
 
 @pytest.mark.parametrize("launcher", ["slurm", "openmpi"])
 def test_numpy_api_under_launcher_environments(launcher):
-    with launch.busy_cpus():
+    with launch.busy_cpus(ranks=4):
         for world in [1, 2, 3, 4] * 5:
             launch.run_ranks(JOURNEYS / "numpy_job.py", _numpy_job_envs(world, launcher))
 
@@ -46,7 +46,7 @@ torch = pytest.importorskip("torch")
 
 
 def test_numpy_api_under_torchrun(tmp_path):
-    with launch.busy_cpus():
+    with launch.busy_cpus(ranks=3):
         for nproc in [2, 3] * 3:
             launch.torchrun(JOURNEYS / "numpy_job.py", nproc, tmp_path)
 
@@ -57,23 +57,23 @@ def test_numpy_api_under_torchrun(tmp_path):
                          ids=["allreduce_hook", "fp16_hook_no_sync", "static_graph", "static_graph_no_destroy",
                               "sparse_embedding", "sparse_embedding_no_sync"])
 def test_ddp_variants_at_world_2(options, tmp_path):
-    with launch.busy_cpus():
+    with launch.busy_cpus(ranks=2):
         for _ in range(2):
             launch.torchrun(JOURNEYS / "ddp.py", 2, tmp_path, args=options)
 
 
 @pytest.mark.parametrize("module_form", [False, True], ids=["torchrun", "python_-m_torch.distributed.run"])
 def test_ddp_at_world_4(module_form, tmp_path):
-    with launch.busy_cpus():
+    with launch.busy_cpus(ranks=4):
         for options in ([], ["--hook", "fp16", "--no-sync"]):
             launch.torchrun(JOURNEYS / "ddp.py", 4, tmp_path, args=options, module_form=module_form)
 
 
 def test_fsdp2_with_tensor_parallel_on_a_2d_mesh(tmp_path):
-    with launch.busy_cpus():
+    with launch.busy_cpus(ranks=4):
         launch.torchrun(JOURNEYS / "fsdp_tp.py", 4, tmp_path, allow=FSDP_TP_TORCH_WARNINGS, timeout=300)
 
 
 def test_functional_collectives_under_torch_compile(tmp_path):
-    with launch.busy_cpus():
+    with launch.busy_cpus(ranks=2):
         launch.torchrun(JOURNEYS / "compiled_funcol.py", 2, tmp_path, timeout=400)
