@@ -112,7 +112,7 @@ def busy_cpus(ranks: int = 1, count: Optional[int] = None) -> Iterator[None]:
     to keep one per rank runnable), and the others are stopped. Run alone, the
     job meets `count` spinners all along; under the parallel suite, whose other
     tests keep the CPUs busy already, they stop instead of taking CPU from those
-    tests (two spinners there cost about a third of the suite's CPU time). Where
+    tests (spinning there took about 4 of the suite's 34 CPU-minutes). Where
     the kernel's runnable count cannot be read, every spinner runs."""
     count = count or os.cpu_count() or 2
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]

@@ -12,8 +12,10 @@ import multiprocessing as mp
 import os
 import queue
 import socket
+import sys
 import time
 import traceback
+from multiprocessing import reduction
 
 
 def free_port() -> int:
@@ -27,7 +29,16 @@ class RankFailed(RuntimeError):
     """One or more ranks raised, died or did not finish in time."""
 
 
-def _child(fn, rank, world_size, port, env, args, results):
+def _child(fn, rank, world_size, port, env, args, results, parent):
+    # A rank forked from the server starts with the server's environment, working
+    # directory and standard streams: take the caller's, as of run().
+    environ, cwd, streams = parent
+    for target, fd in zip((1, 2), streams):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(environ)
     # A list value gives each rank its own setting (cycled): {"RCOLL_IB_HCA": ["rxe0", "rxe1"]}.
     os.environ.update({k: str(v[rank % len(v)] if isinstance(v, (list, tuple)) else v) for k, v in env.items()})
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
@@ -37,6 +48,35 @@ def _child(fn, rank, world_size, port, env, args, results):
         results.put((rank, True, value))
     except BaseException as exc:  # reported to the parent, which raises
         results.put((rank, False, f"{type(exc).__module__}.{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def _received_fd(duplicate):
+    return duplicate.detach()
+
+
+class _InheritedFd:
+    """A file descriptor of the caller that each rank receives a copy of: the
+    copy is made while the process is started (multiprocessing passes it
+    along), and arrives in the rank as a plain descriptor number."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        return _received_fd, (reduction.DupFd(self.fd),)
+
+
+def _context():
+    """Ranks fork from a server process that has imported numpy and rcoll once
+    (multiprocessing's forkserver): a fresh interpreter per rank costs ~0.14 s
+    of CPU, which the tests pay for thousands of ranks. The server is itself a
+    fresh interpreter, so no rank inherits the caller's threads or CUDA state.
+    Where there is no fork server, a fresh interpreter per rank."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["numpy", "rcoll"])
+    return ctx
 
 
 def run(fn, world_size: int, *args, timeout: float = 120.0, env=None, allow_failures: bool = False,
@@ -49,10 +89,13 @@ def run(fn, world_size: int, *args, timeout: float = 120.0, env=None, allow_fail
     the others get `grace` seconds to report (their errors usually follow from
     it) before they are killed.
     """
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     results = ctx.Queue()
     port = port or free_port()
-    procs = [ctx.Process(target=_child, args=(fn, r, world_size, port, env or {}, args, results), daemon=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    parent = (dict(os.environ), os.getcwd(), [_InheritedFd(fd) for fd in (1, 2)])
+    procs = [ctx.Process(target=_child, args=(fn, r, world_size, port, env or {}, args, results, parent), daemon=True)
              for r in range(world_size)]
     for p in procs:
         p.start()
