@@ -66,6 +66,13 @@ class _InheritedFd:
         return _received_fd, (reduction.DupFd(self.fd),)
 
 
+# What the fork server imports before it forks any rank (read when it starts:
+# the first run() of a process). A module that cannot be imported is left out.
+# Importing torch there is safe (it starts no threads and does not touch CUDA)
+# and saves each rank that uses torch ~1.6 s of CPU; the tests add it.
+PRELOAD = ("numpy", "rcoll")
+
+
 def _context():
     """Ranks fork from a server process that has imported numpy and rcoll once
     (multiprocessing's forkserver): a fresh interpreter per rank costs ~0.14 s
@@ -75,7 +82,7 @@ def _context():
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["numpy", "rcoll"])
+    ctx.set_forkserver_preload(list(PRELOAD))
     return ctx
 
 
