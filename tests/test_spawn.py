@@ -26,6 +26,20 @@ def test_deadline_kills_hung_ranks():
     assert time.monotonic() - t0 < 15
 
 
+def test_ranks_take_the_callers_environment_directory_and_streams_as_of_the_call(monkeypatch, tmp_path, capfd):
+    # Ranks fork from a server started by an earlier run(): what the caller
+    # changed since must reach them all the same.
+    spawn.run(w.echo, 1, None, timeout=60)
+    monkeypatch.setenv("RCOLL_SPAWN_TEST_MARK", "set after the server started")
+    monkeypatch.chdir(tmp_path)
+    capfd.readouterr()
+    results = spawn.run(w.surroundings, 2, "RCOLL_SPAWN_TEST_MARK", timeout=60)
+    assert results == [("set after the server started", str(tmp_path))] * 2
+    out, err = capfd.readouterr()
+    assert sorted(out.splitlines()) == ["stdout of rank 0", "stdout of rank 1"], out
+    assert sorted(err.splitlines()) == ["stderr of rank 0", "stderr of rank 1"], err
+
+
 # tests/rank_threads.py: the same contract with ranks as threads of this process.
 def _rank_body(rank, world, kind):
     import numpy as np

@@ -68,13 +68,14 @@ class _InheritedFd:
 
 # What the fork server imports before it forks any rank (read when it starts:
 # the first run() of a process). A module that cannot be imported is left out.
-# Importing torch there is safe (it starts no threads and does not touch CUDA)
-# and saves each rank that uses torch ~1.6 s of CPU; the tests add it.
+# Importing torch there is safe (the import leaves CUDA uninitialised, so the
+# forked ranks may use it) and saves each rank that uses torch ~1.6 s of CPU;
+# the tests add it.
 PRELOAD = ("numpy", "rcoll")
 
 
 def _context():
-    """Ranks fork from a server process that has imported numpy and rcoll once
+    """Ranks fork from a server process that has imported PRELOAD once
     (multiprocessing's forkserver): a fresh interpreter per rank costs ~0.14 s
     of CPU, which the tests pay for thousands of ranks. The server is itself a
     fresh interpreter, so no rank inherits the caller's threads or CUDA state.
