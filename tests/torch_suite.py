@@ -8,8 +8,9 @@ torch decides at import time which of its tests a backend may run (many are
 marked "only gloo supports ..."). This module imports the suite with
 BACKEND=gloo, so that rcoll faces exactly the tests Gloo faces, then sets the
 backend (the module's global and the environment, which the tests read at run
-time) to RCOLL_SUITE_BACKEND (default rcoll). The ranks are spawned processes
-that import this module again, and so get the same treatment. WORLD_SIZE
+time) to RCOLL_SUITE_BACKEND (default rcoll). The ranks are forked from the
+process that imported this module (RCOLL_SUITE_START=spawn: fresh interpreters
+that import it again, as torch's CI starts them), so get the same treatment. WORLD_SIZE
 (default 2) sets the world. tests/test_torch_suite.py runs a selection in CI.
 """
 import os
@@ -18,11 +19,12 @@ import tempfile
 
 BACKEND = os.environ.get("RCOLL_SUITE_BACKEND", "rcoll")
 os.environ.setdefault("WORLD_SIZE", "2")
-if "TEMP_DIR" not in os.environ:  # shared by the ranks (inherited by the spawned children)
+if "TEMP_DIR" not in os.environ:  # shared by the ranks (inherited by them, forked or spawned)
     os.environ["TEMP_DIR"] = tempfile.mkdtemp(prefix="rcoll-torch-suite-")
 os.environ["BACKEND"] = "gloo"  # while the suite is imported: Gloo's import-time skips
 
 import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing  # noqa: E402
 from torch.testing._internal.common_utils import run_tests  # noqa: E402
 from torch.testing._internal.distributed import distributed_test  # noqa: E402
 
@@ -34,10 +36,24 @@ if BACKEND == "rcoll":
 assert dist.is_available()
 
 
-class TestDistBackendWithSpawn(distributed_test.TestDistBackend, distributed_test.DistributedTest._DistTestBase):
+# How the ranks start: forked from this process, which has imported torch and
+# the suite already (each rank would take ~3 s of CPU to import them again), or
+# spawned as fresh interpreters, as torch's own CI runs the suite
+# (RCOLL_SUITE_START=spawn). Forking is safe here: this process runs no torch op
+# of its own, and the one thread it has before the first fork, numpy's OpenBLAS
+# pool, is stopped by OpenBLAS's own fork handler (none is left after it).
+START = os.environ.get("RCOLL_SUITE_START", "fork")
+if START not in ("fork", "spawn"):
+    raise ValueError(f"RCOLL_SUITE_START={START!r}: expected fork or spawn")
+
+
+class TestDistBackendRanks(distributed_test.TestDistBackend, distributed_test.DistributedTest._DistTestBase):
     def setUp(self):
         super().setUp()
-        self._spawn_processes()
+        if START == "spawn":
+            self._spawn_processes()
+        else:
+            self._start_processes(torch.multiprocessing.get_context("fork").Process)
 
 
 if __name__ == "__main__":
