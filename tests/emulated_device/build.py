@@ -9,6 +9,7 @@ library only; needs a C++17 compiler and pybind11 (both in the test extras).
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import subprocess
@@ -50,6 +51,16 @@ def build(out_root: str | None = None) -> str:
     if os.path.exists(target):
         return out_dir
     os.makedirs(out_dir, exist_ok=True)
+    # Parallel test workers ask at once: one compiles (~15 s of CPU), the others
+    # wait for it and find the module, instead of each compiling its own.
+    with open(os.path.join(out_dir, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not os.path.exists(target):
+            _compile(cxx, target, out_dir)
+    return out_dir
+
+
+def _compile(cxx: str, target: str, out_dir: str) -> None:
     with tempfile.TemporaryDirectory(dir=out_dir) as work:
         objects, compiles = [], []
         for source in SOURCES:  # one compiler per file, in parallel
@@ -61,13 +72,12 @@ def build(out_root: str | None = None) -> str:
             output = proc.communicate(timeout=600)[0]
             if proc.returncode != 0:
                 raise RuntimeError(f"compiling {source} for {MODULE} failed:\n{output[-4000:]}")
-        partial = os.path.join(work, MODULE + suffix)
+        partial = os.path.join(work, os.path.basename(target))
         link = subprocess.run([cxx, "-shared", "-pthread", *objects, "-o", partial],
                               capture_output=True, text=True, timeout=300)
         if link.returncode != 0:
             raise RuntimeError(f"linking {MODULE} failed:\n{link.stderr[-4000:]}")
-        os.replace(partial, target)  # atomic: a concurrent build finds a whole module or none
-    return out_dir
+        os.replace(partial, target)  # atomic: a reader finds a whole module or none
 
 
 if __name__ == "__main__":
