@@ -23,6 +23,7 @@ if "TEMP_DIR" not in os.environ:  # shared by the ranks (inherited by them, fork
     os.environ["TEMP_DIR"] = tempfile.mkdtemp(prefix="rcoll-torch-suite-")
 os.environ["BACKEND"] = "gloo"  # while the suite is imported: Gloo's import-time skips
 
+import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing  # noqa: E402
 from torch.testing._internal.common_utils import run_tests  # noqa: E402
@@ -39,10 +40,12 @@ assert dist.is_available()
 # How the ranks start: forked from this process, which has imported torch and
 # the suite already (each rank would take ~3 s of CPU to import them again), or
 # spawned as fresh interpreters, as torch's own CI runs the suite
-# (RCOLL_SUITE_START=spawn). Forking is safe here: this process runs no torch op
-# of its own, and the one thread it has before the first fork, numpy's OpenBLAS
-# pool, is stopped by OpenBLAS's own fork handler (none is left after it).
-START = os.environ.get("RCOLL_SUITE_START", "fork")
+# (RCOLL_SUITE_START=spawn). Forking is safe without a GPU: this process runs
+# no torch op of its own, and the one thread it has before the first fork,
+# numpy's OpenBLAS pool, is stopped by OpenBLAS's own fork handler (none is
+# left after it). With a GPU the ranks are spawned: a child forked after CUDA
+# was initialised cannot use it, and asking whether there is a GPU initialises it.
+START = os.environ.get("RCOLL_SUITE_START") or ("spawn" if torch.cuda.is_available() else "fork")
 if START not in ("fork", "spawn"):
     raise ValueError(f"RCOLL_SUITE_START={START!r}: expected fork or spawn")
 
