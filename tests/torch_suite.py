@@ -8,10 +8,12 @@ torch decides at import time which of its tests a backend may run (many are
 marked "only gloo supports ..."). This module imports the suite with
 BACKEND=gloo, so that rcoll faces exactly the tests Gloo faces, then sets the
 backend (the module's global and the environment, which the tests read at run
-time) to RCOLL_SUITE_BACKEND (default rcoll). The ranks are forked from the
-process that imported this module (RCOLL_SUITE_START=spawn: fresh interpreters
-that import it again, as torch's CI starts them), so get the same treatment. WORLD_SIZE
-(default 2) sets the world. tests/test_torch_suite.py runs a selection in CI.
+time) to RCOLL_SUITE_BACKEND (default rcoll). Without a GPU the ranks are
+forked from the process that imported this module; with one, or with
+RCOLL_SUITE_START=spawn, they are fresh interpreters that import it again, as
+torch's CI starts them; either way they get the same treatment. WORLD_SIZE
+(default 2) sets the world. tests/test_torch_suite.py runs it in CI, less the 7
+tests that check BACKEND == "gloo" when they run.
 """
 import os
 import sys
