@@ -8,6 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import torch_features  # noqa: E402
 import torch_workers as w  # noqa: E402
 from conftest import every_rank_passed  # noqa: E402
 
@@ -91,10 +92,16 @@ def test_ddp_survivors_get_a_python_error_when_a_peer_dies():
         assert seconds < 25, seconds
 
 
-def test_backend_autoloads_without_importing_rcoll(tmp_path):
+@pytest.mark.parametrize("import_line", ["", "import rcoll  # before torch", "import torch; import rcoll"],
+                         ids=["no_import", "import_rcoll_first", "import_rcoll_after_torch"])
+def test_backend_registers_by_entry_point_or_by_import_rcoll(import_line, tmp_path):
+    """torch 2.5+ loads rcoll's entry point, so no import is needed; on 2.4,
+    which loads none, `import rcoll` (before or after torch's) is the one line,
+    and without it torch says it knows no backend RCOLL (docs/torch.md)."""
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""
         import os, sys
+        %s
         import torch, torch.distributed as dist
         dist.init_process_group(backend="rcoll", init_method="tcp://127.0.0.1:%d", rank=0, world_size=1)
         t = torch.ones(3)
@@ -102,11 +109,14 @@ def test_backend_autoloads_without_importing_rcoll(tmp_path):
         assert dist.get_backend() == "rcoll", dist.get_backend()
         print("ok", t.tolist(), "rcoll.torch_backend" in sys.modules)
         dist.destroy_process_group()
-    """ % spawn.free_port()))
+    """ % (import_line, spawn.free_port())))
     env = dict(os.environ)
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.startswith("ok [1.0, 1.0, 1.0] True"), out.stdout
+    if import_line or torch_features.LOADS_ENTRY_POINTS:
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.stdout.startswith("ok [1.0, 1.0, 1.0] True"), out.stdout
+    else:
+        assert out.returncode != 0 and "Unknown c10d backend type RCOLL" in out.stderr, out.stderr[-3000:]
 
 
 def test_import_torch_stays_working_and_cheap_with_rcoll_installed():
@@ -121,6 +131,8 @@ def test_point_to_point(world):
 
 
 def test_fsdp2_fully_shard_matches_gloo_bit_for_bit_at_world_2():
+    if torch_features.why_fsdp2_cannot_train_on_cpu():
+        pytest.skip(torch_features.why_fsdp2_cannot_train_on_cpu())
     mine = spawn.run(w.fsdp_training, 2, "rcoll", timeout=180)
     gloo = spawn.run(w.fsdp_training, 2, "gloo", timeout=180)
     for a, b in zip(mine[0], gloo[0]):
@@ -136,6 +148,7 @@ def test_group_timeout_reaches_wait_naming_the_silent_rank():
 def test_torchrun(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent("""
+        %s
         import torch, torch.distributed as dist
         dist.init_process_group("rcoll")
         t = torch.full((4,), float(dist.get_rank() + 1))
@@ -143,13 +156,16 @@ def test_torchrun(tmp_path):
         assert t.tolist() == [3.0] * 4, t
         print("rank", dist.get_rank(), "ok")
         dist.destroy_process_group()
-    """))
+    """ % torch_features.IMPORT_LINE))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-3000:])
     assert out.stdout.count("ok") == 2, out.stdout  # the ranks' lines may interleave
 
 
+@pytest.mark.skipif(not torch_features.TELLS_SYNC_CALLS,
+                    reason=f"torch {torch.__version__} does not tell a backend which calls are synchronous "
+                           f"(no opts.asyncOp): every op is queued, none returns a finished Work")
 @pytest.mark.parametrize("world", [1, 2])
 def test_blocking_ops_return_a_finished_work_that_answers_everything(world):
     total = float(sum(range(1, world + 1)))
@@ -160,6 +176,12 @@ def test_blocking_ops_return_a_finished_work_that_answers_everything(world):
         assert out["error"] and out["error"].startswith("rank "), out
         assert out["after"] == [total * world] * 5, out
         assert world == 1 or ("count=4" in out["mismatch"] and "count=5" in out["mismatch"]), out
+
+
+def test_works_handed_to_torchs_cpp_side_answer_and_are_released_once_consumed():
+    # torch 2.4 lets a Python Work die once returned to C++ (its C++ wait()
+    # then never returns: DDP hung at construction); rcoll holds each until consumed.
+    assert spawn.run(w.works_handed_to_torch, 2, timeout=120) == [(True, 0)] * 2
 
 
 def test_work_wait_with_a_timeout_gives_up_then_completes():

@@ -53,6 +53,9 @@ if START not in ("fork", "spawn"):
 
 
 class TestDistBackendRanks(distributed_test.TestDistBackend, distributed_test.DistributedTest._DistTestBase):
+    def runTest(self):  # noqa: N802 - pytest makes one instance by this name; torch 2.4's __init__ looks it up
+        pass
+
     def setUp(self):
         super().setUp()
         if START == "spawn":

@@ -270,7 +270,9 @@ def init_methods(rank, world, method, path):
 def unsupported_input(rank, world):
     _init()
     errors = []
-    for call in (lambda: dist.all_reduce(torch.ones(3, dtype=torch.float8_e4m3fnuz)),  # moved, never reduced
+    # (a float8 made by a view: torch 2.4 cannot fill float8_e4m3fnuz)
+    float8 = torch.full((3,), 0x40, dtype=torch.uint8).view(torch.float8_e4m3fnuz)
+    for call in (lambda: dist.all_reduce(float8),  # moved, never reduced
                  lambda: dist.all_reduce(torch.ones(3, dtype=torch.complex64), op=dist.ReduceOp.MAX),
                  lambda: dist.all_reduce(torch.ones(3), op=dist.ReduceOp.BXOR),
                  lambda: dist.all_reduce(torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.AVG)):
@@ -331,8 +333,11 @@ def torch_tour(rank, world):
 
 
 def _train_twice(rank, steps, hook, bucket_view, seed):
+    from torch_features import let_gloo_threads_finish
     mine = _train_ddp(rank, steps, hook, bucket_view, seed)
-    gloo = _train_ddp(rank, steps, hook, bucket_view, seed, group=dist.new_group(backend="gloo"))
+    group = dist.new_group(backend="gloo")
+    gloo = _train_ddp(rank, steps, hook, bucket_view, seed, group=group)
+    let_gloo_threads_finish(group)
     return mine, gloo
 
 
@@ -445,7 +450,8 @@ def fsdp_training(rank, world, backend, steps=3):
     """fully_shard (FSDP2) on CPU: sharded parameters, all-gather and reduce-scatter every step."""
     from datetime import timedelta
 
-    from torch.distributed.fsdp import fully_shard
+    from torch_features import fully_shard
+    fully_shard = fully_shard()
     dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=60))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
@@ -684,3 +690,24 @@ def sparse_allreduce(rank, world):
             failures.append(f"mismatch message: {e}")
     dist.destroy_process_group()
     return failures
+
+
+def works_handed_to_torch(rank, world):
+    """What C++ consumers do with Works (DDP's parameter check and reducer,
+    _broadcast_coalesced, a comm hook's future) and what users do (wait an
+    async op, take its future): every result right, and on releases where
+    rcoll holds the Works torch's C++ side uses, none held once consumed."""
+    from rcoll._torch_work import _HANDED_OVER
+    _init()
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))  # checks, broadcasts
+    model(torch.ones(2, 4)).sum().backward()  # the reducer's buckets: futures
+    t = torch.ones(3)
+    dist.all_reduce(t, async_op=True).wait()
+    u = torch.ones(3)
+    dist.all_reduce(u, async_op=True).get_future().wait()
+    out = [torch.empty(3) for _ in range(world)]
+    dist.all_gather(out, t)
+    dist.barrier()
+    held = _HANDED_OVER._held
+    dist.destroy_process_group()
+    return t.tolist() == [world] * 3 and u.tolist() == [world] * 3, (len(held) if held else 0)

@@ -5,12 +5,14 @@
     x = np.ones(1 << 20, np.float32)
     comm.allreduce(x)                   # in place, sum over all ranks
 
-With torch: torch.distributed.init_process_group(backend="rcoll") (no import needed).
+With torch: torch.distributed.init_process_group(backend="rcoll"). torch 2.5 and
+later load the backend through rcoll's entry point; torch 2.4 needs `import rcoll`
+(before or after torch's), which registers it.
 
 Errors are rcoll.RcollError subclasses: TimeoutError, PeerError, MismatchError,
 ConfigError, InvalidArgumentError (also a ValueError) and AbortedError.
 """
-from . import _core
+from . import _core, _torch_entry
 from ._core import (  # noqa: F401
     AbortedError,
     ConfigError,
@@ -22,6 +24,8 @@ from ._core import (  # noqa: F401
 )
 
 __version__ = "0.1.0"
+
+_torch_entry.register_when_torch_loads()
 
 DTYPES = tuple(_core.DTYPES)          # dtype names the core reduces and moves
 REDUCE_OPS = tuple(_core.REDUCE_OPS)  # reduce op names

@@ -114,6 +114,70 @@ atexit.register(_COMPLETER.stop)
 
 
 # ---------------------------------------------------------------------------------------
+# Works handed to torch's C++ side
+# ---------------------------------------------------------------------------------------
+def _cpp_keeps_python_works() -> bool:
+    """Whether this torch keeps a Python Work alive while its C++ side holds it.
+
+    A Work that a Python process group returns is an object of torch's pybind
+    trampoline: C++ callers (DDP's parameter check, _broadcast_coalesced,
+    functional collectives) reach wait() and get_future() through the Python
+    object. Releases that wrap the returned object (PyProcessGroup::PyWorkHolder)
+    keep it alive; in the others it dies as soon as the trampoline call
+    returns, and C++ then calls torch's base Work::wait(), which waits for a
+    completion that never comes (DDP hangs at construction).
+
+    Asked of torch itself, not of its version: a probe group returns, through
+    the C++ allreduce binding, a Work whose get_future() gives a finished
+    future. If the Work that comes back has lost its Python side, torch's
+    base getFuture() raises instead."""
+
+    class _ProbeWork(dist._Work):
+        def get_future(self):
+            future = torch.futures.Future()
+            future.set_result(True)
+            return future
+
+    class _ProbeGroup(dist.ProcessGroup):
+        def __init__(self):
+            super().__init__(0, 1)
+
+        def allreduce(self, tensors, opts=None):
+            return _ProbeWork()
+
+    try:
+        work = dist.ProcessGroup.allreduce(_ProbeGroup(), [torch.zeros(1)], dist.AllreduceOptions())
+        return work.get_future().wait() is True
+    except Exception:  # noqa: BLE001 - lost (torch's "not implemented"): hold works, which is always safe
+        return False
+
+
+class _HandedOver:
+    """Holds each Work handed to torch until torch has waited on it or taken
+    its future, on torch releases that do not keep Python works alive
+    themselves (_cpp_keeps_python_works). A Work never waited on and whose
+    future is never taken stays held: on those releases a late C++ wait()
+    on a released Work would never return."""
+
+    def __init__(self):
+        self._held = None  # decided on first use: the probe needs torch initialised
+
+    def hold(self, work) -> None:
+        held = self._held
+        if held is None:
+            held = self._held = {} if not _cpp_keeps_python_works() else False
+        if held is not False:
+            held[id(work)] = work
+
+    def release(self, work) -> None:
+        if self._held:
+            self._held.pop(id(work), None)
+
+
+_HANDED_OVER = _HandedOver()
+
+
+# ---------------------------------------------------------------------------------------
 # Work
 # ---------------------------------------------------------------------------------------
 class RcollWork(dist._Work):
@@ -132,6 +196,7 @@ class RcollWork(dist._Work):
 
     def __init__(self, core_works, result, finish=None, keepalive=None):
         super().__init__()
+        _HANDED_OVER.hold(self)
         works = [w for w in core_works if w is not None]
         self._core_works = works
         self._result = result
@@ -200,6 +265,7 @@ class RcollWork(dist._Work):
                     raise _core.TimeoutError(f"Work.wait timed out: the timeout of {seconds} s passed "
                                              f"(op #{w.seq} is still running)")
             self._settle()
+        _HANDED_OVER.release(self)
         if self._error is not None:
             raise self._error
         if self._stream is not None:
@@ -236,6 +302,7 @@ class RcollWork(dist._Work):
     source_rank = _source_rank
 
     def get_future(self) -> torch.futures.Future:
+        _HANDED_OVER.release(self)  # the future's callback holds this Work until the op ends
         with self._lock:
             if self._future is not None:
                 return self._future
@@ -273,6 +340,7 @@ class _FinishedWork(RcollWork):
 
     def __init__(self, result):  # noqa: PLW0231 - super-init of RcollWork skipped on purpose
         dist._Work.__init__(self)
+        _HANDED_OVER.hold(self)
         self._result = result
         self._lock = threading.Lock()  # get_future() takes it
 
@@ -286,6 +354,8 @@ def _done_work(result, finish=None) -> RcollWork:
 
 def _combined(works: List[RcollWork], result) -> RcollWork:
     """One Work over several: done when all are, the first error wins."""
+    for work in works:  # parts of the Work handed over, never handed over themselves
+        _HANDED_OVER.release(work)
     core = [w for work in works for w in work._core_works]
     finishes = [work._settle for work in works]
 

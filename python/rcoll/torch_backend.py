@@ -80,12 +80,12 @@ def _check_tensor(t: torch.Tensor, rank: int, opname: str, moves_only: bool = Fa
     return code
 
 
-
-
 def _complex_as_real(method):
-    """torch's front end views complex tensors as real pairs (view_as_real: the
-    same memory) before broadcast, all_gather and all_reduce, but not before
-    gather, scatter, alltoall or send/recv: those methods do it here."""
+    """Complex tensors move as real pairs (view_as_real: the same memory), as
+    the core has no complex dtype. torch's front end does this itself before
+    some calls (all_reduce; broadcast and all_gather, but not in 2.4), not before
+    others (gather, scatter, alltoall, send/recv), and C++ callers never do,
+    so every method that only moves data does it here."""
     def convert(x):
         if isinstance(x, torch.Tensor):
             return torch.view_as_real(x) if x.is_complex() else x
@@ -266,6 +266,24 @@ class RcollProcessGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND_NAME
 
+    # -- the group as its own backend -------------------------------------------
+    # torch puts a Python process group in place of the group it would have
+    # made, so no backend is registered on it; its front end still asks the
+    # group for "the backend of device d" (batch_isend_irecv, new_group's
+    # split check, FSDP2's buffer allocation, ...) and reads what a C++
+    # Backend answers. This group serves every device itself and answers
+    # for it: none of the optional Backend features.
+    supports_splitting = False
+    supports_coalescing = False
+    supports_shrinking = False
+    supports_time_estimate = False
+
+    def _get_backend(self, device) -> "RcollProcessGroup":
+        return self
+
+    def supports_tensor_alloc(self, device) -> bool:
+        return False
+
     def getRank(self) -> int:
         return self._rank
 
@@ -282,6 +300,23 @@ class RcollProcessGroup(dist.ProcessGroup):
         self._group_desc = desc
 
     def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    # torch's front end names the group through these; on releases where the
+    # C++ ProcessGroup keeps the name in its registered backends (2.4), the
+    # inherited ones fail with "ProcessGroup name not set".
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
+    @property
+    def group_desc(self) -> str:
         return self._group_desc
 
     def __repr__(self):
@@ -407,6 +442,7 @@ class RcollProcessGroup(dist.ProcessGroup):
                 offset += n
         return RcollWork([work], list(tensors), finish, flat)
 
+    @_complex_as_real
     def broadcast(self, tensors, opts=None):
         opts = opts if opts is not None else dist.BroadcastOptions()
         root = opts.rootRank  # checked by the core
@@ -428,6 +464,7 @@ class RcollProcessGroup(dist.ProcessGroup):
                                          timeout, **self._inline(opts, calls)))
         return RcollWork(works, list(tensors), _copy_backs(staged), staged)
 
+    @_complex_as_real
     def allgather(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else AllgatherOptions()
         timeout = _timeout_seconds(opts)
@@ -444,6 +481,7 @@ class RcollProcessGroup(dist.ProcessGroup):
             finishes.append(self._scatter_into(flat, outs))
         return RcollWork(works, output_tensors, lambda: [f() for f in finishes], keep)
 
+    @_complex_as_real
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         # output_lists is indexed [rank][input] (the transpose of allgather's).
         opts = opts if opts is not None else AllgatherOptions()
@@ -467,6 +505,7 @@ class RcollProcessGroup(dist.ProcessGroup):
                     offset += n
         return RcollWork([work], output_lists, finish, (flat_in, flat_out))
 
+    @_complex_as_real
     def all_gather_single(self, output, input, opts=None):
         opts = opts if opts is not None else AllgatherOptions()
         code = _check_tensor(input, self._rank, "all_gather_into_tensor", moves_only=True)
@@ -484,6 +523,7 @@ class RcollProcessGroup(dist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
+    @_complex_as_real
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         pairs = self._pairs(outputs, inputs, "all_gather_into_tensor_coalesced")
         works = [self.all_gather_single(o, i, opts) for o, i in pairs]
