@@ -91,10 +91,29 @@ class _Namespaces:
         self.made.append(ns)
         sh("ip", "-n", ns, "link", "set", "lo", "up")
 
+    def _name_hosts(self):
+        """Host i is called spaces[i], at addrs[i], in every host's /etc/hosts
+        (`ip netns exec` mounts /etc/netns/<ns>/hosts over it), as on a real
+        cluster: launchers that publish their host's name (torch 2.4's
+        rendezvous gives the ranks socket.getfqdn() of node 0 as MASTER_ADDR)
+        find it. A process takes its host's name with in_host()."""
+        table = "127.0.0.1 localhost\n::1 localhost ip6-localhost\n"
+        table += "".join(f"{addr} {name}\n" for name, addr in zip(self.spaces, self.addrs))
+        for ns in self.spaces:
+            os.makedirs(f"/etc/netns/{ns}", exist_ok=True)
+            with open(f"/etc/netns/{ns}/hosts", "w") as f:
+                f.write(table)
+
+    def in_host(self, host, cmd):
+        """`cmd` run in host `host`'s namespace under its hostname (a UTS namespace of its own)."""
+        ns = self.spaces[host]
+        return ["ip", "netns", "exec", ns, "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', ns, *cmd]
+
     def __exit__(self, *exc):
         for ns in reversed(self.made):
             # A rank the test could not end would keep the namespace (and its veth) alive: killed.
             _netem().remove_namespace(ns)
+            shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
         self.made = []
 
 
@@ -127,6 +146,7 @@ class Hosts(_Namespaces):
                 sh("ip", "-n", self.switch, "link", "set", f"p{i}", "up")
                 shape(ns, "eth0", self.rate)
                 shape(self.switch, f"p{i}", self.rate)
+            self._name_hosts()
         except BaseException:
             self.__exit__()
             raise
@@ -158,6 +178,7 @@ class TwoHosts(_Namespaces):
                 sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
                 sh("ip", "-n", ns, "link", "set", "eth0", "up")
                 shape(ns, "eth0", self.rate)
+            self._name_hosts()
         except BaseException:
             self.__exit__()
             raise
@@ -182,15 +203,15 @@ def torchrun_on_hosts(hosts, script, log_dir, *, nproc, launcher_args=(), host_a
         __import__("rcoll").__file__)), env.get("PYTHONPATH")) if p)
     agents = []
     try:
-        for node, (ns, addr) in enumerate(zip(hosts.spaces, hosts.addrs)):
-            cmd = ["ip", "netns", "exec", ns, torchrun, "--nnodes", str(len(hosts.spaces)), "--nproc-per-node",
-                   str(nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts.addrs[0]}:{port}",
-                   "--rdzv-id", f"rcoll-{port}",
-                   # The endpoint's address is on this namespace's eth0, which torch's
-                   # hostname check cannot see: say which node hosts the store.
-                   "--rdzv-conf", f"is_host={int(node == 0)}", "--local-addr", addr,
-                   "--log-dir", os.path.join(str(log_dir), f"node{node}"), "--redirects", "3", *launcher_args,
-                   str(script), *(host_args[node] if host_args else ())]
+        for node, addr in enumerate(hosts.addrs):
+            cmd = hosts.in_host(node, [
+                torchrun, "--nnodes", str(len(hosts.spaces)), "--nproc-per-node", str(nproc),
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts.addrs[0]}:{port}", "--rdzv-id", f"rcoll-{port}",
+                # The endpoint's address is on this namespace's eth0, which torch's
+                # hostname check cannot see: say which node hosts the store.
+                "--rdzv-conf", f"is_host={int(node == 0)}", "--local-addr", addr,
+                "--log-dir", os.path.join(str(log_dir), f"node{node}"), "--redirects", "3", *launcher_args,
+                str(script), *(host_args[node] if host_args else ())])
             agents.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         deadline = time.monotonic() + timeout
         outcomes = []
@@ -198,7 +219,10 @@ def torchrun_on_hosts(hosts, script, log_dir, *, nproc, launcher_args=(), host_a
             try:
                 _, err = agent.communicate(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                raise AssertionError(f"node {node}'s torchrun did not end within {timeout} s") from None
+                for other in agents:
+                    other.kill()
+                said = "\n".join(f"--- node {i}'s agent:\n{a.communicate()[1][-2500:]}" for i, a in enumerate(agents))
+                raise AssertionError(f"node {node}'s torchrun did not end within {timeout} s\n{said}") from None
             outcomes.append((agent.returncode, err))
         return outcomes
     finally:

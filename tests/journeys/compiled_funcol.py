@@ -7,6 +7,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
+import rcoll  # noqa: F401  (the one line torch 2.4 needs: it loads no entry point; 2.5+ need none)
+
 dist.init_process_group("rcoll")
 rank, world = dist.get_rank(), dist.get_world_size()
 group = dist.group.WORLD

@@ -9,12 +9,15 @@ world 2 without compression: a + b has one order) and prints the job-done
 marker last (tests/launch.py)."""
 import argparse
 import gc
+import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+import rcoll  # noqa: F401  (the one line torch 2.4 needs: it loads no entry point; 2.5+ need none)
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--hook", default="none", choices=["none", "allreduce", "fp16"])
@@ -88,6 +91,12 @@ assert all(torch.equal(g, gathered[0]) for g in gathered), f"rank {rank}: replic
 # work's ThreadLocalState takes the GIL to release a Python object, CPython ends
 # the thread with a forced unwind, and the unwind through that destructor is
 # std::terminate ("terminate called without an active exception").
+# On torch 2.4 a Gloo thread drops a comm hook's Python callback after its
+# future completes, which takes the GIL; destroying the group joins it with the
+# GIL held and the job hangs. Barriers, waited with the GIL released, let it.
+for _ in range(3):
+    dist.barrier(group=gloo)
+    time.sleep(0.02)
 del models["gloo"], model, opt
 dist.destroy_process_group(gloo)
 del gloo

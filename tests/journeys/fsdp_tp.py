@@ -9,8 +9,14 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+import rcoll  # noqa: F401  (the one line torch 2.4 needs: it loads no entry point; 2.5+ need none)
+
+try:
+    from torch.distributed.fsdp import fully_shard
+except ImportError:  # earlier releases keep FSDP2 in torch.distributed._composable
+    from torch.distributed._composable.fsdp import fully_shard
 
 dist.init_process_group("rcoll")
 rank, world = dist.get_rank(), dist.get_world_size()

@@ -28,6 +28,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import rcoll  # noqa: F401  (the one line torch 2.4 needs: it loads no entry point; 2.5+ need none)
+
 STEPS, CKPT_EVERY, KILL_AFTER = 10, 4, 6  # the kill lands after the checkpoint of step 4, before that of step 8
 
 parser = argparse.ArgumentParser()
@@ -87,7 +89,7 @@ def flat(model):
 model, opt = fresh()
 resumed_from = 0
 if os.path.exists(ckpt):
-    state = torch.load(ckpt)
+    state = torch.load(ckpt, weights_only=True)  # tensors and numbers only (the default from torch 2.6)
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
     resumed_from = state["step"]
