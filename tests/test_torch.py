@@ -130,13 +130,18 @@ def test_point_to_point(world):
     every_rank_passed(spawn.run(w.p2p_tour, world, timeout=180))
 
 
-def test_fsdp2_fully_shard_matches_gloo_bit_for_bit_at_world_2():
+def test_fsdp2_fully_shard_matches_one_process_bit_for_bit_at_world_2():
+    # The reference is the same model trained in one process on both ranks'
+    # batches (the mean of their losses): at world 2 an average has one order.
+    # Not Gloo: on torch 2.7 and 2.8 FSDP2 asks for an AVG reduce-scatter,
+    # which Gloo sums without dividing (its parameters are off by ~4 %).
     if torch_features.why_fsdp2_cannot_train_on_cpu():
         pytest.skip(torch_features.why_fsdp2_cannot_train_on_cpu())
     mine = spawn.run(w.fsdp_training, 2, "rcoll", timeout=180)
-    gloo = spawn.run(w.fsdp_training, 2, "gloo", timeout=180)
-    for a, b in zip(mine[0], gloo[0]):
-        assert a.tobytes() == b.tobytes()
+    expected = w.fsdp_reference(world=2)
+    for rank in range(2):
+        for a, b in zip(mine[rank], expected):
+            assert a.tobytes() == b.tobytes(), (rank, abs(a - b).max())
 
 
 def test_group_timeout_reaches_wait_naming_the_silent_rank():

@@ -446,6 +446,13 @@ def p2p_tour(rank, world):
     return 1, failures
 
 
+def _fsdp_model_and_batches(rank):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    g = torch.Generator().manual_seed(50 + rank)
+    return model, lambda: (torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g))
+
+
 def fsdp_training(rank, world, backend, steps=3):
     """fully_shard (FSDP2) on CPU: sharded parameters, all-gather and reduce-scatter every step."""
     from datetime import timedelta
@@ -453,22 +460,35 @@ def fsdp_training(rank, world, backend, steps=3):
     from torch_features import fully_shard
     fully_shard = fully_shard()
     dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=60))
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    model, batch = _fsdp_model_and_batches(rank)
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer)
     fully_shard(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(50 + rank)
     for _ in range(steps):
-        x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+        x, y = batch()
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
     full = [p.full_tensor().detach().numpy().copy() for p in model.parameters()]
     dist.destroy_process_group()
     return full
+
+
+def fsdp_reference(world, steps=3):
+    """fsdp_training's model trained in this process on every rank's batches
+    (the mean of the ranks' losses, which is what FSDP's averaged gradients
+    descend): its final parameters."""
+    model, _ = _fsdp_model_and_batches(0)
+    batches = [_fsdp_model_and_batches(rank)[1] for rank in range(world)]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = sum(torch.nn.functional.mse_loss(model(x), y) for x, y in (b() for b in batches)) / world
+        loss.backward()
+        opt.step()
+    return [p.detach().numpy().copy() for p in model.parameters()]
 
 
 def torch_timeout(rank, world):
