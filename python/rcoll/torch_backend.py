@@ -404,8 +404,11 @@ class RcollProcessGroup(dist.ProcessGroup):
             idx = torch.cat([all_idx[r * most:r * most + counts[r]] for r in range(self._size)]).t()
             val = torch.cat([all_val[r * most:r * most + counts[r]] for r in range(self._size)])
             # Indices from other processes: checked (a bad one would otherwise be a
-            # memory error later), which also keeps torch's warning off stderr.
-            out = torch.sparse_coo_tensor(idx, val, host.shape, check_invariants=True).coalesce()
+            # memory error later). Opting in for the block, not only by argument,
+            # also keeps torch 2.11's "Sparse invariant checks are implicitly
+            # disabled" warning off stderr.
+            with torch.sparse.check_sparse_tensor_invariants(enable=True):
+                out = torch.sparse_coo_tensor(idx, val, host.shape, check_invariants=True).coalesce()
             if average:
                 out = out / self._size
             out = out.to(t.device)
