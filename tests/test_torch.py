@@ -135,8 +135,7 @@ def test_fsdp2_fully_shard_matches_one_process_bit_for_bit_at_world_2():
     # batches (the mean of their losses): at world 2 an average has one order.
     # Not Gloo: on torch 2.7 and 2.8 FSDP2 asks for an AVG reduce-scatter,
     # which Gloo sums without dividing (its parameters are off by ~4 %).
-    if torch_features.why_fsdp2_cannot_train_on_cpu():
-        pytest.skip(torch_features.why_fsdp2_cannot_train_on_cpu())
+    torch_features.skip_unless_fsdp2_trains_on_cpu()
     mine = spawn.run(w.fsdp_training, 2, "rcoll", timeout=180)
     expected = w.fsdp_reference(world=2)
     for rank in range(2):

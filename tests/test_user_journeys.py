@@ -71,8 +71,7 @@ def test_ddp_at_world_4(module_form, tmp_path):
 
 def test_fsdp2_with_tensor_parallel_on_a_2d_mesh(tmp_path):
     import torch_features
-    if torch_features.why_fsdp2_cannot_train_on_cpu():
-        pytest.skip(torch_features.why_fsdp2_cannot_train_on_cpu())
+    torch_features.skip_unless_fsdp2_trains_on_cpu()
     with launch.busy_cpus(ranks=4):
         launch.torchrun(JOURNEYS / "fsdp_tp.py", 4, tmp_path, allow=FSDP_TP_TORCH_WARNINGS, timeout=300)
 

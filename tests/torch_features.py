@@ -10,6 +10,7 @@ import textwrap
 import time
 
 import ports
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -36,11 +37,18 @@ def fully_shard():
     return f
 
 
+def skip_unless_fsdp2_trains_on_cpu() -> None:
+    """Skips the calling test, saying why, where FSDP2 cannot train on the CPU."""
+    why = _why_fsdp2_cannot_train_on_cpu()
+    if why:
+        pytest.skip(why)
+
+
 @functools.lru_cache(maxsize=None)
-def why_fsdp2_cannot_train_on_cpu() -> str:
-    """Why FSDP2 cannot train on the CPU with Gloo on this release ("" if it can)
-    (torch 2.4's FSDP2 makes CUDA streams whatever the device): one rank,
-    one step, in a fresh interpreter."""
+def _why_fsdp2_cannot_train_on_cpu() -> str:
+    """Why FSDP2 cannot train on the CPU with Gloo on this release ("" if it can;
+    before 2.7 it needs CUDA streams whatever the device): one rank, one step,
+    in a fresh interpreter."""
     code = textwrap.dedent("""
         import os, torch, torch.distributed as dist
         from torch_features import fully_shard
