@@ -3,10 +3,36 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <set>
 
 #include "error.h"
 
 namespace rcoll {
+
+namespace {
+
+// The timelines that are open in this process. A job that exits without
+// shutting its communicators down (no destroy_process_group(), as DeepSpeed's
+// and many users' scripts end) still gets complete files: an exit handler
+// closes each one's array, so the file is strict JSON, not only what Chrome's
+// lenient reader accepts.
+struct OpenTimelines {
+  std::mutex mutex;
+  std::set<Timeline*> open;
+};
+
+OpenTimelines& openTimelines() {
+  static auto* registry = new OpenTimelines();  // never destroyed: the exit handler may run after static destructors
+  return *registry;
+}
+
+void closeTimelinesAtExit() {
+  auto& registry = openTimelines();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  for (Timeline* timeline : registry.open) timeline->close();
+}
+
+}  // namespace
 
 std::unique_ptr<Timeline> Timeline::open(const std::string& base, int rank) {
   if (base.empty()) return nullptr;
@@ -38,16 +64,33 @@ Timeline::Timeline(const std::string& path, int rank) : path_(path), rank_(rank)
                "\"send/recv\"}}",
                rank_, rank_, rank_, rank_);
   first_ = false;
+  auto& registry = openTimelines();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  static const bool handler_registered = std::atexit(closeTimelinesAtExit) == 0;
+  (void)handler_registered;
+  registry.open.insert(this);
 }
 
 Timeline::~Timeline() {
+  {
+    auto& registry = openTimelines();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    registry.open.erase(this);
+  }
+  close();
+}
+
+void Timeline::close() {
+  std::lock_guard<std::mutex> lock(mutex_);
   if (file_ == nullptr) return;
   std::fprintf(file_, "\n]\n");
   std::fclose(file_);
+  file_ = nullptr;
 }
 
 void Timeline::label(const std::string& text) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (file_ == nullptr) return;
   std::fprintf(file_, ",\n{\"name\": \"process_labels\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"labels\": \"%s\"}}",
                rank_, jsonEscape(text).c_str());
 }
@@ -61,6 +104,7 @@ void Timeline::slice(int row, const std::string& name, const char* category, Clo
   const long long ts = micros(start);
   const long long dur = std::max<long long>(0, micros(end) - ts);
   std::lock_guard<std::mutex> lock(mutex_);
+  if (file_ == nullptr) return;  // closed at exit while an op was still finishing
   std::fprintf(file_,
                "%s{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, "
                "\"ts\": %lld, \"dur\": %lld, \"args\": {%s}}",

@@ -10,8 +10,9 @@
 // line up as well as their clocks do.
 //
 // Events are written as they end (buffered by stdio) and the closing bracket is
-// added when the communicator closes; a file cut short by a crash still opens
-// in Chrome's viewer, which accepts a missing bracket.
+// added when the communicator closes, or at the process's exit for a
+// communicator still open then; a file cut short by a crash still opens in
+// Chrome's viewer, which accepts a missing bracket.
 #pragma once
 
 #include <chrono>
@@ -32,6 +33,8 @@ class Timeline {
 
   Timeline(const std::string& path, int rank);
   ~Timeline();  // closes the array
+  // Closes the array and the file; later slices are dropped. Idempotent.
+  void close();
   Timeline(const Timeline&) = delete;
   Timeline& operator=(const Timeline&) = delete;
 

@@ -1,6 +1,7 @@
 """RCOLL_TIMELINE writes a Chrome trace per rank that parses and holds the ops that ran."""
 import json
 
+import launch
 import pytest
 import timeline_workers as w
 
@@ -54,4 +55,31 @@ def test_each_communicator_of_a_process_writes_its_own_file(tmp_path):
     for rank in range(2):
         for name, op in ((f"trace.rank{rank}.json", "allreduce #1"), (f"trace.rank{rank}.comm2.json", "allgather #1")):
             events = json.loads((tmp_path / name).read_text())  # each one strict JSON, not two writers' interleaving
+            assert [e["name"] for e in events if e.get("cat") == "op"] == [op], (name, events)
+
+
+
+def test_a_torch_job_that_ends_without_destroying_its_groups_closes_its_files(tmp_path):
+    """Scripts that end without destroy_process_group() (DeepSpeed's do) leave
+    their communicators to the interpreter's exit, and an object that is never
+    freed (DeepSpeed's engine holds its groups so) keeps one open through it:
+    the files are still strict JSON."""
+    pytest.importorskip("torch")
+    script = launch.write_script(tmp_path, """
+        import ctypes
+        import torch
+        import torch.distributed as dist
+        import rcoll  # noqa: F401
+        dist.init_process_group("rcoll")
+        dist.all_reduce(torch.ones(4))
+        group = dist.new_group()
+        dist.broadcast(torch.ones(3), 0, group=group)
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))  # never freed
+    """)
+    port = str(launch.free_port())
+    launch.run_ranks(script, [{"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                               "RCOLL_TIMELINE": str(tmp_path / "trace")} for r in range(2)])
+    for rank in range(2):
+        for name, op in ((f"trace.rank{rank}.json", "allreduce #1"), (f"trace.rank{rank}.comm2.json", "broadcast #1")):
+            events = json.loads((tmp_path / name).read_text())
             assert [e["name"] for e in events if e.get("cat") == "op"] == [op], (name, events)
