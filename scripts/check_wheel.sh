@@ -8,6 +8,13 @@
 #   4. a clean venv with only the wheel: import, `python -m rcoll info`, a
 #      real 2-rank allreduce/allgather/broadcast (`python -m rcoll demo`) and
 #      the size sweep (`python -m rcoll bench`)
+#   5. the torch backend from the same wheel: the newest torch pip finds for
+#      that Python (2.8 is the last for 3.9) joins the venv, then DDP on rcoll
+#      against Gloo (`python -m rcoll train`) and a DDP job with a comm hook
+#      under torchrun (tests/journeys/ddp.py), every rank's exit checked.
+#      PyPI's torch is a CUDA build whose import needs its nvidia-* wheels
+#      (~5 GB a venv; no GPU is used), so the venv is removed afterwards
+#      (RCOLL_KEEP_WHEEL_VENV=1 keeps it). RCOLL_WHEEL_TORCH=0 skips this step.
 # Usage: scripts/check_wheel.sh [output-dir] [python ...]
 #   python: an interpreter, or a version (3.9 ... 3.13) found as python3.X on
 #   PATH or under pyenv; each gets a wheel of its own, checked the same way
@@ -84,7 +91,23 @@ check_one() {  # $1 interpreter, $2 output directory
   # The sweep users run on their own fabric, from the wheel alone (no checkout, no torch).
   "$out/smoke/bin/python" -m rcoll bench --ops allreduce,allgather -b 4K -e 1M -f 16 --world 2 --backends rcoll \
     --json "$out/bench.json"
+  if [ "${RCOLL_WHEEL_TORCH:-1}" != 0 ]; then check_torch "$out"; fi
   echo "== wheel OK: $repaired"
+}
+
+check_torch() {  # $1 output directory, whose smoke venv holds the wheel alone
+  local out="$1" py="$1/smoke/bin/python"
+  echo "== the torch backend from the wheel"
+  "$py" -m pip install -q torch
+  "$py" -c "import torch, rcoll; print('   torch', torch.__version__, 'with rcoll', rcoll.__version__)"
+  cd "$out"  # not the source tree: rcoll comes from the wheel
+  "$py" -m rcoll train --world-size 2 --steps 5
+  # A job as users launch it; torchrun's exit status is every rank's.
+  OMP_NUM_THREADS=1 timeout 300 "$out/smoke/bin/torchrun" --standalone --nproc-per-node 2 \
+    "$root/tests/journeys/ddp.py" --hook allreduce | grep -c RCOLL-JOB-DONE | grep -qx 2 \
+    || { echo "   ERROR: the DDP job under torchrun did not end on both ranks" >&2; exit 1; }
+  echo "   DDP under torchrun: both ranks done"
+  [ "${RCOLL_KEEP_WHEEL_VENV:-0}" = 1 ] || rm -rf "$out/smoke"
 }
 
 for want in "${pythons[@]}"; do

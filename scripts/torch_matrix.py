@@ -48,10 +48,12 @@ OLDEST_NUMPY = {(3, 9): "1.22.0", (3, 10): "1.22.0", (3, 11): "1.23.3", (3, 12):
 # exit codes), clean exits, restarts under torchrun, torch's DistributedTest
 # selection; jobs across emulated hosts; the numpy API's collectives (with the
 # oldest numpy).
-COMPAT_TESTS = ["test_torch.py", "test_user_journeys.py", "test_clean_exit.py", "test_restart.py",
-                "test_multinode.py", "test_torch_suite.py", "test_collectives.py"]
+COMPAT_TESTS = ["test_torch.py", "test_user_journeys.py", "test_frameworks.py", "test_clean_exit.py",
+                "test_restart.py", "test_multinode.py", "test_torch_suite.py", "test_collectives.py"]
 
-TEST_DEPS = ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3.5", "ml_dtypes>=0.3", "expecttest"]
+FRAMEWORKS = ["lightning", "accelerate", "deepspeed"]  # pyproject's frameworks extra (tests/test_frameworks.py)
+TEST_DEPS = ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3.5", "ml_dtypes>=0.3", "expecttest",
+             "lightning>=2.2", "accelerate>=0.30", "deepspeed>=0.14"]
 
 
 def cache_dir() -> Path:
@@ -90,7 +92,7 @@ def prepare_venv(release: str, numpy: str, wheel: Path, fresh: bool) -> tuple[Pa
     venv = cache_dir() / f"py{sys.version_info[0]}{sys.version_info[1]}-torch{release}"
     python = venv / "bin" / "python"
     marker = venv / "rcoll-matrix.json"
-    want = {"torch": release, "numpy": numpy}
+    want = {"torch": release, "numpy": numpy, "deps": TEST_DEPS}
     if fresh or not marker.exists() or json.loads(marker.read_text()) != want:
         shutil.rmtree(venv, ignore_errors=True)
         run([sys.executable, "-m", "venv", venv], check=True)
@@ -107,8 +109,8 @@ def prepare_venv(release: str, numpy: str, wheel: Path, fresh: bool) -> tuple[Pa
 
 
 def versions(python: Path) -> dict:
-    proc = run([python, "-c", "import json, numpy, torch; print(json.dumps({'torch': torch.__version__, "
-                              "'numpy': numpy.__version__}))"], capture_output=True)
+    proc = run([python, "-c", "import json, importlib.metadata as m; print(json.dumps({name: m.version(name) for name "
+                              f"in {['torch', 'numpy', *FRAMEWORKS]!r}}}))"], capture_output=True)
     return json.loads(proc.stdout) if proc.returncode == 0 else {"error": proc.stderr.strip()[-500:]}
 
 
@@ -187,7 +189,8 @@ def main() -> int:
             entry.update(run_tests(python, args.pytest_args, work / f"torch{release}.log"))
             for name, counts in entry["files"].items():
                 counts["passed"] = total.get(name, 0) - counts["failed"] - counts["skipped"]
-            print(f"   torch {entry.get('torch')}, numpy {entry.get('numpy')}: {entry['result']} "
+            stack = ", ".join(f"{name} {entry.get(name)}" for name in ["torch", "numpy", *FRAMEWORKS])
+            print(f"   {stack}: {entry['result']} "
                   f"({entry['seconds']} s; log {work / f'torch{release}.log'})", flush=True)
             for name in entry["failed"]:
                 print(f"   FAILED {name}", flush=True)

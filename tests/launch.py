@@ -24,6 +24,11 @@ import ports
 # stderr fails the job too, unless a test allows it by pattern.
 FATAL = re.compile(r"terminate called|Traceback|Segmentation fault|Aborted|core dumped|exception not rethrown")
 
+# What a CUDA build of torch (PyPI's, which scripts/torch_matrix.py installs)
+# prints on a machine without a GPU driver when torch.utils.cpp_extension looks
+# for the CUDA toolkit (inductor does, DeepSpeed does at import).
+CUDA_BUILD_WITHOUT_DRIVER = r"No CUDA runtime is found, using CUDA_HOME="
+
 # The marker a job script prints as its last line on every rank.
 DONE = "RCOLL-JOB-DONE"
 
