@@ -127,8 +127,12 @@ def run_tests(python: Path, extra: list, log: Path) -> dict:
     """pytest over COMPAT_TESTS with `python`; per-file counts and failures."""
     cmd = [python, "-m", "pytest", "-q", "-rfEs", "--durations", "12", "-p", "no:cacheprovider", *COMPAT_TESTS,
            *extra]
+    suite_summary = log.with_suffix(".torch-suite.txt")  # torch's own suite's counts (test_torch_suite.py)
+    suite_summary.unlink(missing_ok=True)
+    env = pytest_env(python)
+    env["RCOLL_TORCH_SUITE_SUMMARY"] = str(suite_summary)
     started = time.monotonic()
-    proc = run(cmd, cwd=TESTS, env=pytest_env(python), capture_output=True)
+    proc = run(cmd, cwd=TESTS, env=env, capture_output=True)
     log.write_text(proc.stdout + "\n" + proc.stderr)
     summary = {"seconds": round(time.monotonic() - started), "exit": proc.returncode, "files": {},
                "failed": sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", proc.stdout, re.MULTILINE))),
@@ -137,6 +141,8 @@ def run_tests(python: Path, extra: list, log: Path) -> dict:
     summary["result"] = last[0].strip("= ")
     for name in COMPAT_TESTS:
         summary["files"][name] = _counts(name, proc.stdout)
+    if suite_summary.exists():
+        summary["torch_suite"] = re.sub(r" in [\d.]+s.*$", "", suite_summary.read_text().strip().strip("= "))
     return summary
 
 
@@ -192,6 +198,8 @@ def main() -> int:
             stack = ", ".join(f"{name} {entry.get(name)}" for name in ["torch", "numpy", *FRAMEWORKS])
             print(f"   {stack}: {entry['result']} "
                   f"({entry['seconds']} s; log {work / f'torch{release}.log'})", flush=True)
+            if entry.get("torch_suite"):
+                print(f"   torch's own suite: {entry['torch_suite']}", flush=True)
             for name in entry["failed"]:
                 print(f"   FAILED {name}", flush=True)
         results.append(entry)
@@ -205,16 +213,16 @@ def main() -> int:
 
 def table(results: list) -> str:
     files = COMPAT_TESTS
-    head = "| torch | numpy | " + " | ".join(f.replace(".py", "") for f in files) + " | failed |"
-    lines = [head, "|" + " --- |" * (len(files) + 3)]
+    head = "| torch | numpy | " + " | ".join(f.replace(".py", "") for f in files) + " | torch's own tests | failed |"
+    lines = [head, "|" + " --- |" * (len(files) + 4)]
     for r in results:
         if r.get("install_error"):
             blank = " | ".join("" for _ in files)
-            lines.append(f"| {r['release']} | | {blank} | install: {r['install_error'][:80]} |")
+            lines.append(f"| {r['release']} | | {blank} | | install: {r['install_error'][:80]} |")
             continue
         cells = [f"{c['passed']}/{c['failed']}/{c['skipped']}" for c in (r["files"][f] for f in files)]
         lines.append(f"| {r.get('torch', r['release'])} | {r.get('numpy', '')} | " + " | ".join(cells)
-                     + f" | {', '.join(n.split('::')[-1] for n in r['failed']) or '-'} |")
+                     + f" | {r.get('torch_suite', '')} | {', '.join(n.split('::')[-1] for n in r['failed']) or '-'} |")
     return "\n".join(lines) + "\n(cells: passed/failed/skipped)"
 
 

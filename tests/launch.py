@@ -78,24 +78,62 @@ def torchrun(script: Path, nproc: int, tmp_path: Path, *, args: Sequence[str] = 
                 else [str(Path(sys.executable).parent / "torchrun")])
     cmd = [*launcher, *launcher_args, "--nproc-per-node", str(nproc), "--log-dir", str(log_dir),
            "--redirects", "3", str(script), *args]
+    proc = subprocess.Popen(cmd, env=_clean_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        proc = subprocess.run(cmd, env=_clean_env(env), capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        raise AssertionError(f"torchrun job did not end within {timeout} s: {cmd}\n{e.stderr}") from None
-    rank_dirs = sorted(log_dir.glob("*/attempt_*/*"), key=lambda p: (p.parent.name, int(p.name)))
-    outputs = []
-    for d in rank_dirs:
-        out = (d / "stdout.log").read_text() if (d / "stdout.log").exists() else ""
-        err = (d / "stderr.log").read_text() if (d / "stderr.log").exists() else ""
-        if proc.returncode == 0:
-            check_rank_output(f"rank {d.name} ({d.parent.name})", out, err, allow)
-        outputs.append((d.name, out, err))
-    assert proc.returncode == 0, (f"torchrun exited {proc.returncode}\n{proc.stderr[-4000:]}\n" +
+        _, launcher_err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        ranks = "\n".join(f"--- rank {r} stderr:\n{e[-2000:]}" for r, _, e in _rank_logs(log_dir))
+        raise AssertionError(f"torchrun job did not end within {timeout} s: {cmd}\n{ranks}") from None
+    finally:
+        kill_tree(proc)  # also when the test itself is interrupted (pytest-timeout): no rank outlives it
+    outputs = _rank_logs(log_dir)
+    if proc.returncode == 0:
+        for rank, out, err in outputs:
+            check_rank_output(f"rank {rank}", out, err, allow)
+    assert proc.returncode == 0, (f"torchrun exited {proc.returncode}\n{launcher_err[-4000:]}\n" +
                                   "\n".join(f"--- rank {r} stderr:\n{e[-2000:]}" for r, _, e in outputs))
     assert len(outputs) == nproc, f"expected {nproc} ranks' logs, found {[r for r, _, _ in outputs]}"
     # torchrun's own stderr: its banner is silenced by OMP_NUM_THREADS; anything fatal fails.
-    assert not FATAL.search(proc.stderr), proc.stderr[-4000:]
+    assert not FATAL.search(launcher_err), launcher_err[-4000:]
     return [out for _, out, _ in outputs]
+
+
+def _rank_logs(log_dir: Path) -> List[tuple]:
+    """(rank, stdout, stderr) of each rank of a torchrun job, from its --log-dir."""
+    logs = []
+    for d in sorted(log_dir.glob("*/attempt_*/*"), key=lambda p: (p.parent.name, int(p.name))):
+        read = [(d / name).read_text() if (d / name).exists() else "" for name in ("stdout.log", "stderr.log")]
+        logs.append((f"{d.name} ({d.parent.name})", *read))
+    return logs
+
+
+def _descendants(pid: int) -> List[int]:
+    """Every process below `pid`, from /proc (torchrun's ranks may sit in sessions of their own)."""
+    children: Dict[int, List[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """Kills `proc` and every process below it, and reaps `proc`."""
+    if proc.poll() is None:
+        for pid in [*_descendants(proc.pid), proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _runnable_tasks() -> Optional[int]:

@@ -68,7 +68,8 @@ def run_training(world_size: int, steps: int, hidden: int, batch: int, backends,
         same = a.tobytes() == b.tobytes()
         diff = float(np.abs(a - b).max())
         ratio = results["gloo_ms"] / results["rcoll_ms"]
-        print(f"rcoll vs gloo: step time {ratio:.2f}x faster; final parameters "
+        speed = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+        print(f"rcoll vs gloo: step time {speed}; final parameters "
               f"{'identical bit for bit' if same else f'differ by at most {diff:.3g} (summation order)'}")
         ok = same or world_size > 2
     replicas = all(r["params"].tobytes() == results[backends[0]][0]["params"].tobytes() for r in results[backends[0]])

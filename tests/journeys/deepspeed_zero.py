@@ -10,6 +10,7 @@ ranks, and the full parameters gathered at the end), which
 tests/test_frameworks.py compares with the same job on Gloo."""
 import argparse
 import json
+import os
 
 import deepspeed
 import torch
@@ -50,11 +51,14 @@ with deepspeed.zero.GatheredParameters(list(engine.module.parameters()), enabled
     params = [p.detach().flatten().tolist() for p in engine.module.parameters()]
 assert dist.get_backend() == args.backend, dist.get_backend()
 print("RESULT", json.dumps({"losses": losses, "params": params}))
-# Gloo's reference run destroys its groups; rcoll's run leaves them to the
-# interpreter's exit, as DeepSpeed's users' scripts do. torch's Gloo aborts
-# now and then when left so ("terminate called without an active exception",
-# 1 job in ~30 on torch 2.4; tests/journeys/ddp.py says why).
 if args.backend == "gloo":
-    dist.barrier()
-    dist.destroy_process_group()
+    # The reference run skips the interpreter's teardown. torch's Gloo aborts
+    # now and then when a group that something still holds is freed at exit
+    # ("terminate called without an active exception"; tests/journeys/ddp.py
+    # says why), and DeepSpeed's engine and groups module hold theirs past
+    # destroy_process_group() (1 Gloo job in ~30 aborted so). rcoll's run ends
+    # as DeepSpeed users' scripts do, its groups left to the exit.
+    dist.barrier()  # nothing of either rank's last op left unread
+    print("RCOLL-JOB-DONE", flush=True)
+    os._exit(0)
 print("RCOLL-JOB-DONE", flush=True)  # the last line every rank prints (tests/launch.py)
