@@ -102,11 +102,20 @@ check_torch() {  # $1 output directory, whose smoke venv holds the wheel alone
   "$py" -c "import torch, rcoll; print('   torch', torch.__version__, 'with rcoll', rcoll.__version__)"
   cd "$out"  # not the source tree: rcoll comes from the wheel
   "$py" -m rcoll train --world-size 2 --steps 5
-  # A job as users launch it; torchrun's exit status is every rank's.
-  OMP_NUM_THREADS=1 timeout 300 "$out/smoke/bin/torchrun" --standalone --nproc-per-node 2 \
-    "$root/tests/journeys/ddp.py" --hook allreduce | grep -c RCOLL-JOB-DONE | grep -qx 2 \
-    || { echo "   ERROR: the DDP job under torchrun did not end on both ranks" >&2; exit 1; }
-  echo "   DDP under torchrun: both ranks done"
+  # A job as users launch it: torchrun's exit status is every rank's, and each
+  # rank's own log (not a shared pipe) must end with the job-done marker.
+  local logs="$out/torchrun-logs" status=0
+  rm -rf "$logs"
+  OMP_NUM_THREADS=1 timeout 300 "$out/smoke/bin/torchrun" --standalone --nproc-per-node 2 --log-dir "$logs" \
+    --redirects 3 "$root/tests/journeys/ddp.py" --hook allreduce || status=$?
+  local done_ranks
+  done_ranks=$(grep -l RCOLL-JOB-DONE "$logs"/*/attempt_*/*/stdout.log 2>/dev/null | wc -l)
+  if [ "$status" -ne 0 ] || [ "$done_ranks" -ne 2 ]; then
+    echo "   ERROR: the DDP job under torchrun exited $status with $done_ranks of 2 ranks done" >&2
+    for f in "$logs"/*/attempt_*/*/std*.log; do echo "--- $f" >&2; tail -n 30 "$f" >&2; done
+    exit 1
+  fi
+  echo "   DDP under torchrun: exit 0, both ranks done"
   [ "${RCOLL_KEEP_WHEEL_VENV:-0}" = 1 ] || rm -rf "$out/smoke"
 }
 
