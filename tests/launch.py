@@ -79,15 +79,17 @@ def torchrun(script: Path, nproc: int, tmp_path: Path, *, args: Sequence[str] = 
     cmd = [*launcher, *launcher_args, "--nproc-per-node", str(nproc), "--log-dir", str(log_dir),
            "--redirects", "3", str(script), *args]
     proc = subprocess.Popen(cmd, env=_clean_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    launcher_err = None
     try:
         _, launcher_err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        kill_tree(proc)
-        ranks = "\n".join(f"--- rank {r} stderr:\n{e[-2000:]}" for r, _, e in _rank_logs(log_dir))
-        raise AssertionError(f"torchrun job did not end within {timeout} s: {cmd}\n{ranks}") from None
+        pass
     finally:
         kill_tree(proc)  # also when the test itself is interrupted (pytest-timeout): no rank outlives it
     outputs = _rank_logs(log_dir)
+    if launcher_err is None:
+        ranks = "\n".join(f"--- rank {r} stderr:\n{e[-2000:]}" for r, _, e in outputs)
+        raise AssertionError(f"torchrun job did not end within {timeout} s: {cmd}\n{ranks}")
     if proc.returncode == 0:
         for rank, out, err in outputs:
             check_rank_output(f"rank {rank}", out, err, allow)

@@ -87,8 +87,9 @@ def run_on_rcoll_and_gloo(script: Path, tmp_path: Path, args=(), allow=(), env=N
         assert len(results[backend]) == 2, outputs
     for rank, (ours, theirs) in enumerate(zip(results["rcoll"], results["gloo"])):
         assert ours == theirs, f"rank {rank}: rcoll's job differs from Gloo's:\n{ours}\n{theirs}"
-    assert _ops_rcoll_ran(trace, 1) == _ops_rcoll_ran(trace, 0)
-    return _ops_rcoll_ran(trace, 0)
+    ops = _ops_rcoll_ran(trace, 0)
+    assert _ops_rcoll_ran(trace, 1) == ops
+    return ops
 
 
 @pytest.mark.timeout(660)  # two jobs of at most 300 s

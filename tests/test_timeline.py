@@ -58,7 +58,6 @@ def test_each_communicator_of_a_process_writes_its_own_file(tmp_path):
             assert [e["name"] for e in events if e.get("cat") == "op"] == [op], (name, events)
 
 
-
 def test_a_torch_job_that_ends_without_destroying_its_groups_closes_its_files(tmp_path):
     """Scripts that end without destroy_process_group() (DeepSpeed's do) leave
     their communicators to the interpreter's exit, and an object that is never
