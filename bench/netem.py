@@ -26,7 +26,7 @@ port of that rate, as a host with one NIC in a rack would. With `--delay D` (def
 if it does not (this project's Firecracker VMs do not), the script says so and runs
 without the added delay.
 
-Ranks are started with `ip netns exec <ns> python3 -m rcoll._sweep_rank`, i.e. the
+Ranks are started with `ip netns exec <ns> python3 -m rcoll.bench.launched_rank`, i.e. the
 same per-rank code as `python -m rcoll bench` (warm-up, barrier, timed iterations, then one
 op checked element by element). Rank 0 hosts the rendezvous store (rcoll's, or
 torch's TCPStore for gloo): MASTER_ADDR is 198.18.0.1, the address of rank 0's
@@ -66,10 +66,15 @@ import sys
 import tempfile
 import time
 
-try:
-    from rcoll import sweep  # sizes, layout, merge, bus factors
+try:  # what the emulated hosts share with the sweep (python -m rcoll bench)
+    from rcoll.bench.combine import merge
+    from rcoll.bench.machine import load_line, load_snapshot, machine_info
+    from rcoll.bench.mpi_launch import mpi_missing
+    from rcoll.bench.ops import DTYPES, OPS, bus_factor, parse_size
+    from rcoll.bench.rank_files import LauncherFailed, collect_rank_files
+    _SWEEP_IMPORT_ERROR = None
 except ImportError as _exc:  # reported by main() after the root check
-    sweep, _SWEEP_IMPORT_ERROR = None, _exc
+    _SWEEP_IMPORT_ERROR = _exc
 
 PREFIX = "rcoll-bench-"
 SUBNET = "198.18.0"  # 198.18.0.0/15 is reserved for benchmarking (RFC 2544); we use a /24 of it
@@ -359,7 +364,7 @@ def run_backend(cluster, backend, layout, cfg, timeout, base_env, port):
                 env.update(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(layout[:r].count(host)),
                            LOCAL_WORLD_SIZE=str(layout.count(host)), MASTER_ADDR=cluster.addr(layout[0]),
                            MASTER_PORT=str(port), RCOLL_SOCKET_IFNAME="eth0", GLOO_SOCKET_IFNAME="eth0")
-                procs.append(cluster.popen(host, [sys.executable, "-m", "rcoll._sweep_rank", "--cfg", cfg_path,
+                procs.append(cluster.popen(host, [sys.executable, "-m", "rcoll.bench.launched_rank", "--cfg", cfg_path,
                                                "--out", tmp, "--backend", backend.split("-")[0], "--launcher", "env"],
                                            env))
         deadline = time.monotonic() + timeout
@@ -375,14 +380,14 @@ def run_backend(cluster, backend, layout, cfg, timeout, base_env, port):
         cluster.kill_all()
         after = cluster.counters()
         try:
-            per_rank = sweep.collect_rank_files(tmp, world, f"{backend} world {world}")
-        except sweep.LauncherFailed as exc:
+            per_rank = collect_rank_files(tmp, world, f"{backend} world {world}")
+        except LauncherFailed as exc:
             if timed_out and failed_at is None:
-                raise sweep.LauncherFailed(
+                raise LauncherFailed(
                     f"{backend} world {world} did not finish within {timeout} s\n{exc}") from None
             raise
     moved = {h: (after[h][0] - before[h][0], after[h][1] - before[h][1]) for h in sorted(set(layout))}
-    return sweep.merge(per_rank, world), moved
+    return merge(per_rank, world), moved
 
 
 def mpi_command(cluster, layout, cfg_path, out_dir):
@@ -390,7 +395,7 @@ def mpi_command(cluster, layout, cfg_path, out_dir):
     runs on host layout[r] whatever the placement; orteds reach the other hosts through
     Cluster.remote_shell. Data and out-of-band traffic on eth0; between ranks of one host
     shared memory (vader), as on real hosts."""
-    rank_argv = [sys.executable, "-m", "rcoll._sweep_rank", "--cfg", cfg_path, "--out", out_dir,
+    rank_argv = [sys.executable, "-m", "rcoll.bench.launched_rank", "--cfg", cfg_path, "--out", out_dir,
                  "--backend", "mpi", "--launcher", "mpi"]
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
            "--mca", "plm_rsh_agent", cluster.remote_shell(out_dir), "--mca", "plm_rsh_no_tree_spawn", "1",
@@ -411,7 +416,7 @@ def expected_wire_bytes(rows, world, hosts=None):
         if "bytes" not in r or r.get("iters") is None:
             continue
         n_ops = r["iters"] + (r.get("warmup") or 0) + 1
-        factor = sweep.bus_factor(r["op"], world)
+        factor = bus_factor(r["op"], world)
         if hosts and r["op"] == "allreduce":
             factor = 2 * (hosts - 1) / hosts
         total += n_ops * r["bytes"] * factor
@@ -444,7 +449,7 @@ def print_table(records, backends):
     for rec in records:
         link_GBps = rec["rate_bps"] / 8e9
         idx = {b: {(r["op"], r["bytes"]): r for r in rec["results"].get(b, [])} for b in backends}
-        keys = sorted({k for b in backends for k in idx[b]}, key=lambda k: (sweep.OPS.index(k[0]), k[1]))
+        keys = sorted({k for b in backends for k in idx[b]}, key=lambda k: (OPS.index(k[0]), k[1]))
         for op, nbytes in keys:
             line = f"{fmt_rate(rec['rate_bps']):>9} {rec['label']:>8} {op:>10} {nbytes:>10}"
             for b in backends:
@@ -514,13 +519,13 @@ def main(argv=None):
     if args.cleanup:
         cleanup_leftovers()
         return 0
-    if sweep is None:
-        print(f"error: cannot import rcoll.sweep ({_SWEEP_IMPORT_ERROR}); "
+    if _SWEEP_IMPORT_ERROR is not None:
+        print(f"error: cannot import rcoll.bench ({_SWEEP_IMPORT_ERROR}); "
               "install rcoll or set PYTHONPATH=<checkout>/python",
               file=sys.stderr)
         return 2
-    if args.dtype not in sweep.DTYPES:
-        p.error(f"--dtype: choose from {', '.join(sorted(sweep.DTYPES))}")
+    if args.dtype not in DTYPES:
+        p.error(f"--dtype: choose from {', '.join(sorted(DTYPES))}")
 
     if args.layouts:
         placements = []
@@ -543,8 +548,8 @@ def main(argv=None):
     if [b for b in backends if b not in BACKENDS]:
         p.error(f"--backends: choose from {', '.join(BACKENDS)}")
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
-    if [o for o in ops if o not in sweep.OPS]:
-        p.error(f"--ops: choose from {', '.join(sweep.OPS)}")
+    if [o for o in ops if o not in OPS]:
+        p.error(f"--ops: choose from {', '.join(OPS)}")
     if "gloo" in backends:
         try:
             import torch.distributed as dist
@@ -554,14 +559,14 @@ def main(argv=None):
             print(f"note: skipping the gloo backend: torch is not usable ({exc})", file=sys.stderr)
             backends.remove("gloo")
     if "mpi" in backends:
-        why_not = sweep.mpi_missing()
+        why_not = mpi_missing()
         if why_not:
             print(f"note: skipping the mpi backend: {why_not}", file=sys.stderr)
             backends.remove("mpi")
     if not backends:
         print("error: no backend left to run", file=sys.stderr)
         return 2
-    lo, hi = sweep.parse_size(args.min_bytes), sweep.parse_size(args.max_bytes)
+    lo, hi = parse_size(args.min_bytes), parse_size(args.max_bytes)
     sizes, s = [], lo
     while s <= hi:
         sizes.append(int(s))
@@ -588,7 +593,7 @@ def main(argv=None):
     records = []
     port = 29600
     t_start = time.monotonic()
-    load_before = sweep.load_snapshot()
+    load_before = load_snapshot()
     try:
         print(f"creating {len(cluster.ranks)} host namespaces {cluster.ranks[0]}.. and the switch {cluster.switch}",
               file=sys.stderr, flush=True)
@@ -634,13 +639,13 @@ def main(argv=None):
         print("removed the namespaces, veths and bridge" if not left else f"WARNING: left behind: {left}",
               file=sys.stderr, flush=True)
 
-    load_after = sweep.load_snapshot()
+    load_after = load_snapshot()
     print(print_table(records, backends))
-    print(sweep.load_line(load_before, load_after))
+    print(load_line(load_before, load_after))
     if args.json:
         doc = {"args": vars(args), "sizes": sizes, "netem_delay_applied": use_netem, "records": records,
                "load_before": load_before, "load_after": load_after,
-               "machine": sweep.machine_info(), "duration_s": time.monotonic() - t_start,
+               "machine": machine_info(), "duration_s": time.monotonic() - t_start,
                "created": datetime.datetime.now().isoformat(timespec="seconds")}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)

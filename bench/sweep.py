@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The nccl-tests style sweep from a checkout: `python -m rcoll bench` (rcoll/sweep.py).
+"""The nccl-tests style sweep from a checkout: `python -m rcoll bench` (rcoll/bench/).
 
     python3 bench/sweep.py --ops allreduce -b 4K -e 64M -f 4 --world 2 --backends rcoll,gloo --json /tmp/s.json
 
@@ -17,9 +17,9 @@ if __name__ == "__main__":
         os.environ["PYTHONPATH"] = CHECKOUT_PYTHON
         sys.path.insert(0, CHECKOUT_PYTHON)
     import rcoll
-    from rcoll import sweep
+    from rcoll import bench
 
     imported = os.path.dirname(os.path.abspath(rcoll.__file__))
     if os.path.realpath(imported) != os.path.realpath(os.path.join(CHECKOUT_PYTHON, "rcoll")):
         print(f"note: measuring the rcoll in {imported}, not this checkout's", file=sys.stderr)
-    sys.exit(sweep.main())
+    sys.exit(bench.main())

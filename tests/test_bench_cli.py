@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from rcoll import sweep
+from rcoll.bench.check import count_wrong, expected
 
 SMALL = ["--ops", "allreduce,allgather,broadcast,reduce_scatter", "-b", "4", "-e", "64K", "-f", "16",
          "--iters", "3", "--warmup", "1", "--world", "3", "--timeout", "240"]
@@ -54,8 +54,8 @@ def test_bench_rejects_bad_arguments(tmp_path):
 
 
 def test_a_wrong_element_is_counted():
-    want = sweep.expected("allreduce", 0, 2, 100, 100)
+    want = expected("allreduce", 0, 2, 100, 100)
     got = want.astype(np.float64).copy()
-    assert sweep.count_wrong(got, want) == 0
+    assert count_wrong(got, want) == 0
     got[[3, 97]] += 1
-    assert sweep.count_wrong(got, want) == 2
+    assert count_wrong(got, want) == 2

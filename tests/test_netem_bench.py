@@ -13,7 +13,7 @@ import pytest
 from emulated_hosts import needs_netns
 
 import rcoll
-import rcoll.sweep
+from rcoll.bench.mpi_launch import mpi_missing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -50,7 +50,7 @@ def test_hierarchical_allreduce_on_emulated_hosts_moves_what_it_must(tmp_path):
         assert rec["wire"]["rcoll"]["payload"] * 1.5 == pytest.approx(rec["wire"]["rcoll-ring"]["payload"])
 
 
-MPI_MISSING = rcoll.sweep.mpi_missing()  # None, or why mpirun or mpi4py cannot run here
+MPI_MISSING = mpi_missing()  # None, or why mpirun or mpi4py cannot run here
 
 
 @pytest.mark.timeout(300)

@@ -152,7 +152,7 @@ def _print_rdma(report) -> None:
 
 
 def _demo(args) -> int:
-    from rcoll.demo import run_demo
+    from rcoll.demos.collectives import run_demo
 
     return run_demo(args.world_size, args.megabytes, args.iters, args.timeout, args.hosts)
 
@@ -160,9 +160,9 @@ def _demo(args) -> int:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:  # the sweep parses its own arguments (and --help)
-        from rcoll import sweep
+        from rcoll import bench
 
-        return sweep.main(argv[1:])
+        return bench.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m rcoll", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -195,7 +195,7 @@ def main(argv=None) -> int:
 
 
 def _train(args) -> int:
-    from rcoll.train_demo import run_training
+    from rcoll.demos.training import run_training
 
     return run_training(args.world_size, args.steps, args.hidden, args.batch, args.backends.split(","),
                         args.timeout)
