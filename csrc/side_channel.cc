@@ -9,6 +9,12 @@
 
 namespace rcoll {
 
+namespace {
+
+constexpr auto kAbortLinger = std::chrono::seconds(2);
+
+}  // namespace
+
 SideChannelNews SideChannelReader::read(int fd) {
   SideChannelNews news;
   auto* header = reinterpret_cast<char*>(&header_);
@@ -43,6 +49,17 @@ SideChannelNews SideChannelReader::read(int fd) {
   news.abort_kind = errorKindFromWire(header_.error_kind);
   news.text = validUtf8(text_);
   return news;
+}
+
+AbortMessage::AbortMessage(const ConnectInfo& info, ErrorKind kind, const std::string& message)
+    : text_(truncateUtf8(message, kMaxAbortText)),
+      header_(makeAbortHeader(info, kind, text_.size())),
+      deadline_(std::chrono::steady_clock::now() + kAbortLinger) {}
+
+void AbortMessage::sendTo(int fd) const {
+  std::string why;
+  if (sendAll(fd, &header_, sizeof(header_), deadline_, &why)) sendAll(fd, text_.data(), text_.size(), deadline_, &why);
+  ::shutdown(fd, SHUT_WR);
 }
 
 }  // namespace rcoll

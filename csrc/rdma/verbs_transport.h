@@ -99,38 +99,50 @@ class VerbsTransport : public Transport {
   struct QpInfo;
   struct Handshake;
 
-  // Queue pairs are set up in steps that set-up's blocking exchange
-  // (setUpConnection) and the exchange on first use (Handshake) share.
+  // The types are in verbs_transport_internal.h; the methods below are grouped
+  // by the file that implements them.
+
+  // verbs_connect.cc. Queue pairs are set up in steps that set-up's blocking
+  // exchange (setUpConnection) and the exchange on first use (Handshake) share.
   void setUpConnection(int peer, int fd, Deadline deadline);
   std::unique_ptr<Connection> createQp(int peer, int fd, std::string* why);  // INIT, receive slots posted
   QpInfo describeQp(const Connection& c) const;
   bool connectQp(Connection& c, const QpInfo& theirs, std::string* why);  // RTR, RTS
-  // Connections on demand.
+  // verbs_on_demand.cc: connections on demand.
   void serviceOnDemand();
   void adoptOutcome(OnDemandPeers<VerbsRequest>::Outcome& outcome);
   std::optional<std::string> stepHandshake(Handshake& handshake);
   void endHandshake(size_t index, const std::string& failure);  // "" when connected
-  Request* post(VerbsRequest* r);
+
+  // verbs_transport.cc: the requests' ends.
   void finish(VerbsRequest* r, Request::State state, const TransportFailure* why);
-  void maybeRecycle(VerbsRequest* r);         // after a work request completed (holds dropped)
+  void maybeRecycle(VerbsRequest* r);  // after a work request completed (holds dropped)
+
+  // verbs_registration.cc.
+  std::unique_ptr<MrCache> makeMrCache();     // registering through this transport's protection domain
   void releaseRegistration(VerbsRequest* r);  // once the request is final and no work request is left
   bool acquireMemory(VerbsRequest* r, bool writable);
 
+  // verbs_data_path.cc.
+  Request* post(VerbsRequest* r);
   void matchCredits(Connection& c);
   void flush(Connection& c);
   bool postCtrl(Connection& c, const Outgoing& item);
   bool postData(Connection& c, VerbsRequest* r);
   void postRecvSlot(Connection& c, CtrlSlot& slot);
 
+  // verbs_completions.cc.
   int pollCompletions();
   void onCompletion(const ibv_wc& wc);
   void onControl(Connection& c, const char* message);
   void onData(Connection& c, uint64_t seq);
+  std::string completionError(const Connection& c, const ibv_wc& wc) const;
+
+  // verbs_failure.cc.
   void serviceSideChannel(Connection& c);
   void peerClosed(Connection& c);
   // `peer_reported`: the peer told us why it failed (an abort), so it is not lost (Transport::lostPeers).
   void failConnection(Connection& c, ErrorKind kind, const std::string& message, bool peer_reported = false);
-  std::string completionError(const Connection& c, const ibv_wc& wc) const;
 
   const IbvApi& api_;
   ConnectInfo info_;

@@ -3,7 +3,6 @@
 #include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,7 +21,6 @@ namespace {
 
 static_assert(sizeof(WireHeader) == shm::kHeaderBytes, "a ring record starts with one wire header");
 
-constexpr auto kAbortLinger = std::chrono::seconds(2);
 // Largest copy between two publications of head or tail: the other side starts
 // on a piece while the next one is copied, and the piece stays in cache.
 constexpr uint64_t kPiece = 64 << 10;
@@ -623,20 +621,9 @@ void ShmTransport::failConnection(Connection& c, ErrorKind kind, const std::stri
 void ShmTransport::abortPeers(ErrorKind kind, const std::string& message) {
   if (aborted_) return;
   aborted_ = true;
-  const std::string text = truncateUtf8(message, kMaxAbortText);
-  const WireHeader h = makeAbortHeader(info_, kind, text.size());
-  // Bounded: a peer that stopped reading must not hold this rank's failure up.
-  const Deadline deadline = std::chrono::steady_clock::now() + kAbortLinger;
-  for (auto& c : connections_) {
-    if (!c) continue;
-    if (!c->socket_broken) {
-      std::string why;
-      if (sendAll(c->fd, &h, sizeof(h), deadline, &why)) sendAll(c->fd, text.data(), text.size(), deadline, &why);
-      ::shutdown(c->fd, SHUT_WR);  // the socket stays open until the transport is destroyed
-      c->socket_broken = true;
-    }
-    failConnection(*c, ErrorKind::kAborted, "the communicator was aborted: " + message);
-  }
+  abortOverSideChannels(AbortMessage(info_, kind, message), connections_, [&](Connection& c) {
+    failConnection(c, ErrorKind::kAborted, "the communicator was aborted: " + message);
+  });
 }
 
 }  // namespace rcoll

@@ -1,0 +1,155 @@
+// What the parts of the verbs transport share and nobody else sees: the
+// connection's and the requests' types, and the control messages' format.
+//
+// VerbsTransport (verbs_transport.h) is implemented by phase, one file each:
+//   verbs_transport.cc     life cycle: the device's objects, the requests' ends, progress and sleep
+//   verbs_connect.cc       set-up's connections: queue pairs created and swapped over the socket
+//   verbs_on_demand.cc     connections on demand: the same swap, in steps that never wait
+//   verbs_registration.cc  memory registration (through the registration cache, mr_cache.h)
+//   verbs_data_path.cc     posting: credits, RDMA writes with immediate, control messages, flow control
+//   verbs_completions.cc   completions: what each finished work request means
+//   verbs_failure.cc       the side channel, failed connections, abort
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "config.h"
+#include "rdma/mr_cache.h"
+#include "rdma/verbs_abi.h"
+#include "rdma/verbs_transport.h"
+#include "side_channel.h"
+#include "socket_util.h"
+#include "wire.h"
+
+namespace rcoll {
+
+namespace verbs {
+
+constexpr size_t kCtrlBytes = 128;  // one control slot
+
+enum CtrlType : uint32_t { kCredit = 1, kEmpty = 2, kMismatch = 3 };
+
+#pragma pack(push, 1)
+struct CtrlMessage {
+  uint32_t type;
+  uint32_t rkey;
+  uint64_t seq;  // the receive's number between the two ranks
+  uint64_t addr;
+  uint64_t bytes;
+  WireHeader header;  // credit: what the receiver expects; mismatch: what the sender had
+};
+#pragma pack(pop)
+static_assert(sizeof(CtrlMessage) <= kCtrlBytes, "a control message fits its slot");
+
+// The side channel carries handshakes and abort messages, not data: default
+// buffers, but the same dead-peer bound as every connection (a cut link is
+// seen there while the queue pairs only retry).
+inline SocketOptions sideChannelOptions(const Config& config) {
+  SocketOptions options = config.socketOptions();
+  options.buffer_bytes = 0;
+  return options;
+}
+
+inline const char* mtuName(int mtu) {
+  switch (mtu) {
+    case IBV_MTU_256:
+      return "256";
+    case IBV_MTU_512:
+      return "512";
+    case IBV_MTU_1024:
+      return "1024";
+    case IBV_MTU_2048:
+      return "2048";
+    case IBV_MTU_4096:
+      return "4096";
+  }
+  return "?";
+}
+
+}  // namespace verbs
+
+// What the two ends of a queue pair swap over the socket, each way.
+#pragma pack(push, 1)
+struct VerbsTransport::QpInfo {
+  uint32_t magic;
+  uint32_t rank;
+  uint32_t qpn;
+  uint32_t psn;
+  uint16_t lid;
+  uint8_t ethernet;
+  uint8_t mtu;  // ibv_mtu
+  uint8_t gid[16];
+};
+#pragma pack(pop)
+
+// Every work request's wr_id points at its owner, so a completion finds it.
+struct VerbsTransport::WrOwner {
+  enum Kind : uint8_t { kCtrlRecv, kCtrlSend, kData };
+  Kind kind;
+  explicit WrOwner(Kind k) : kind(k) {}
+};
+
+struct VerbsTransport::CtrlSlot : WrOwner {
+  CtrlSlot(Kind k, Connection* c, char* b) : WrOwner(k), conn(c), buf(b) {}
+  Connection* conn;
+  char* buf;
+  VerbsRequest* request = nullptr;  // a zero-byte send completes with its control message
+};
+
+// holds: work requests posted and not yet completed (the NIC may still read
+// or write the memory, so the request and its registration wait for them).
+struct VerbsTransport::VerbsRequest : MessageRequest, WrOwner {
+  VerbsRequest() : WrOwner(kData) {}
+  uint64_t seq = 0;  // per peer and direction, matches credits to sends
+  uint64_t remote_addr = 0;
+  uint32_t rkey = 0;
+  MrCache::Entry* mr = nullptr;
+};
+
+// Something to post on a connection's send queue, in order.
+struct VerbsTransport::Outgoing {
+  verbs::CtrlMessage message{};     // a control message, when request is null or a zero-byte send
+  VerbsRequest* request = nullptr;  // a send whose credit arrived
+};
+
+struct VerbsTransport::Connection {
+  int peer = -1;
+  int fd = -1;  // the handshake socket, kept as a side channel
+  ibv_qp* qp = nullptr;
+  std::vector<std::unique_ptr<CtrlSlot>> recv_slots;
+  std::vector<std::unique_ptr<CtrlSlot>> send_slots;
+  std::vector<CtrlSlot*> free_send_slots;
+  int sq_used = 0;
+  std::deque<VerbsRequest*> recvs;         // posted receives, oldest first
+  std::deque<VerbsRequest*> unmatched;     // sends waiting for their credit
+  std::deque<VerbsRequest*> in_flight;     // sends whose work requests are posted
+  std::deque<verbs::CtrlMessage> credits;  // credits that arrived before their send
+  std::deque<Outgoing> backlog;            // waiting for send-queue room, in order
+  uint64_t next_send_seq = 0, next_recv_seq = 0;
+  SideChannelReader side_channel;
+  bool closed = false;  // the peer is gone: no new requests; posted writes may still finish
+  bool failed = false;  // no more requests at all
+  bool socket_broken = false;
+  TransportFailure failure;
+  uint32_t psn = 0;  // the first packet sequence number of this side's sends
+};
+
+// A queue-pair exchange on first use, over a non-blocking socket. Each side
+// sends its QpInfo, moves its queue pair to RTS once the peer's has come, then
+// sends one byte; the connection is usable once the peer's byte has come (its
+// queue pair is ready for writes), as in setUpConnection.
+struct VerbsTransport::Handshake {
+  std::unique_ptr<Connection> conn;
+  char out[sizeof(QpInfo) + 1] = {};  // this side's QpInfo, then the ready byte
+  size_t out_end = sizeof(QpInfo);    // bytes of `out` to send so far
+  size_t sent = 0;
+  QpInfo theirs{};
+  size_t got = 0;  // bytes of theirs, then of the peer's ready byte
+  bool wants_write() const { return sent < out_end; }
+};
+
+}  // namespace rcoll
