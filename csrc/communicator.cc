@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "cuda_ipc/cuda_ipc_collectives.h"
+#include "cuda_ipc/device_over_hosts.h"
 #include "device_staging_executor.h"
 #include "error.h"
 #include "log.h"
@@ -12,17 +12,11 @@
 #include "p2p_engine.h"
 #include "pipeline_executor.h"
 #include "shm/shm_collectives.h"
+#include "shm/window_steps.h"
 #include "timeline.h"
 #include "transport.h"
 
 namespace rcoll {
-
-namespace {
-// The device windows' settings (RCOLL_CUDA_IPC*, agreed) for buffers on `device`.
-CudaIpcCollectives::Config deviceWindowsConfig(const Config& config, int device) {
-  return {installedDeviceApi(), device, config.cuda_ipc ? config.cuda_ipc_slot_bytes : 0, config.cuda_ipc_direct_bytes};
-}
-}  // namespace
 
 Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, const CommunicatorOptions& options)
     : rank_(rank), size_(size), name_(options.name), config_(Config::fromEnvironment(options.settings)) {
@@ -40,9 +34,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, con
   chooseAlgorithms();
   peer_transports_ = std::move(mesh.peer_transports);
   transport_ = std::move(mesh.transport);
-  shm_coll_ = std::move(mesh.shm_coll);
-  host_windows_ = std::move(mesh.host_windows);
-  if (host_windows_ && hierarchical_) host_ipc_ = std::make_unique<CudaIpcCollectives>(*host_windows_);
+  setUpWindows(mesh.windows_transport, mesh.window_members);
   if (mesh.p2p_transport) {
     p2p_ = std::make_unique<P2PEngine>(
         std::move(mesh.p2p_transport), rank_, size_, mesh.p2p_info.comm_id,
@@ -84,17 +76,14 @@ std::string Communicator::describeEdges() const { return rcoll::describeEdges(tr
 bool Communicator::cachesRegistrations() const { return transport_ && transport_->needsRegistration(); }
 
 const char* Communicator::devicePath() const {
+  const bool gdr = device_path_gdr_.load(std::memory_order_relaxed);
   switch (device_path_.load(std::memory_order_relaxed)) {
-    case DevicePath::kIpcWindows:
+    case OpPath::kDeviceWindows:
       return "cuda-ipc";
-    case DevicePath::kStaging:
-      return "staging";
-    case DevicePath::kGdr:
-      return "gdr";
-    case DevicePath::kIpcStaging:
-      return "cuda-ipc+staging";
-    case DevicePath::kIpcGdr:
-      return "cuda-ipc+gdr";
+    case OpPath::kStaging:
+      return gdr ? "gdr" : "staging";
+    case OpPath::kDeviceOverHosts:
+      return gdr ? "cuda-ipc+gdr" : "cuda-ipc+staging";
     default:
       return "none";
   }
@@ -217,18 +206,31 @@ std::shared_ptr<Work> Communicator::broadcast(const void* send, void* recv, size
   return enqueue(OpKind::kBroadcast, dtype, ReduceOp::kSum, root, count, send, recv, timeout, launch);
 }
 
-std::shared_ptr<Work> Communicator::deviceCollective(OpKind kind, const void* send, void* recv, size_t count,
-                                                     DataType dtype, ReduceOp op, int root, const DeviceOpArgs& device,
-                                                     std::chrono::milliseconds timeout) {
-  const OpTraits& traits = opTraits(kind);
-  if (!traits.on_device || kind == OpKind::kAllToAll) {  // alltoall takes its counts through allToAll()
+std::shared_ptr<Work> Communicator::collective(OpKind kind, const void* send, void* recv, size_t count, DataType dtype,
+                                               ReduceOp op, int root, std::chrono::milliseconds timeout, Launch launch,
+                                               const DeviceOpArgs* device) {
+  const OpTraits* traits = findOpTraits(kind);
+  if (traits == nullptr || kind == OpKind::kAllToAll) {
+    throwError(ErrorKind::kInvalidArgument,
+               strFormat("rank %d: %s is not a collective this call runs (alltoall takes its counts through "
+                         "allToAll)",
+                         rank_, opKindName(kind)));
+  }
+  if (device != nullptr && !traits->on_device) {
     throwError(
         ErrorKind::kInvalidArgument,
         strFormat("rank %d: %s is not supported on device buffers (copy them to the host)", rank_, opKindName(kind)));
   }
-  if (!traits.reduces) op = ReduceOp::kSum;
-  if (!traits.rooted) root = 0;
-  return enqueue(kind, dtype, op, root, count, send, recv, timeout, Launch::kQueued, {}, &device);
+  if (!traits->reduces) op = ReduceOp::kSum;
+  if (!traits->rooted) root = 0;
+  if (kind == OpKind::kBarrier) {  // moves nothing: one descriptor whatever the caller passed
+    dtype = DataType::kUInt8;
+    count = 0;
+    send = recv = nullptr;
+  }
+  // Device ops always go through the progress thread, which holds the device's context.
+  return enqueue(kind, dtype, op, root, count, send, recv, timeout, device != nullptr ? Launch::kQueued : launch, {},
+                 device);
 }
 
 std::shared_ptr<Work> Communicator::barrier(std::chrono::milliseconds timeout, Launch launch) {
@@ -268,15 +270,15 @@ std::shared_ptr<Work> Communicator::allToAll(const void* send, void* recv, const
 void Communicator::chooseAlgorithms() {
   std::string why;
   const bool fits = topology_.host_order.size() == static_cast<size_t>(size_) && hierarchicalFits(topology_, &why);
-  hierarchical_ = fits && config_.algo != Config::Algo::kRing;
-  if (hierarchical_) {
-    const int local = topology_.local_rank[static_cast<size_t>(rank_)];
-    host_ring_position_.assign(static_cast<size_t>(size_), -1);
-    for (const std::vector<int>& ranks : topology_.ranks_on_host) {
-      const int r = ranks[static_cast<size_t>(local)];
-      host_ring_position_[static_cast<size_t>(r)] = static_cast<int>(host_ring_order_.size());
-      host_ring_order_.push_back(r);
-    }
+  const bool hierarchical = fits && config_.algo != Config::Algo::kRing;
+  route_facts_.world = size_;
+  route_facts_.hosts = topology_.hosts();
+  route_facts_.hierarchical = hierarchical;
+  route_facts_.allreduce_rd_bytes = config_.allreduce_rd_bytes;
+  route_facts_.cuda_ipc = config_.cuda_ipc;
+  route_facts_.cuda_ipc_slot_bytes = config_.cuda_ipc_slot_bytes;
+  route_facts_.cuda_ipc_hosts_min_bytes = config_.cuda_ipc_hosts_min_bytes;
+  if (hierarchical) {
     algorithms_ =
         strFormat("allgather, reduce_scatter and allreduce above %zu bytes: hierarchical", config_.allreduce_rd_bytes);
   } else {
@@ -288,8 +290,28 @@ void Communicator::chooseAlgorithms() {
       algorithms_ += ", not hierarchical: " + why;
     }
   }
-  if (hierarchical_ || config_.algo == Config::Algo::kHierarchical || topology_.hosts() > 1) {
+  if (hierarchical || config_.algo == Config::Algo::kHierarchical || topology_.hosts() > 1) {
     RCOLL_INFO("rank %d: %s (%s)", rank_, algorithms_.c_str(), topology_.describe().c_str());
+  }
+}
+
+void Communicator::setUpWindows(ShmTransport* transport, const std::vector<int>& members) {
+  std::unique_ptr<WindowSteps> host_group;
+  if (transport != nullptr && members.size() == static_cast<size_t>(size_)) {
+    if (ShmCollectives::available(*transport, size_)) {
+      shm_coll_ =
+          std::make_unique<ShmCollectives>(*transport, rank_, size_, config_.spin, config_.shm_coll_direct_bytes);
+      route_facts_.host_windows = true;
+      RCOLL_INFO(
+          "rank %d: allreduce, allgather, reduce_scatter, broadcast and barrier go through shared windows "
+          "(slots of %zu bytes)",
+          rank_, transport->windowSlotBytes());
+    }
+  } else if (transport != nullptr && route_facts_.hierarchical && WindowSteps::available(*transport, members)) {
+    host_group = std::make_unique<WindowSteps>(*transport, members, rank_, config_.spin);
+  }
+  if (route_facts_.hierarchical) {
+    device_over_hosts_ = std::make_unique<DeviceOverHosts>(std::move(host_group), topology_, rank_, config_);
   }
 }
 
@@ -305,71 +327,75 @@ AlgorithmContext Communicator::algorithmContext(size_t element_size) const {
   return ctx;
 }
 
-AlgorithmContext Communicator::hostRingContext(size_t element_size) const {
-  AlgorithmContext ctx = algorithmContext(element_size);
-  ctx.size = static_cast<int>(host_ring_order_.size());
-  ctx.ring_order = host_ring_order_.data();
-  ctx.ring_position = host_ring_position_.data();
-  ctx.topology = nullptr;
-  return ctx;
-}
-
 void Communicator::runOp(const Op& op) {
   op_algorithm_ = "";
-  if (shm_coll_) shm_coll_->announce(op.desc, op.device >= 0);
-  if (host_ipc_) host_windows_->announce(op.desc, op.device >= 0);
-  if (op.device >= 0) return runDeviceOp(op);
-  const OpDesc& d = op.desc;
-  const size_t es = elementSize(d.dtype);
+  const bool device = op.device >= 0;
+  if (shm_coll_) shm_coll_->announce(op.desc, device);
+  if (device_over_hosts_) device_over_hosts_->announce(op.desc, device);
+  const OpRoute route = chooseRoute(op.desc, device, route_facts_);
   const auto deadline = std::chrono::steady_clock::now() + op.timeout;
-  if (shm_coll_ && ShmCollectives::handles(d.kind)) {
-    op_algorithm_ = "shm windows";
-    return shm_coll_->run(d, op.send, op.recv, deadline, op.timeout, abort_flag_);
+  for (OpPath path : {route.path, route.fallback}) {
+    op_path_ = path;
+    if (device) device_path_.store(path, std::memory_order_relaxed);
+    if (runOnPath(path, op, route, deadline)) return;
   }
-  schedule_.reset(d, es);
-  HostMemory memory(scratch_);
-  const AlgorithmChoice choice{config_.allreduce_rd_bytes, hierarchical_};
-  const bool exchange = planOp(OpCall{d, op.send, op.recv, op.counts}, algorithmContext(es), choice, memory, schedule_);
-  op_algorithm_ = exchange ? schedule_.algorithm : "local";
-  if (exchange) executor_->run(schedule_, deadline, op.timeout, abort_flag_);
 }
 
-// The device twin of runOp(): the same schedules, with the local steps done
-// on the device and the segments staged through pinned host memory
-// (device_staging_executor.h).
-void Communicator::runDeviceOp(const Op& op) {
+bool Communicator::runOnPath(OpPath path, const Op& op, const OpRoute& route,
+                             std::chrono::steady_clock::time_point deadline) {
   const OpDesc& d = op.desc;
   const size_t es = elementSize(d.dtype);
-  const auto deadline = std::chrono::steady_clock::now() + op.timeout;
-  const std::string context = strFormat("rank %d: %s (op #%llu) on device %d", rank_, describeOp(d).c_str(),
-                                        static_cast<unsigned long long>(d.seq), op.device);
-  // Every rank on one host: device to device through the CUDA IPC windows,
-  // when all ranks could set them up (the same answer on every rank).
-  if (shm_coll_) {
-    if (shm_coll_->runDevice(d, op.send, op.recv, deviceWindowsConfig(config_, op.device), op.ready.get(),
-                             op.work->deviceCompletion().get(), deadline, op.timeout, abort_flag_)) {
-      device_path_.store(DevicePath::kIpcWindows, std::memory_order_relaxed);
+  const OpCall call{d, op.send, op.recv, op.counts};
+  auto context = [&] {
+    return strFormat("rank %d: %s (op #%llu) on device %d", rank_, describeOp(d).c_str(),
+                     static_cast<unsigned long long>(d.seq), op.device);
+  };
+  switch (path) {
+    case OpPath::kHostWindows:
+      op_algorithm_ = "shm windows";
+      shm_coll_->run(d, op.send, op.recv, deadline, op.timeout, abort_flag_);
+      return true;
+    case OpPath::kPipeline: {
+      schedule_.reset(d, es);
+      HostMemory memory(scratch_);
+      const bool exchange = planOp(call, algorithmContext(es), route.algorithm, memory, schedule_);
+      op_algorithm_ = exchange ? schedule_.algorithm : "local";
+      if (exchange) executor_->run(schedule_, deadline, op.timeout, abort_flag_);
+      return true;
+    }
+    case OpPath::kDeviceWindows:
       op_algorithm_ = "cuda ipc windows";
-      return;
+      return shm_coll_->runDevice(d, op.send, op.recv, deviceWindowsConfig(config_, op.device), op.ready.get(),
+                                  op.work->deviceCompletion().get(), deadline, op.timeout, abort_flag_);
+    case OpPath::kDeviceOverHosts: {
+      const std::string where = context();
+      DeviceStagingExecutor& staging = deviceExecutor(op.device, where);
+      device_path_gdr_.store(staging.gdr(), std::memory_order_relaxed);
+      op_algorithm_ = "hierarchical (cuda ipc windows in each host)";
+      return device_over_hosts_->run(d, op.send, op.recv, op.device, op.ready.get(), op.work->deviceCompletion().get(),
+                                     *executor_, staging, deadline, op.timeout, abort_flag_, where);
+    }
+    case OpPath::kStaging: {
+      // The same schedules as the pipeline's, with the local steps done on
+      // the device and the segments staged through pinned host memory.
+      const std::string where = context();
+      DeviceStagingExecutor& ex = deviceExecutor(op.device, where);
+      device_path_gdr_.store(ex.gdr(), std::memory_order_relaxed);
+      schedule_.reset(d, es);
+      try {
+        ex.begin(op.ready.get(), where);
+        const bool exchange = planOp(call, algorithmContext(es), route.algorithm, ex, schedule_);
+        op_algorithm_ = exchange ? schedule_.algorithm : "local";
+        if (exchange) ex.run(schedule_, deadline, op.timeout, abort_flag_);
+        ex.finish(op.work->deviceCompletion().get(), deadline, op.timeout, abort_flag_);
+      } catch (...) {
+        ex.abandon();  // no copy may still touch the slots or the caller's memory
+        throw;
+      }
+      return true;
     }
   }
-  if (hierarchical_ && runDeviceOpOverHosts(op, context)) return;
-  DeviceStagingExecutor& ex = deviceExecutor(op.device, context);
-  device_path_.store(ex.gdr() ? DevicePath::kGdr : DevicePath::kStaging, std::memory_order_relaxed);
-  schedule_.reset(d, es);
-  try {
-    ex.begin(op.ready.get(), context);
-    // The staging executor has no recursive doubling (it would hold slots
-    // across sends); the ring or the hierarchical allreduce for every size.
-    const AlgorithmChoice choice{0, hierarchical_};
-    const bool exchange = planOp(OpCall{d, op.send, op.recv, op.counts}, algorithmContext(es), choice, ex, schedule_);
-    op_algorithm_ = exchange ? schedule_.algorithm : "local";
-    if (exchange) ex.run(schedule_, deadline, op.timeout, abort_flag_);
-    ex.finish(op.work->deviceCompletion().get(), deadline, op.timeout, abort_flag_);
-  } catch (...) {
-    ex.abandon();  // no copy may still touch the slots or the caller's memory
-    throw;
-  }
+  return false;
 }
 
 DeviceStagingExecutor& Communicator::deviceExecutor(int device, const std::string& context) {
@@ -383,100 +409,6 @@ DeviceStagingExecutor& Communicator::deviceExecutor(int device, const std::strin
     }
   }
   return *device_executor_;
-}
-
-bool Communicator::runDeviceOpOverHosts(const Op& op, const std::string& context) {
-  const OpDesc& d = op.desc;
-  // Every test before the windows' set-up gives the same answer on every
-  // rank (the op, the topology, the agreed settings), so that all of them
-  // reach the agreement below at the same op, or none does.
-  if (!CudaIpcCollectives::handles(d.kind)) return false;
-  if (!config_.cuda_ipc) return false;
-  if (d.kind != OpKind::kAllreduce) {
-    // Their phases inside and between the hosts run one after the other: a
-    // small buffer pays the windows' hand-offs and saves little (config.cc).
-    const size_t blocks = opTraits(d.kind).per_rank_blocks ? static_cast<size_t>(size_) : 1;
-    const size_t whole = d.count * elementSize(d.dtype) * blocks;  // the whole buffer, as benchmarks count it
-    if (whole < config_.cuda_ipc_hosts_min_bytes) return false;
-  }
-  if (!CudaIpcCollectives::stepHoldsBlocks(d, config_.cuda_ipc_slot_bytes, static_cast<size_t>(size_),
-                                           static_cast<size_t>(topology_.hosts()))) {
-    return false;
-  }
-  const size_t es = elementSize(d.dtype);
-  const auto deadline = std::chrono::steady_clock::now() + op.timeout;
-  DeviceStagingExecutor& ex = deviceExecutor(op.device, context);
-  // The windows' set-up ends with every host's answer: the ring of this local
-  // index (one rank per host, each knowing its host's answer) takes the
-  // minimum of one byte, on host memory.
-  auto agree = [&](bool this_host_on) {
-    OpDesc question = d;
-    question.dtype = DataType::kUInt8;
-    question.reduce_op = ReduceOp::kMin;
-    question.count = 1;
-    uint8_t on = this_host_on ? 1 : 0;
-    Schedule s;
-    s.reset(question, 1);
-    buildRingAllreduce(s, hostRingContext(1), reinterpret_cast<const char*>(&on), reinterpret_cast<char*>(&on), 1);
-    executor_->run(s, deadline, op.timeout, abort_flag_);
-    return on == 1;
-  };
-  if (!host_ipc_) {
-    // This host has no windows (a rank here refused shared memory, or it has
-    // too many ranks): it still answers the other hosts, once, and stages.
-    if (!windows_question_answered_) {
-      windows_question_answered_ = true;
-      agree(false);
-    }
-    return false;
-  }
-  // The phases between the hosts: rings of the ranks of this local index, on
-  // device memory through the staging executor. The op's own descriptor goes
-  // on the wire (hosts that disagree on it meet a header naming the other
-  // call); avg reduces as a sum and divides once, by the world, when every
-  // host's share is in (cuda_ipc_collectives.cc), not in the ring.
-  auto between = [&](auto&& build) {
-    schedule_.reset(d, es);
-    build(schedule_, hostRingContext(es));
-    for (RecvStep& r : schedule_.recvs) r.divide_after = false;
-    try {
-      ex.begin(nullptr, context);  // the windows' stream finished its part already
-      ex.run(schedule_, deadline, op.timeout, abort_flag_);
-      ex.finish(nullptr, deadline, op.timeout, abort_flag_);
-    } catch (...) {
-      ex.abandon();
-      throw;
-    }
-  };
-  CudaIpcCollectives::BetweenHosts hosts;
-  hosts.agree = agree;
-  hosts.allreduce = [&](char* data, size_t count) {
-    between([&](Schedule& s, const AlgorithmContext& ring) { buildRingAllreduce(s, ring, data, data, count); });
-  };
-  hosts.allgather = [&](char* recv, size_t count) {
-    between([&](Schedule& s, const AlgorithmContext& ring) { buildRingAllgather(s, ring, recv, count); });
-  };
-  hosts.reduce_scatter = [&](char* sums, char* recv, size_t count) {
-    // In place in `sums`, one block per host (blocks_by_position: host h's at
-    // h * count): a block is reduced there only after it was sent (algorithms.cc).
-    between([&](Schedule& s, const AlgorithmContext& ring) {
-      AlgorithmContext by_host = ring;
-      by_host.blocks_by_position = true;
-      buildRingReduceScatter(s, by_host, sums, recv, sums, count);
-    });
-  };
-  hosts.broadcast = [&](char* data, size_t count, int root) {
-    between([&](Schedule& s, const AlgorithmContext& ring) { buildChainBroadcast(s, ring, data, count, root); });
-  };
-  hosts.scratch = [&](size_t bytes) { return ex.scratch(bytes); };
-  hosts.topology = &topology_;
-  if (!host_ipc_->run(d, op.send, op.recv, deviceWindowsConfig(config_, op.device), op.ready.get(),
-                      op.work->deviceCompletion().get(), deadline, op.timeout, abort_flag_, &hosts)) {
-    return false;
-  }
-  device_path_.store(ex.gdr() ? DevicePath::kIpcGdr : DevicePath::kIpcStaging, std::memory_order_relaxed);
-  op_algorithm_ = "hierarchical (cuda ipc windows in each host)";  // the timeline's name
-  return true;
 }
 
 void Communicator::recordFailure(ErrorKind kind, const std::string& message) {
@@ -609,7 +541,7 @@ void Communicator::recordTimeline(const Op& op, std::chrono::steady_clock::time_
                    ? (device_executor_ ? device_executor_->firstCompletion() : std::chrono::steady_clock::time_point{})
                : executor_ ? executor_->firstCompletion()
                            : std::chrono::steady_clock::time_point{};
-  if (shm_coll_ && ShmCollectives::handles(op.desc.kind)) {
+  if (op_path_ == OpPath::kHostWindows || op_path_ == OpPath::kDeviceWindows) {
     // Device ops too, when they went through the device windows (then it is this op's).
     const auto windows_first = shm_coll_->firstCompletion();
     if (op.device < 0 || windows_first > start) first = windows_first;
@@ -627,10 +559,69 @@ void Communicator::abort(const std::string& reason) {
                                                reason.empty() ? "abort() was called" : reason.c_str()));
 }
 
+void Communicator::monitoredBarrier(std::chrono::milliseconds timeout, bool wait_all_ranks) {
+  if (!p2p_) return;  // a world of one
+  if (timeout.count() <= 0) timeout = timeout_;
+  const int tag = P2PEngine::kMonitoredBarrierTag;
+  const std::string within = timedOut(static_cast<double>(timeout.count()) / 1000.0);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (barrier_tokens_.empty()) barrier_tokens_.assign(static_cast<size_t>(size_) + 1, 0);
+  }
+  uint8_t* tokens = barrier_tokens_.data();
+  if (rank_ != 0) {
+    std::shared_ptr<Work> arrived = p2p_->send(&tokens[0], 1, DataType::kUInt8, 0, tag, timeout);
+    std::shared_ptr<Work> released = p2p_->recv(&tokens[1], 1, DataType::kUInt8, 0, tag, timeout);
+    try {
+      arrived->wait(std::chrono::milliseconds(-1));
+      released->wait(std::chrono::milliseconds(-1));
+    } catch (const RcollError& e) {
+      throwError(e.kind(),
+                 strFormat("rank %d: monitored_barrier: rank 0 did not release the barrier (%s)", rank_, e.what()));
+    }
+    return;
+  }
+  // Every arrival is posted at once, so all of them share one deadline: the
+  // first that passes it fails the others that are still waiting, and those
+  // that arrived in time have completed.
+  std::vector<std::shared_ptr<Work>> arrivals;
+  for (int r = 1; r < size_; ++r) {
+    arrivals.push_back(p2p_->recv(&tokens[r], 1, DataType::kUInt8, r, tag, timeout));
+  }
+  std::vector<int> missing;
+  ErrorKind kind = ErrorKind::kTimeout;
+  std::string first_error;
+  for (int r = 1; r < size_; ++r) {
+    try {
+      arrivals[static_cast<size_t>(r - 1)]->wait(std::chrono::milliseconds(-1));
+    } catch (const RcollError& e) {
+      if (first_error.empty()) {
+        kind = e.kind();
+        first_error = e.what();
+      }
+      missing.push_back(r);
+    }
+  }
+  if (!missing.empty()) {
+    std::string ranks;
+    const size_t named = wait_all_ranks ? missing.size() : 1;
+    for (size_t i = 0; i < named; ++i) ranks += (i == 0 ? "" : ", ") + std::to_string(missing[i]);
+    throwError(kind, strFormat("rank 0: monitored_barrier: %s %s failed to pass monitoredBarrier (%s)%s",
+                               named == 1 ? "rank" : "ranks", ranks.c_str(), within.c_str(),
+                               wait_all_ranks || missing.size() == 1
+                                   ? ""
+                                   : "; wait_all_ranks=True names every rank that did not come"));
+  }
+  std::vector<std::shared_ptr<Work>> releases;
+  for (int r = 1; r < size_; ++r) releases.push_back(p2p_->send(&tokens[0], 1, DataType::kUInt8, r, tag, timeout));
+  for (const std::shared_ptr<Work>& w : releases) w->wait(std::chrono::milliseconds(-1));
+}
+
 std::shared_ptr<Work> Communicator::send(const void* data, size_t count, DataType dtype, int peer, int tag,
                                          std::chrono::milliseconds timeout) {
   if (!p2p_)
     throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: send: no other rank in a world of size 1", rank_));
+  if (tag < 0) throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: send: tag %d < 0", rank_, tag));
   return p2p_->send(data, count, dtype, peer, tag, timeout.count() > 0 ? timeout : timeout_);
 }
 
@@ -638,6 +629,7 @@ std::shared_ptr<Work> Communicator::recv(void* data, size_t count, DataType dtyp
                                          std::chrono::milliseconds timeout) {
   if (!p2p_)
     throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: recv: no other rank in a world of size 1", rank_));
+  if (tag < 0) throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: recv: tag %d < 0", rank_, tag));
   return p2p_->recv(data, count, dtype, peer, tag, timeout.count() > 0 ? timeout : timeout_);
 }
 
@@ -647,6 +639,7 @@ std::shared_ptr<Work> Communicator::recvFromAny(void* data, size_t count, DataTy
     throwError(ErrorKind::kInvalidArgument,
                strFormat("rank %d: recv from any source: no other rank in a world of size 1", rank_));
   }
+  if (tag < 0) throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: recv: tag %d < 0", rank_, tag));
   return p2p_->recvFromAny(data, count, dtype, tag, timeout.count() > 0 ? timeout : timeout_);
 }
 

@@ -26,6 +26,7 @@
 #include "device_runtime.h"
 #include "dtype.h"
 #include "error.h"
+#include "op_route.h"
 #include "schedule.h"
 #include "store.h"
 #include "topology.h"
@@ -36,14 +37,14 @@ namespace rcoll {
 
 // The parts a communicator runs ops with; it reaches them only through their
 // own headers, in communicator.cc.
-class CudaIpcCollectives;
+class DeviceOverHosts;
 class DeviceStagingExecutor;
 class P2PEngine;
+class ShmTransport;
 class PipelineExecutor;
 class ShmCollectives;
 class Timeline;
 class Transport;
-class WindowSteps;
 
 struct CommunicatorOptions {
   std::string name = "default";          // store namespace; communicators on one store need distinct names
@@ -133,16 +134,17 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
                                  std::chrono::milliseconds timeout = {}, Launch launch = Launch::kQueued,
                                  const DeviceOpArgs* device = nullptr);
 
-  // A collective on device (GPU) buffers, through the installed device API
-  // (device_api.h): allreduce, allgather, reduce_scatter, broadcast, reduce,
-  // gather or scatter, with the arguments of the host versions above (for
-  // alltoall, allToAll() with `device`: every block of both buffers on it). The op
-  // starts after the work queued on `device.stream` before this call (an
-  // event, no host wait); its Work carries a completion event
-  // (Work::deviceCompletion). A communicator serves one device.
-  std::shared_ptr<Work> deviceCollective(OpKind kind, const void* send, void* recv, size_t count, DataType dtype,
-                                         ReduceOp op, int root, const DeviceOpArgs& device,
-                                         std::chrono::milliseconds timeout = {});
+  // Any collective but alltoall (allToAll() takes its counts), by kind, on
+  // host buffers or, with `device`, on device (GPU) buffers through the
+  // installed device API (device_api.h): the calls above in one, for the front
+  // ends. `op` is ignored where the kind does not reduce, `root` where it has
+  // none. A device op starts after the work queued on `device->stream` before
+  // this call (an event, no host wait), always through the progress thread;
+  // its Work carries a completion event (Work::deviceCompletion). A
+  // communicator serves one device.
+  std::shared_ptr<Work> collective(OpKind kind, const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                                   int root, std::chrono::milliseconds timeout = {}, Launch launch = Launch::kQueued,
+                                   const DeviceOpArgs* device = nullptr);
 
   // Point-to-point: outside the collective order (see p2p_engine.h); messages
   // between two ranks match in issue order, and their tags must agree.
@@ -154,6 +156,16 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
                              std::chrono::milliseconds timeout = {});
   std::shared_ptr<Work> recvFromAny(void* data, size_t count, DataType dtype, int tag,
                                     std::chrono::milliseconds timeout = {});
+
+  // A barrier that names the ranks that did not reach it (torch's
+  // monitored_barrier, as Gloo runs it): rank 0 waits up to `timeout` (0: the
+  // communicator's) for a message from every other rank, then releases them.
+  // When some rank does not come, rank 0 raises TimeoutError naming the
+  // lowest such rank or, with `wait_all_ranks`, every one; the others then
+  // fail with rank 0's report. Runs on the calling thread over the
+  // point-to-point connections, outside the collective order; a failure ends
+  // the communicator, as a timed-out op does. Call without holding the GIL.
+  void monitoredBarrier(std::chrono::milliseconds timeout, bool wait_all_ranks);
 
   // Runs `work`'s op on this thread if it is next in the queue and nothing
   // runs (the untimed Work::wait() of a queued op calls it).
@@ -208,17 +220,14 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
     Communicator* self;
     ~ExecutorRelease();
   };
-  void runDeviceOp(const Op& op);
+  // Runs `op` on `path`; false, having run nothing, when a windows path
+  // declines at run time (op_route.h).
+  bool runOnPath(OpPath path, const Op& op, const OpRoute& route, std::chrono::steady_clock::time_point deadline);
   // The device executor, created by the first device op that needs it.
   DeviceStagingExecutor& deviceExecutor(int device, const std::string& context);
-  // A job of several hosts: the hierarchical allreduce, allgather or
-  // reduce_scatter through this host's device windows (cuda_ipc_collectives.h);
-  // false, having run nothing, for other ops or when the windows are off on
-  // some host.
-  bool runDeviceOpOverHosts(const Op& op, const std::string& context);
-  // The ring of this rank's local index, one rank per host (hierarchical jobs).
-  AlgorithmContext hostRingContext(size_t element_size) const;
-  void chooseAlgorithms();  // sets hierarchical_, once the topology is known
+  void chooseAlgorithms();  // sets route_facts_.hierarchical, once the topology is known
+  // Builds what runs on the shared windows the mesh handed over (op_route.h's paths).
+  void setUpWindows(ShmTransport* transport, const std::vector<int>& members);
   AlgorithmContext algorithmContext(size_t element_size) const;
   void recordTimeline(const Op& op, std::chrono::steady_clock::time_point start, const char* outcome);
   // Thread-safe: records the first failure (sticky), fails the p2p engine with
@@ -235,26 +244,22 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   uint64_t comm_id_ = 0;           // tells this communicator's connections from any other's (mesh.h)
   std::string rendezvous_prefix_;  // its keys in the store, new for every communicator
   Topology topology_;
-  // Allreduces above the recursive doubling size take the hierarchical
-  // algorithm (RCOLL_ALGO and hierarchicalFits(topology_)); the same on every rank.
-  bool hierarchical_ = false;
+  // What chooses each op's path (op_route.h); the same on every rank.
+  RouteFacts route_facts_;
   std::string algorithms_;              // the choice and why, for the log and `python -m rcoll info`
   const char* op_algorithm_ = "";       // what ran the op in flight, for the timeline
+  OpPath op_path_ = OpPath::kPipeline;  // the path that ran it
   std::unique_ptr<Timeline> timeline_;  // RCOLL_TIMELINE; outlives the executor and p2p engine below
   std::unique_ptr<Transport> transport_;
   std::vector<std::string> peer_transports_;  // per rank, see transports(); empty in a world of 1
   std::unique_ptr<PipelineExecutor> executor_;
   // Every rank on this host: the window collectives (shm/shm_collectives.h); else null.
   std::unique_ptr<ShmCollectives> shm_coll_;
-  // Several hosts with several ranks each (hierarchical_): the windows of this
-  // host's ranks and their device windows, for device allreduces; else null.
-  std::unique_ptr<WindowSteps> host_windows_;
-  std::unique_ptr<CudaIpcCollectives> host_ipc_;
-  bool windows_question_answered_ = false;  // hierarchical_ without host_ipc_: the other hosts were told "off"
-  std::vector<int> host_ring_order_;        // hierarchical_: the ranks of this local index, host by host
-  std::vector<int> host_ring_position_;     // per rank: its position in host_ring_order_, or -1
-  enum class DevicePath { kNone, kIpcWindows, kStaging, kGdr, kIpcStaging, kIpcGdr };
-  std::atomic<DevicePath> device_path_{DevicePath::kNone};
+  // Several hosts, the hierarchical algorithms: device ops through each host's device windows; else null.
+  std::unique_ptr<DeviceOverHosts> device_over_hosts_;
+  // The path and executor of the last device op, for devicePath().
+  std::atomic<OpPath> device_path_{OpPath::kPipeline};
+  std::atomic<bool> device_path_gdr_{false};
   std::unique_ptr<P2PEngine> p2p_;  // own sockets and thread; none in a world of size 1
   // Device ops: created by the first one, on the progress thread; destroyed
   // before the transport it registered its staging memory with.
@@ -262,7 +267,10 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   int device_ = -1;                      // the device this communicator serves (set by the first device op)
   std::atomic<bool> peers_told_{false};  // set by whoever owns the executor
   Schedule schedule_;                    // reused by every op on the progress thread
-  std::vector<char> scratch_;            // reduce-scatter and reduce partial sums, grown on demand
+  // monitoredBarrier()'s one-byte messages, one per rank: alive as long as the
+  // engine that may still write into them.
+  std::vector<uint8_t> barrier_tokens_;
+  std::vector<char> scratch_;  // reduce-scatter and reduce partial sums, grown on demand
 
   mutable std::mutex mutex_;
   std::condition_variable queue_cv_;

@@ -46,7 +46,7 @@
 
 #include "config.h"
 #include "device_runtime.h"
-#include "op_table.h"
+#include "local_memory.h"
 #include "schedule.h"
 #include "send_queues.h"
 #include "socket_util.h"

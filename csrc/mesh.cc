@@ -13,10 +13,8 @@
 #include "log.h"
 #include "rdma/ib_device.h"
 #include "rdma/verbs_factory.h"
-#include "shm/shm_collectives.h"
 #include "shm/shm_setup.h"
 #include "shm/shm_transport.h"
-#include "shm/window_steps.h"
 #include "socket_util.h"
 #include "tcp_transport.h"
 
@@ -117,51 +115,48 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
     mesh_.peer_transports[static_cast<size_t>(p)] = shm ? "shm" : network;
     shm_peers += shm ? 1 : 0;
   }
-  // Point-to-point keeps one socket per peer: its messages are few and
-  // matched by tag, and one stream keeps their order simple to reason about.
-  Config p2p_network_config = mesh_.config;
-  p2p_network_config.sockets_per_peer = 1;
-  const Config* network_settings = &mesh_.config;
-  auto makeNetwork = [&](const ConnectInfo& connect_info) -> std::unique_ptr<Transport> {
-    if (use_verbs) return makeVerbsTransport(connect_info, mesh_.config, bind_host, ib_port);
-    return std::make_unique<TcpTransport>(connect_info, *network_settings, bind_host);
+  auto makeNetwork = [&](const ConnectInfo& connect_info, const Config& settings) -> std::unique_ptr<Transport> {
+    if (use_verbs) return makeVerbsTransport(connect_info, settings, bind_host, ib_port);
+    return std::make_unique<TcpTransport>(connect_info, settings, bind_host);
   };
   // One transport when every edge is alike (its own progress loop, nothing in
   // between); a composite only when this rank has edges of both kinds.
-  // Shared windows only where they can serve collectives, on the collective
-  // transport (point-to-point needs none): every rank on this host (host ops
-  // too), or the ranks of this host in a job of several, where only the device
-  // windows use them (the hierarchical allreduce through CUDA IPC): their
-  // control pages alone, so their host slots stay small.
-  Config shm_config = mesh_.config;
-  if (need_network) shm_config.shm_coll_slot_bytes = kHostGroupSlotBytes;
-  Config p2p_shm_config = mesh_.config;
-  p2p_shm_config.shm_coll = false;
-  const Config* shm_settings = &shm_config;
   // `*shm`: its shared-memory transport (itself, or a composite's child), or null.
-  auto makeTransport = [&](const ConnectInfo& connect_info, ShmTransport** shm) -> std::unique_ptr<Transport> {
+  auto makeTransport = [&](const ConnectInfo& connect_info, const Config& shm_settings, const Config& network_settings,
+                           ShmTransport** shm) -> std::unique_ptr<Transport> {
     *shm = nullptr;
-    if (shm_peers == 0 && need_network) return makeNetwork(connect_info);
-    auto shared = std::make_unique<ShmTransport>(connect_info, *shm_settings, bind_host);
+    if (shm_peers == 0 && need_network) return makeNetwork(connect_info, network_settings);
+    auto shared = std::make_unique<ShmTransport>(connect_info, shm_settings, bind_host);
     *shm = shared.get();
     if (!need_network) return shared;
     std::vector<std::unique_ptr<Transport>> children;
     children.push_back(std::move(shared));
-    children.push_back(makeNetwork(connect_info));
+    children.push_back(makeNetwork(connect_info, network_settings));
     return std::make_unique<CompositeTransport>(connect_info, std::move(children), route, mesh_.config.spin);
   };
+  // Shared windows only where they can serve collectives, on the collective
+  // transport (point-to-point needs none): every rank on this host (host ops
+  // too), or the ranks of this host in a job of several, where only the device
+  // windows use them (the hierarchical collectives through CUDA IPC): their
+  // control pages alone, so their host slots stay small.
+  Config collective_shm_config = mesh_.config;
+  if (need_network) collective_shm_config.shm_coll_slot_bytes = kHostGroupSlotBytes;
   ShmTransport* collective_shm = nullptr;
-  mesh_.transport = makeTransport(mesh_.info, &collective_shm);
+  mesh_.transport = makeTransport(mesh_.info, collective_shm_config, mesh_.config, &collective_shm);
   RCOLL_INFO("rank %d: transport %s; %s", rank_, mesh_.transport->name(), describeEdges(mesh_.peer_transports).c_str());
   // Point-to-point traffic gets its own connections (p2p_engine.h): sockets or
   // queue pairs. Their handshakes and headers carry a different id, so a stray
-  // cross-connection is refused.
+  // cross-connection is refused. It keeps one socket per peer (its messages
+  // are few and matched by tag, and one stream keeps their order simple to
+  // reason about) and has no windows.
   ConnectInfo p2p_info = mesh_.info;
   p2p_info.comm_id = mesh_.info.comm_id ^ kPointToPointIdSalt;
-  shm_settings = &p2p_shm_config;
-  network_settings = &p2p_network_config;
+  Config p2p_network_config = mesh_.config;
+  p2p_network_config.sockets_per_peer = 1;
+  Config p2p_shm_config = mesh_.config;
+  p2p_shm_config.shm_coll = false;
   ShmTransport* p2p_shm = nullptr;  // unused: point-to-point has no windows
-  auto p2p_transport = makeTransport(p2p_info, &p2p_shm);
+  auto p2p_transport = makeTransport(p2p_info, p2p_shm_config, p2p_network_config, &p2p_shm);
   // One string per rank: its two meshes' addresses, each "kind=host:port ...".
   const std::string mine = listenAddresses(*mesh_.transport) + "\n" + listenAddresses(*p2p_transport);
   const std::vector<std::string> addresses = allGather(store, prefix + "addr", mine, deadline);
@@ -203,23 +198,14 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
   };
   connectMesh(*mesh_.transport, false);
   connectMesh(*p2p_transport, true);
-  if (need_network && collective_shm != nullptr) {
+  if (collective_shm != nullptr) {
     const Topology& t = mesh_.topology;
     const std::vector<int>& local = t.ranks_on_host[static_cast<size_t>(t.host_of[static_cast<size_t>(rank_)])];
     bool all_shm = true;
     for (int p : local) all_shm = all_shm && (p == rank_ || route[static_cast<size_t>(p)] == 0);
-    if (all_shm && WindowSteps::available(*collective_shm, local)) {
-      mesh_.host_windows = std::make_unique<WindowSteps>(*collective_shm, local, rank_, mesh_.config.spin);
-    }
-  }
-  if (!need_network && collective_shm != nullptr) {
-    if (ShmCollectives::available(*collective_shm, size_)) {
-      mesh_.shm_coll = std::make_unique<ShmCollectives>(*collective_shm, rank_, size_, mesh_.config.spin,
-                                                        mesh_.config.shm_coll_direct_bytes);
-      RCOLL_INFO(
-          "rank %d: allreduce, allgather, reduce_scatter, broadcast and barrier go through shared windows "
-          "(slots of %zu bytes)",
-          rank_, collective_shm->windowSlotBytes());
+    if (all_shm) {
+      mesh_.windows_transport = collective_shm;
+      mesh_.window_members = local;
     }
   }
   mesh_.p2p_info = p2p_info;

@@ -20,8 +20,7 @@
 
 namespace rcoll {
 
-class ShmCollectives;
-class WindowSteps;
+class ShmTransport;
 
 struct Mesh {
   Config config;       // this rank's settings, with the agreed ones taken from rank 0
@@ -30,11 +29,13 @@ struct Mesh {
   Topology topology;
   std::vector<std::string> peer_transports;  // per rank: "self", "shm", "tcp" or "ib"; empty in a world of 1
   std::unique_ptr<Transport> transport;      // collectives' connections; null in a world of 1
-  std::unique_ptr<ShmCollectives> shm_coll;  // every rank on this host: the shared windows (uses `transport`)
-  // A job of several hosts: the windows of this host's ranks (uses `transport`),
-  // for the device windows of the hierarchical allreduce. Null where this host
-  // has one rank or the windows are off.
-  std::unique_ptr<WindowSteps> host_windows;
+  // The shared-memory transport inside `transport` (itself, or a composite's
+  // child) where every other rank of this host shares memory with this one,
+  // else null; and the ranks whose windows it holds: every rank (a job on one
+  // host), or this host's ranks (a job of several, where its slots are small:
+  // only the device windows use them). The communicator decides what runs on them.
+  ShmTransport* windows_transport = nullptr;
+  std::vector<int> window_members;
   ConnectInfo p2p_info;                      // point-to-point's id differs: a crossed connection is refused
   std::unique_ptr<Transport> p2p_transport;  // null in a world of 1
 

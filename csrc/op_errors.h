@@ -19,17 +19,6 @@ inline std::string opFailureMessage(int rank, const OpDesc& op, const std::strin
                    static_cast<unsigned long long>(op.seq), why.c_str());
 }
 
-// "rank 1 called broadcast(...) as op #7 while rank 0 called allreduce(...) as op #7":
-// two ranks that called different collectives. `theirs` is the peer's op as
-// this rank knows it (a description, or only its kind's name). `their_rank`
-// is 64-bit: a header's (unsigned 32-bit) sender is printed as it came.
-inline std::string differentCallsMessage(int64_t their_rank, const std::string& theirs, uint64_t their_seq, int my_rank,
-                                         const OpDesc& mine) {
-  return strFormat("rank %lld called %s as op #%llu while rank %d called %s as op #%llu",
-                   static_cast<long long>(their_rank), theirs.c_str(), static_cast<unsigned long long>(their_seq),
-                   my_rank, describeOp(mine).c_str(), static_cast<unsigned long long>(mine.seq));
-}
-
 // Names the peers still owed data: `silent` sent nothing that arrived,
 // `not_taking` did not take what was sent to them. `otherwise` says what was
 // being waited for when neither list has a peer.

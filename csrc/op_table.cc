@@ -11,28 +11,6 @@ namespace rcoll {
 
 namespace {
 
-using B = BufferUse;
-
-// kind, reduces, rooted, per_rank_blocks, send, recv, on_device
-constexpr OpTraits kOpTraits[] = {
-    {OpKind::kAllreduce, true, false, false, B::kEveryRank, B::kEveryRank, true},
-    // recv: size x count, block r from rank r
-    {OpKind::kAllgather, false, false, true, B::kEveryRank, B::kEveryRank, true},
-    // recv (every rank) gets the root's send
-    {OpKind::kBroadcast, false, true, false, B::kEveryRank, B::kEveryRank, true},
-    // send: size x count; recv: block `rank` of the reduction
-    {OpKind::kReduceScatter, true, false, true, B::kEveryRank, B::kEveryRank, true},
-    {OpKind::kBarrier, false, false, false, B::kNone, B::kNone, false},
-    // the reduction lands in the root's recv only
-    {OpKind::kReduce, true, true, false, B::kEveryRank, B::kRootOnly, true},
-    // the root's recv: size x count, block r from rank r
-    {OpKind::kGather, false, true, true, B::kEveryRank, B::kRootOnly, true},
-    // the root's send: size x count; rank r's recv gets block r
-    {OpKind::kScatter, false, true, true, B::kRootOnly, B::kEveryRank, true},
-    // counts per peer: checked by checkAllToAllArgs(); on device through allToAll()
-    {OpKind::kAllToAll, false, false, false, B::kNone, B::kNone, true},
-};
-
 // AllToAllArgs::packed, read back: four runs of one entry per rank, in elements.
 struct AllToAllLayout {
   const uint64_t* send_counts;
@@ -50,13 +28,6 @@ bool needs(BufferUse use, bool is_root) {
 }
 
 }  // namespace
-
-const OpTraits& opTraits(OpKind kind) {
-  for (const OpTraits& t : kOpTraits) {
-    if (t.kind == kind) return t;
-  }
-  throwError(ErrorKind::kInvalidArgument, strFormat("%s is not a collective", opKindName(kind)));
-}
 
 void checkOpArgs(const OpDesc& desc, int rank, int size, const void* send, const void* recv) {
   const OpTraits& t = opTraits(desc.kind);
@@ -147,19 +118,6 @@ AllToAllArgs checkAllToAllArgs(int rank, int size, DataType dtype, const void* s
   }
   args.send_total = totals[0];
   return args;
-}
-
-void HostMemory::copy(char* dst, const char* src, size_t bytes) {
-  if (bytes > 0 && dst != src) std::memmove(dst, src, bytes);
-}
-
-void HostMemory::scaleDivide(char* buf, size_t count, DataType dtype, size_t divisor) {
-  rcoll::scaleDivide(buf, count, dtype, divisor);
-}
-
-char* HostMemory::scratch(size_t bytes) {
-  if (scratch_.size() < bytes) scratch_.resize(bytes);
-  return scratch_.data();
 }
 
 bool planOp(const OpCall& op, const AlgorithmContext& ctx, const AlgorithmChoice& choice, LocalMemory& memory,

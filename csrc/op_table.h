@@ -1,8 +1,9 @@
-// Every collective in one table: the buffers it touches, the checks made before
-// it is queued, its local step and the algorithm that builds its transfers.
-// Host and device dispatch both go through it (communicator.cc), so adding a
-// collective is one row in kOpTraits, one case in planOp(), a builder in
-// algorithms.cc and its bindings.
+// What every collective gets before and after its route is chosen: the checks
+// made before it is queued, its local step and the algorithm that builds its
+// transfers (the rows that describe each kind are op_kind.h's). Host and device
+// ops both go through it (communicator.cc), so adding a collective is one row
+// in op_kind.cc, one case in planOp(), a builder in algorithms.cc and one line
+// per front end.
 //
 // Nothing here knows of threads, transports or devices: the local step runs
 // through LocalMemory (host memory, or a device's through its staging executor)
@@ -16,26 +17,12 @@
 
 #include "algorithms.h"
 #include "dtype.h"
+#include "local_memory.h"
+#include "op_kind.h"
 #include "schedule.h"
 #include "wire.h"
 
 namespace rcoll {
-
-// Which ranks must pass a buffer (when count > 0).
-enum class BufferUse : uint8_t { kNone, kEveryRank, kRootOnly };
-
-struct OpTraits {
-  OpKind kind;
-  bool reduces;          // takes a reduce op, checked against the dtype
-  bool rooted;           // takes a root
-  bool per_rank_blocks;  // one of its buffers holds size x count elements
-  BufferUse send;
-  BufferUse recv;
-  bool on_device;  // runs on device buffers (deviceCollective)
-};
-
-// The row of a collective; throws for kinds that are not collectives (p2p, abort).
-const OpTraits& opTraits(OpKind kind);
 
 // The checks every collective gets once, on the caller's thread, before it
 // takes a sequence number: root in range, dtype/op supported, sizes that fit in
@@ -55,30 +42,6 @@ struct AllToAllArgs {
 AllToAllArgs checkAllToAllArgs(int rank, int size, DataType dtype, const void* send, void* recv,
                                const std::vector<int64_t>& send_counts, const std::vector<int64_t>& send_displs,
                                const std::vector<int64_t>& recv_counts, const std::vector<int64_t>& recv_displs);
-
-// Where an op's local step runs: host memory, or a device's.
-class LocalMemory {
- public:
-  virtual ~LocalMemory() = default;
-  // Ranges may overlap (callers pass views of one tensor); nothing happens when
-  // dst == src or bytes == 0.
-  virtual void copy(char* dst, const char* src, size_t bytes) = 0;
-  virtual void scaleDivide(char* buf, size_t count, DataType dtype, size_t divisor) = 0;
-  // A block of at least `bytes`, valid until the next call.
-  virtual char* scratch(size_t bytes) = 0;
-};
-
-// Host memory: memmove, the CPU kernels and a scratch vector the owner keeps.
-class HostMemory final : public LocalMemory {
- public:
-  explicit HostMemory(std::vector<char>& scratch) : scratch_(scratch) {}
-  void copy(char* dst, const char* src, size_t bytes) override;
-  void scaleDivide(char* buf, size_t count, DataType dtype, size_t divisor) override;
-  char* scratch(size_t bytes) override;
-
- private:
-  std::vector<char>& scratch_;
-};
 
 // One op on this rank, as queued.
 struct OpCall {

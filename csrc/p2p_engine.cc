@@ -42,6 +42,9 @@ void P2PEngine::stop() {
 }
 
 std::string P2PEngine::describe(const Message& m) const {
+  if (static_cast<int>(m.desc.root) == kMonitoredBarrierTag) {
+    return strFormat("monitored_barrier: %s rank %d", m.is_send ? "the message to" : "the message from", m.peer);
+  }
   if (m.peer == kAnySource) {
     return strFormat("recv of %s (count=%llu, tag=%u) from any source", dataTypeName(m.desc.dtype),
                      static_cast<unsigned long long>(m.desc.count), m.desc.root);
@@ -84,7 +87,9 @@ std::shared_ptr<Work> P2PEngine::enqueue(bool is_send, char* data, size_t count,
         ErrorKind::kInvalidArgument,
         strFormat("rank %d: %s: peer %d is not another rank of this communicator (size %d)", rank_, what, peer, size_));
   }
-  if (tag < 0) throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: %s: tag %d < 0", rank_, what, tag));
+  if (tag < 0 && tag != kMonitoredBarrierTag) {
+    throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: %s: tag %d < 0", rank_, what, tag));
+  }
   if (count > 0 && data == nullptr) {
     throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: %s: null buffer", rank_, what));
   }

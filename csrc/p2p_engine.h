@@ -52,6 +52,10 @@ class P2PEngine {
   P2PEngine(const P2PEngine&) = delete;
   P2PEngine& operator=(const P2PEngine&) = delete;
 
+  // The tag of the communicator's own messages (Communicator::monitoredBarrier);
+  // users' tags are >= 0.
+  static constexpr int kMonitoredBarrierTag = -2;
+
   Transport& transport() { return *transport_; }
   void start();                                                   // after the transport's connections are up
   void setTimeline(Timeline* timeline) { timeline_ = timeline; }  // before start()

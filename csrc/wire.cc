@@ -1,45 +1,22 @@
 #include "wire.h"
 
 #include "error.h"
-#include "op_errors.h"
 
 namespace rcoll {
 
-const char* opKindName(OpKind kind) {
-  switch (kind) {
-    case OpKind::kAllreduce:
-      return "allreduce";
-    case OpKind::kAllgather:
-      return "allgather";
-    case OpKind::kBroadcast:
-      return "broadcast";
-    case OpKind::kReduceScatter:
-      return "reduce_scatter";
-    case OpKind::kBarrier:
-      return "barrier";
-    case OpKind::kReduce:
-      return "reduce";
-    case OpKind::kGather:
-      return "gather";
-    case OpKind::kScatter:
-      return "scatter";
-    case OpKind::kAllToAll:
-      return "alltoall";
-    case OpKind::kPointToPoint:
-      return "send/recv";
-    case OpKind::kAbort:
-      return "abort";
-  }
-  return "unknown-op";
+namespace {
+
+bool opReduces(OpKind kind) {
+  const OpTraits* t = findOpTraits(kind);
+  return t != nullptr && t->reduces;
 }
 
-static bool opReduces(OpKind kind) {
-  return kind == OpKind::kAllreduce || kind == OpKind::kReduceScatter || kind == OpKind::kReduce;
+bool opHasRoot(OpKind kind) {
+  const OpTraits* t = findOpTraits(kind);
+  return t != nullptr && t->rooted;
 }
 
-static bool opHasRoot(OpKind kind) {
-  return kind == OpKind::kBroadcast || kind == OpKind::kReduce || kind == OpKind::kGather || kind == OpKind::kScatter;
-}
+}  // namespace
 
 std::string describeOp(const OpDesc& op) {
   if (op.kind == OpKind::kBarrier) return "barrier()";
@@ -77,6 +54,13 @@ WireHeader makeHeader(const OpDesc& op, uint64_t comm_id, uint32_t src_rank, uin
   h.offset = offset;
   h.bytes = bytes;
   return h;
+}
+
+std::string differentCallsMessage(int64_t their_rank, const std::string& theirs, uint64_t their_seq, int my_rank,
+                                  const OpDesc& mine) {
+  return strFormat("rank %lld called %s as op #%llu while rank %d called %s as op #%llu",
+                   static_cast<long long>(their_rank), theirs.c_str(), static_cast<unsigned long long>(their_seq),
+                   my_rank, describeOp(mine).c_str(), static_cast<unsigned long long>(mine.seq));
 }
 
 std::string checkHeader(const WireHeader& expected, const WireHeader& got, int my_rank) {

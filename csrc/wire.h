@@ -10,6 +10,7 @@
 #include <string>
 
 #include "dtype.h"
+#include "op_kind.h"
 
 namespace rcoll {
 
@@ -17,21 +18,6 @@ constexpr uint32_t kWireMagic = 0x4c4f4352;  // "RCOL" in little-endian byte ord
 // 2: the connection handshake names its socket (lane) and the sockets per
 //    pair (RCOLL_SOCKETS_PER_PEER), 44 bytes instead of 40.
 constexpr uint16_t kWireVersion = 2;
-
-enum class OpKind : uint8_t {
-  kAllreduce = 1,
-  kAllgather = 2,
-  kBroadcast = 3,
-  kReduceScatter = 4,
-  kBarrier = 5,
-  kReduce = 6,
-  kGather = 7,
-  kScatter = 8,
-  kAllToAll = 9,       // alltoallv; the equal split is the same op with equal counts
-  kPointToPoint = 10,  // send/recv: root = tag, seq = the message's number between the two ranks
-  kAbort = 100,        // control: "I failed; here is why" (payload = UTF-8 message)
-};
-const char* opKindName(OpKind kind);
 
 #pragma pack(push, 1)
 struct WireHeader {
@@ -87,5 +73,12 @@ WireHeader makeHeader(const OpDesc& op, uint64_t comm_id, uint32_t src_rank, uin
 // "rank 2 called allreduce(float32, count=1048576, op=sum) as op #17 while rank 0
 // called allreduce(float32, count=1048575, op=sum) as op #17".
 std::string checkHeader(const WireHeader& expected, const WireHeader& got, int my_rank);
+
+// "rank 1 called broadcast(...) as op #7 while rank 0 called allreduce(...) as op #7":
+// two ranks that called different collectives. `theirs` is the peer's op as
+// this rank knows it (a description, or only its kind's name). `their_rank`
+// is 64-bit: a header's (unsigned 32-bit) sender is printed as it came.
+std::string differentCallsMessage(int64_t their_rank, const std::string& theirs, uint64_t their_seq, int my_rank,
+                                  const OpDesc& mine);
 
 }  // namespace rcoll

@@ -7,6 +7,7 @@ import numpy as np
 from collective_workers import open_sockets
 
 import rcoll
+from rcoll._ops import GATHER, REDUCE, SCATTER
 
 
 def _outcome(fn):
@@ -198,10 +199,11 @@ def bad_arguments(rank, world):
         lambda: comm._comm.alltoall(8, 64, [1] * world, [0] * world, [2] * world, [0] * world, 0, 0.0),
         lambda: comm._comm.alltoall(8, 64, [1] * (world + 1), [0] * world, [1] * world, [0] * world, 0, 0.0),
         lambda: comm._comm.alltoall(64, 64, [1] * world, [0] * world, [1] * world, [0] * world, 0, 0.0),
-        lambda: comm._comm.reduce(0, 0, 4, 0, 0, 0, 0.0),
-        lambda: comm._comm.gather(64, 0, 4, 0, world, 0.0),
-        lambda: comm._comm.scatter(0, 64, 4, 0, 0, 0.0) if rank == 0 else comm._comm.scatter(64, 0, 4, 0, 0, 0.0),
-        lambda: comm._comm.gather(64, 64, 2 ** 62, 6, 0, 0.0),
+        lambda: comm._comm.collective(REDUCE, 0, 0, 4, 0, 0, 0, 0.0),
+        lambda: comm._comm.collective(GATHER, 64, 0, 4, 0, 0, world, 0.0),
+        lambda: comm._comm.collective(SCATTER, 0, 64, 4, 0, 0, 0, 0.0) if rank == 0
+        else comm._comm.collective(SCATTER, 64, 0, 4, 0, 0, 0, 0.0),
+        lambda: comm._comm.collective(GATHER, 64, 64, 2 ** 62, 6, 0, 0, 0.0),
     ]
     for call in bad_calls:
         try:

@@ -51,6 +51,7 @@ def test_byte_swapped_arrays_are_refused():
 def test_allreduce_array_fast_path_takes_plain_arrays_and_declines_the_rest():
     import rcoll
     from rcoll import spawn
+    from rcoll._ops import ALLREDUCE
     comm = rcoll.Communicator(0, 1, master_addr="127.0.0.1", master_port=spawn.free_port(), timeout=30)
     try:
         for dtype in DTYPES:
@@ -58,8 +59,8 @@ def test_allreduce_array_fast_path_takes_plain_arrays_and_declines_the_rest():
             builtin = dtype.num < 256
             for shape in [(0,), (1,), (7,), (3, 5), ()]:
                 a = np.ones(shape, dtype)
-                assert comm._comm.allreduce_array(a, "sum", None) == builtin, (dtype, shape)
-                assert comm._comm.allreduce_array(a, "max", 5.0) == builtin, (dtype, shape)
+                assert comm._comm.run_arrays(ALLREDUCE, a, None, "sum", 0, None) == builtin, (dtype, shape)
+                assert comm._comm.run_arrays(ALLREDUCE, a, None, "max", 0, 5.0) == builtin, (dtype, shape)
                 assert (comm.allreduce(a, "max") == 1).all()
         base = np.ones(10, np.float32)
         readonly = np.ones(4, np.float32)
@@ -69,7 +70,7 @@ def test_allreduce_array_fast_path_takes_plain_arrays_and_declines_the_rest():
                     (base.view(_Subclass), "sum", None), (memoryview(base), "sum", None), (base, "SUM", None),
                     (base, "nope", None), (base, "sum", "soon"), (np.ones(3, np.complex64), "sum", None)]
         for array, op, timeout in declined:
-            assert not comm._comm.allreduce_array(array, op, timeout), (array, op, timeout)
+            assert not comm._comm.run_arrays(ALLREDUCE, array, None, op, 0, timeout), (array, op, timeout)
         # ... and the full path then answers: a result, or the usual error.
         assert comm.allreduce(base.view(_Subclass), "SUM").sum() == 10
         with pytest.raises(_core.InvalidArgumentError, match="not C-contiguous"):
@@ -88,6 +89,7 @@ def test_allreduce_array_fast_path_takes_plain_arrays_and_declines_the_rest():
 def test_other_fast_paths_take_plain_arrays_and_decline_the_rest():
     import rcoll
     from rcoll import spawn
+    from rcoll._ops import ALLGATHER, BROADCAST, REDUCE_SCATTER
     comm = rcoll.Communicator(0, 1, master_addr="127.0.0.1", master_port=spawn.free_port(), timeout=30)
     fast = comm._comm
     try:
@@ -96,12 +98,12 @@ def test_other_fast_paths_take_plain_arrays_and_decline_the_rest():
             for shape in [(0,), (1,), (7,), (3, 5), ()]:
                 a = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape).astype(dtype)
                 out = np.zeros(a.size, dtype)
-                assert fast.broadcast_array(a, 0, None) == builtin, (dtype, shape)
-                assert fast.allgather_arrays(a, out, 5.0) == builtin, (dtype, shape)
+                assert fast.run_arrays(BROADCAST, a, None, None, 0, None) == builtin, (dtype, shape)
+                assert fast.run_arrays(ALLGATHER, a, out, None, 0, 5.0) == builtin, (dtype, shape)
                 if builtin:
                     assert (out == a.reshape(-1)).all(), (dtype, shape)
                 out[...] = 0
-                assert fast.reduce_scatter_arrays(a, out, "max", None) == builtin, (dtype, shape)
+                assert fast.run_arrays(REDUCE_SCATTER, a, out, "max", 0, None) == builtin, (dtype, shape)
                 if builtin:
                     assert (out == a.reshape(-1)).all(), (dtype, shape)
                 # and the public calls, whichever path they take, give the same
@@ -113,18 +115,18 @@ def test_other_fast_paths_take_plain_arrays_and_decline_the_rest():
         readonly.flags.writeable = False
         out4 = np.zeros(4, np.float32)
         # broadcast: the root may pass a read-only array (it only sends), not a bad root
-        assert fast.broadcast_array(readonly, 0, None)
+        assert fast.run_arrays(BROADCAST, readonly, None, None, 0, None)
         for array, root, timeout in [(base[::2], 0, None), (base.view(_Subclass), 0, None), (base, 1, None),
                                      (base, -1, None), (base, np.int64(0), None), (base, 2**70, None),
                                      (base, 0, "soon"), (memoryview(base), 0, None)]:
-            assert not fast.broadcast_array(array, root, timeout), (array, root, timeout)
+            assert not fast.run_arrays(BROADCAST, array, None, None, root, timeout), (array, root, timeout)
         # allgather / reduce_scatter: out must be writeable, of the input's dtype and size
         for src, out in [(out4, readonly), (readonly, np.zeros(3, np.float32)), (out4, np.zeros(4, np.float64)),
                          (base[::2], np.zeros(5, np.float32)), (out4, np.zeros(8, np.float32)[::2]),
                          (out4.view(_Subclass), np.zeros(4, np.float32))]:
-            assert not fast.allgather_arrays(src, out, None), (src, out)
-            assert not fast.reduce_scatter_arrays(src, out, "sum", None), (src, out)
-        assert not fast.reduce_scatter_arrays(out4, np.zeros(4, np.float32), "nope", None)
+            assert not fast.run_arrays(ALLGATHER, src, out, None, 0, None), (src, out)
+            assert not fast.run_arrays(REDUCE_SCATTER, src, out, "sum", 0, None), (src, out)
+        assert not fast.run_arrays(REDUCE_SCATTER, out4, np.zeros(4, np.float32), "nope", 0, None)
         # ... and the full path then words the error
         with pytest.raises(_core.InvalidArgumentError, match="root 1 is not a rank"):
             comm.broadcast(base, 1)

@@ -1,4 +1,5 @@
 """The torch.distributed backend "rcoll": every dispatched call, DDP parity with Gloo, errors."""
+import json
 import os
 import subprocess
 import sys
@@ -230,3 +231,48 @@ def test_list_arguments_of_the_wrong_length_are_refused_naming_the_rank(tmp_path
     """ % spawn.free_port()))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("wait_all_ranks", [False, True])
+def test_monitored_barrier_names_the_ranks_that_did_not_come(tmp_path, wait_all_ranks):
+    # torch's dist.monitored_barrier() refuses every backend but Gloo, so users
+    # call it on the group (docs/torch.md). Ranks 2 and 3 skip the second one
+    # and stay alive past its timeout, so rank 0 meets silence, not a closed
+    # connection.
+    import launch
+    script = launch.write_script(tmp_path, """
+        %s
+        import json, sys, time
+        from datetime import timedelta
+        import torch.distributed as dist
+        dist.init_process_group("rcoll")
+        rank, group = dist.get_rank(), dist.group.WORLD
+        wait_all = sys.argv[1] == "all"
+        group.monitored_barrier(timedelta(seconds=30), wait_all_ranks=wait_all)  # everyone comes
+        outcome = "skipped"
+        start = time.monotonic()
+        if rank in (0, 1):
+            try:
+                group.monitored_barrier(timedelta(seconds=2), wait_all_ranks=wait_all)
+                outcome = "passed"
+            except RuntimeError as e:
+                outcome = type(e).__name__ + ": " + str(e)
+        else:
+            time.sleep(5)
+        print("OUTCOME " + json.dumps([rank, outcome, time.monotonic() - start]), flush=True)
+        dist.destroy_process_group()
+    """ % torch_features.IMPORT_LINE)
+    # The failure is logged (one WARN on the ranks that met it), as every failure is.
+    outputs = launch.torchrun(script, 4, tmp_path, args=["all" if wait_all_ranks else "first"], timeout=120,
+                              allow=[r"WARN: rank [01]: .*monitored_barrier"])
+    outcomes = {}
+    for out in outputs:
+        line = next(line for line in out.splitlines() if line.startswith("OUTCOME "))
+        rank, outcome, seconds = json.loads(line[len("OUTCOME "):])
+        outcomes[rank] = (outcome, seconds)
+    named = "ranks 2, 3 failed" if wait_all_ranks else "rank 2 failed"
+    assert outcomes[0][0].startswith("TimeoutError: rank 0: monitored_barrier: " + named), outcomes
+    assert "monitoredBarrier" in outcomes[0][0] and 1.9 < outcomes[0][1] < 10, outcomes
+    # Rank 1 is not left to its own timeout: it fails with rank 0's report.
+    assert outcomes[1][0].startswith(("PeerError", "TimeoutError")) and "rank 0" in outcomes[1][0], outcomes
+    assert outcomes[2][0] == outcomes[3][0] == "skipped", outcomes

@@ -13,16 +13,9 @@
 
 namespace rcoll {
 
-bool CudaIpcCollectives::handles(OpKind kind) {
-  return kind == OpKind::kAllreduce || kind == OpKind::kAllgather || kind == OpKind::kReduceScatter ||
-         kind == OpKind::kBroadcast;
-}
-
-bool CudaIpcCollectives::stepHoldsBlocks(const OpDesc& op, size_t slot_bytes, size_t world, size_t hosts) {
-  const size_t blocks = op.kind == OpKind::kReduceScatter            ? world
-                        : op.kind == OpKind::kAllgather && hosts > 0 ? hosts
-                                                                     : 1;
-  return blocks * elementSize(op.dtype) <= slot_bytes;
+CudaIpcCollectives::Config deviceWindowsConfig(const Config& settings, int device) {
+  return {installedDeviceApi(), device, settings.cuda_ipc ? settings.cuda_ipc_slot_bytes : 0,
+          settings.cuda_ipc_direct_bytes};
 }
 
 CudaIpcCollectives::~CudaIpcCollectives() = default;
@@ -235,11 +228,7 @@ bool CudaIpcCollectives::run(const OpDesc& op, const char* send, char* recv, con
                              const DeviceEvent* ready, DeviceEvent* done, Deadline deadline,
                              std::chrono::milliseconds timeout, const std::atomic<bool>& abort_flag,
                              const BetweenHosts* hosts) {
-  if (!handles(op.kind)) return false;
   if (device_ && device_->state == Windows::State::kOff) return false;
-  const size_t world = hosts != nullptr ? hosts->worldSize() : static_cast<size_t>(size_);
-  const size_t host_count = hosts != nullptr ? static_cast<size_t>(hosts->topology->hosts()) : 0;
-  if (config.slot_bytes > 0 && !stepHoldsBlocks(op, config.slot_bytes, world, host_count)) return false;
   RunContext ctx{op, deadline, timeout, abort_flag, true};
   if (device_ && device_->device != config.device) {
     throwError(

@@ -51,6 +51,7 @@
 #include <string>
 #include <vector>
 
+#include "config.h"
 #include "device_runtime.h"
 #include "shm/window_steps.h"
 #include "socket_util.h"
@@ -99,17 +100,9 @@ class CudaIpcCollectives {
       : steps_(steps), rank_(steps.globalRank()), me_(steps.rank()), size_(steps.size()) {}
   ~CudaIpcCollectives();
 
-  // allreduce, allgather, reduce_scatter and broadcast.
-  static bool handles(OpKind kind);
-  // Whether a window step of `slot_bytes` holds one element of every block
-  // that `op` puts in it (reduce_scatter: the world's `world` blocks;
-  // allgather across `hosts` hosts: theirs; 0 hosts: one host). Past that
-  // (tiny slots, a huge world) every rank stages; the answer is the same on
-  // every rank.
-  static bool stepHoldsBlocks(const OpDesc& op, size_t slot_bytes, size_t world, size_t hosts);
-
-  // Runs `op` on device buffers of `config.device` through the device
-  // windows. Its copies wait for `ready` (the caller's stream; may be null);
+  // Runs `op` (a kind the device windows carry, whose blocks fit a step:
+  // op_route.h chose this path) on device buffers of `config.device` through
+  // the device windows. Its copies wait for `ready` (the caller's stream; may be null);
   // `done` (may be null) is recorded once its results are in place. The first
   // call sets the windows up with every peer; returns false, having run
   // nothing, when they are off (RCOLL_CUDA_IPC=0 on rank 0, or some rank could
@@ -187,5 +180,8 @@ class CudaIpcCollectives {
   const int size_;                   // the group's size
   std::unique_ptr<Windows> device_;  // created by the first device op
 };
+
+// The device windows' settings (RCOLL_CUDA_IPC*, agreed) for buffers on `device`.
+CudaIpcCollectives::Config deviceWindowsConfig(const Config& settings, int device);
 
 }  // namespace rcoll

@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "communicator.h"
+#include "op_kind.h"
 #include "edge_plan.h"
 #include "config.h"
 #include "device_runtime.h"
@@ -23,152 +24,31 @@
 #include "tcp_store.h"
 #include "topology.h"
 #include "python/gil.h"
+#include "python/numpy_arrays.h"
+#include "python/python_store.h"
 #include "work.h"
 
 namespace py = pybind11;
 using namespace rcoll;
 using namespace pybind11::literals;
+using rcoll::python::FastArray;
+using rcoll::python::fastArray;
+using rcoll::python::fastReduceOp;
+using rcoll::python::fastTimeout;
+using rcoll::python::PythonStore;
 using rcoll::python::releasingGil;
+using rcoll::python::toMillis;
 using rcoll::python::withoutGil;
 
 namespace {
 
 Launch launchFor(bool blocking) { return blocking ? Launch::kCallerWaits : Launch::kQueued; }
 
-// numpy's array object starts with PyObject_HEAD and the data pointer: that
-// prefix is numpy's stable ABI (PyArray_DATA reads it) in 1.x and 2.x. Reading
-// it costs nanoseconds where `__array_interface__` builds a dict (microseconds,
-// a real share of a small op's latency).
-struct NumpyArrayPrefix {
-  PyObject_HEAD char* data;
-};
-PyTypeObject* g_ndarray_type = nullptr;
-
-// The blocking in-place allreduce of a plain numpy array is the op whose
-// latency users measure, and the Python layer's checks (type, layout, dtype,
-// op name) cost more than the op itself between local ranks. allreduce_array
-// below does them on numpy's stable struct prefixes, which numpy 1.x and 2.x
-// share (PyArrayObject_fields up to `flags`; PyArray_Descr up to `type_num`),
-// and answers False for anything it does not recognise at a glance: the full
-// Python path then handles it (and words any error).
-struct NumpyArrayFields {
-  PyObject_HEAD char* data;
-  int nd;
-  Py_ssize_t* dimensions;
-  Py_ssize_t* strides;
-  PyObject* base;
-  PyObject* descr;
-  int flags;
-};
-struct NumpyDescrPrefix {
-  PyObject_HEAD PyTypeObject* typeobj;
-  char kind;
-  char type;
-  char byteorder;
-  char former_flags;
-  int type_num;
-};
-constexpr int kNpyContiguousAligned = 0x0001 | 0x0100;                          // NPY_ARRAY_{C_CONTIGUOUS,ALIGNED}
-constexpr int kNpyContiguousAlignedWriteable = kNpyContiguousAligned | 0x0400;  // ... and NPY_ARRAY_WRITEABLE
-
-// numpy type number -> DataType code, -1 for the full path (bfloat16 is an extension dtype).
-int fastDataType(PyObject* descr) {
-  const auto* d = reinterpret_cast<const NumpyDescrPrefix*>(descr);
-  if (d->byteorder == '>') return -1;  // byte-swapped
-  switch (d->type_num) {
-    case 0:
-      return static_cast<int>(DataType::kBool);  // NPY_BOOL
-    case 1:
-      return static_cast<int>(DataType::kInt8);  // NPY_BYTE
-    case 2:
-      return static_cast<int>(DataType::kUInt8);  // NPY_UBYTE
-    case 3:
-      return static_cast<int>(DataType::kInt16);  // NPY_SHORT
-    case 4:
-      return static_cast<int>(DataType::kUInt16);  // NPY_USHORT
-    case 5:
-      return static_cast<int>(DataType::kInt32);  // NPY_INT
-    case 6:
-      return static_cast<int>(DataType::kUInt32);  // NPY_UINT
-    case 7:
-      return sizeof(long) == 8 ? static_cast<int>(DataType::kInt64) : -1;  // NPY_LONG
-    case 8:
-      return sizeof(long) == 8 ? static_cast<int>(DataType::kUInt64) : -1;  // NPY_ULONG
-    case 9:
-      return static_cast<int>(DataType::kInt64);  // NPY_LONGLONG
-    case 10:
-      return static_cast<int>(DataType::kUInt64);  // NPY_ULONGLONG
-    case 11:
-      return static_cast<int>(DataType::kFloat32);  // NPY_FLOAT
-    case 12:
-      return static_cast<int>(DataType::kFloat64);  // NPY_DOUBLE
-    case 23:
-      return static_cast<int>(DataType::kFloat16);  // NPY_HALF
-    default:
-      return -1;
-  }
-}
-
-// A reduce op name ("sum", ...) -> its code, -1 for the full path (other spellings, enums).
-int fastReduceOp(PyObject* op) {
-  if (!PyUnicode_CheckExact(op)) return -1;
-  const char* name = PyUnicode_AsUTF8(op);
-  if (name == nullptr) {
-    PyErr_Clear();
-    return -1;
-  }
-  for (int i = 0; i < kNumReduceOps; ++i) {
-    if (std::strcmp(name, reduceOpName(static_cast<ReduceOp>(i))) == 0) return i;
-  }
-  return -1;
-}
-
-std::chrono::milliseconds toMillis(double seconds) {
-  if (!(seconds > 0) || std::isinf(seconds)) return std::chrono::milliseconds(0);
-  return std::chrono::milliseconds(static_cast<long long>(std::ceil(seconds * 1000.0)));
-}
-
-// The fast paths' common end: the op runs with the GIL released, the caller
+// The fast path's common end: the op runs with the GIL released, the caller
 // waiting (it may run inline); its error, if any, is raised by wait().
 template <typename Issue>
 bool runBlocking(const Issue& issue) {
   withoutGil([&] { issue()->wait(std::chrono::milliseconds(-1)); });
-  return true;
-}
-
-// What the fast paths need of a plain numpy array, when it is one they can take.
-struct FastArray {
-  char* data = nullptr;
-  size_t count = 0;
-  int dtype = -1;  // DataType code
-};
-
-// True when `obj` is an exact numpy array, C-contiguous and aligned (and
-// writeable when `writable`), of a dtype the core knows at a glance.
-bool fastArray(PyObject* obj, bool writable, FastArray* out) {
-  if (Py_TYPE(obj) != g_ndarray_type) return false;  // subclasses, buffers, device arrays
-  const auto* fields = reinterpret_cast<const NumpyArrayFields*>(obj);
-  const int need = writable ? kNpyContiguousAlignedWriteable : kNpyContiguousAligned;
-  if ((fields->flags & need) != need) return false;
-  out->dtype = fastDataType(fields->descr);
-  if (out->dtype < 0) return false;
-  out->data = fields->data;
-  out->count = 1;
-  for (int i = 0; i < fields->nd; ++i) out->count *= static_cast<size_t>(fields->dimensions[i]);
-  return true;
-}
-
-// A timeout argument (None or seconds) the fast paths can take without Python.
-bool fastTimeout(PyObject* timeout, std::chrono::milliseconds* out) {
-  double seconds = 0;
-  if (timeout != Py_None) {
-    seconds = PyFloat_AsDouble(timeout);
-    if (seconds == -1.0 && PyErr_Occurred()) {
-      PyErr_Clear();
-      return false;
-    }
-  }
-  *out = toMillis(seconds);
   return true;
 }
 
@@ -197,82 +77,77 @@ ReduceOp toReduceOp(int value) {
   return static_cast<ReduceOp>(value);
 }
 
-// A store implemented in Python: torch.distributed's Store, or any object with
-// set(key, bytes), get(key) -> bytes (blocking until the key exists) and
-// add(key, int) -> int. An optional wait([keys], timedelta) bounds the wait. The
-// communicator calls it from its constructor, with the GIL released, so each
-// call takes the GIL back.
-class PythonStore : public Store {
- public:
-  explicit PythonStore(py::object store) : store_(std::move(store)) {}
-  ~PythonStore() override {
-    // A destructor must not take the GIL while the interpreter finalizes
-    // (python/gil.h): then the reference is left to the dying interpreter.
-    if (rcoll::python::interpreterFinalizing()) {
-      store_.release();
-      return;
-    }
-    py::gil_scoped_acquire gil;
-    store_ = py::object();
+OpKind toOpKind(int value) {
+  const OpTraits* traits = findOpTraits(static_cast<OpKind>(value));
+  if (value < 0 || value > 255 || traits == nullptr) {
+    throwError(ErrorKind::kInvalidArgument, "unknown collective code " + std::to_string(value));
   }
+  return traits->kind;
+}
 
-  void set(const std::string& key, const std::vector<uint8_t>& value) override {
-    py::gil_scoped_acquire gil;
-    call([&] { store_.attr("set")(key, py::bytes(reinterpret_cast<const char*>(value.data()), value.size())); });
+// Where a device op's buffers are: -1 for host memory.
+std::optional<DeviceOpArgs> deviceArgs(int device, uintptr_t stream) {
+  if (device < 0) return std::nullopt;
+  DeviceOpArgs args;
+  args.device = device;
+  args.stream = reinterpret_cast<void*>(stream);
+  return args;
+}
+
+// The one-call path of the collectives users time: blocking, plain numpy
+// arrays (numpy_arrays.h) of one dtype and matching sizes; false, having done
+// nothing, for anything else (the Python layer's full path then answers).
+// allreduce and broadcast run in place (`out` None); allgather and
+// reduce_scatter into `out`.
+bool runArrays(Communicator& c, int kind, py::handle array, py::handle out, py::handle op, py::handle root,
+               py::handle timeout) {
+  FastArray src, dst;
+  std::chrono::milliseconds limit;
+  if (!fastTimeout(timeout.ptr(), &limit)) return false;
+  int op_code = 0;
+  long root_rank = 0;
+  size_t count = 0;
+  const size_t world = static_cast<size_t>(c.size());
+  switch (static_cast<OpKind>(kind)) {
+    case OpKind::kAllreduce:
+      op_code = fastReduceOp(op.ptr());
+      if (op_code < 0 || !out.is_none() || !fastArray(array.ptr(), true, &src)) return false;
+      dst = src;
+      count = src.count;
+      break;
+    case OpKind::kBroadcast:
+      if (!PyLong_CheckExact(root.ptr())) return false;
+      root_rank = PyLong_AsLong(root.ptr());
+      if (root_rank < 0 || root_rank >= c.size()) {  // (-1 also when it overflowed) the full path words the error
+        PyErr_Clear();
+        return false;
+      }
+      if (!out.is_none() || !fastArray(array.ptr(), root_rank != c.rank(), &src)) return false;
+      dst = src;
+      count = src.count;
+      break;
+    case OpKind::kAllgather:
+      if (!fastArray(array.ptr(), false, &src) || !fastArray(out.ptr(), true, &dst) || src.dtype != dst.dtype ||
+          dst.count != src.count * world) {
+        return false;
+      }
+      count = src.count;
+      break;
+    case OpKind::kReduceScatter:
+      op_code = fastReduceOp(op.ptr());
+      if (op_code < 0 || !fastArray(array.ptr(), false, &src) || !fastArray(out.ptr(), true, &dst) ||
+          src.dtype != dst.dtype || src.count != dst.count * world) {
+        return false;
+      }
+      count = dst.count;
+      break;
+    default:
+      return false;
   }
-
-  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
-    py::gil_scoped_acquire gil;
-    std::string value;
-    call(
-        [&] {
-          if (py::hasattr(store_, "wait")) {
-            auto timedelta = py::module_::import("datetime").attr("timedelta");
-            py::list keys;
-            keys.append(key);
-            store_.attr("wait")(keys, timedelta(py::arg("milliseconds") = timeout.count()));
-          }
-          py::object got = store_.attr("get")(key);
-          value = py::isinstance<py::str>(got) ? got.cast<std::string>() : std::string(py::bytes(got));
-        },
-        key);
-    return std::vector<uint8_t>(value.begin(), value.end());
-  }
-
-  int64_t add(const std::string& key, int64_t delta) override {
-    py::gil_scoped_acquire gil;
-    int64_t result = 0;
-    call([&] { result = store_.attr("add")(key, delta).cast<int64_t>(); });
-    return result;
-  }
-
- private:
-  // Python errors become RcollErrors (timeouts stay timeouts) so that the
-  // communicator's constructor reports them with its usual context.
-  template <typename Fn>
-  void call(Fn&& fn, const std::string& key = "") {
-    try {
-      fn();
-    } catch (py::error_already_set& e) {
-      bool timeout = e.matches(PyExc_TimeoutError) || std::string(e.what()).find("imeout") != std::string::npos;
-      std::string what = e.what();
-      throw RcollError(timeout ? ErrorKind::kTimeout : ErrorKind::kConfig,
-                       "the rendezvous store raised " + what + (key.empty() ? "" : " (key '" + key + "')"));
-    }
-  }
-
-  py::object store_;
-};
-
-OpKind deviceOpKind(const std::string& name) {
-  static const std::pair<const char*, OpKind> kKinds[] = {
-      {"allreduce", OpKind::kAllreduce}, {"allgather", OpKind::kAllgather}, {"reduce_scatter", OpKind::kReduceScatter},
-      {"broadcast", OpKind::kBroadcast}, {"reduce", OpKind::kReduce},       {"gather", OpKind::kGather},
-      {"scatter", OpKind::kScatter}};
-  for (const auto& kind : kKinds) {
-    if (name == kind.first) return kind.second;
-  }
-  throwError(ErrorKind::kInvalidArgument, "device_collective: unknown collective '" + name + "'");
+  return runBlocking([&] {
+    return c.collective(static_cast<OpKind>(kind), src.data, dst.data, count, static_cast<DataType>(src.dtype),
+                        static_cast<ReduceOp>(op_code), static_cast<int>(root_rank), limit, Launch::kCallerWaits);
+  });
 }
 
 const void* ptr(uintptr_t address) { return reinterpret_cast<const void*>(address); }
@@ -290,15 +165,8 @@ py::object communicatorError(const Communicator& c) {
 PYBIND11_MODULE(_core, m) {
   m.doc() = "rcoll C++ core (internal: use the rcoll package)";
 
-  g_ndarray_type =
-      reinterpret_cast<PyTypeObject*>(py::object(py::module_::import("numpy").attr("ndarray")).release().ptr());
-  m.def(
-      "array_address",
-      [](py::handle array) -> uintptr_t {
-        if (!PyObject_TypeCheck(array.ptr(), g_ndarray_type)) throw py::type_error("array_address: not a numpy array");
-        return reinterpret_cast<uintptr_t>(reinterpret_cast<NumpyArrayPrefix*>(array.ptr())->data);
-      },
-      "The data pointer of a numpy array (its first element).");
+  rcoll::python::rememberNdarrayType(py::module_::import("numpy").attr("ndarray"));
+  m.def("array_address", &rcoll::python::ndarrayAddress, "The data pointer of a numpy array (its first element).");
 
   PyObject* base =
       makeError(m, "RcollError", PyExc_RuntimeError, nullptr, "Base class of every error raised by rcoll.");
@@ -330,6 +198,21 @@ PYBIND11_MODULE(_core, m) {
   for (int i = 0; i < kNumReduceOps; ++i) ops[reduceOpName(static_cast<ReduceOp>(i))] = i;
   m.attr("DTYPES") = dtypes;
   m.attr("REDUCE_OPS") = ops;
+  // The op table (op_kind.h), for the front ends: one entry per collective.
+  py::dict collectives;
+  int rows = 0;
+  const OpTraits* table = opTraitsTable(&rows);
+  for (int i = 0; i < rows; ++i) {
+    const OpTraits& t = table[i];
+    py::dict row;
+    row["code"] = static_cast<int>(t.kind);
+    row["reduces"] = t.reduces;
+    row["rooted"] = t.rooted;
+    row["per_rank_blocks"] = t.per_rank_blocks;
+    row["on_device"] = t.on_device;
+    collectives[opKindName(t.kind)] = row;
+  }
+  m.attr("OPS") = collectives;
   m.def("reduce_unsupported_reason",
         [](int dtype, int op) { return reduceUnsupportedReason(toDataType(dtype), toReduceOp(op)); });
 
@@ -591,170 +474,43 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("timeout", [](const Communicator& c) { return c.defaultTimeout().count() / 1000.0; })
       .def_property_readonly("chunk_bytes", [](const Communicator& c) { return c.config().chunk_bytes; })
       // The collectives validate and enqueue. With blocking=True the caller is
-      // about to wait, so the op may run right here (Launch::kCallerWaits): the
-      // GIL is released for the call either way.
-      .def("allreduce",
-           releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op,
-                           double timeout, bool blocking) {
-             return c.allreduce(ptr(send), mptr(recv), count, toDataType(dtype), toReduceOp(op), toMillis(timeout),
-                                launchFor(blocking));
+      // about to wait, so a host op may run right here (Launch::kCallerWaits):
+      // the GIL is released for the call either way.
+      .def("collective",
+           releasingGil([](Communicator& c, int kind, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op,
+                           int root, double timeout, bool blocking, int device, uintptr_t stream) {
+             const std::optional<DeviceOpArgs> where = deviceArgs(device, stream);
+             return c.collective(toOpKind(kind), ptr(send), mptr(recv), count, toDataType(dtype), toReduceOp(op), root,
+                                 toMillis(timeout), launchFor(blocking), where ? &*where : nullptr);
            }),
-           "send"_a, "recv"_a, "count"_a, "dtype"_a, "op"_a, "timeout"_a, "blocking"_a = false)
-      .def(
-          "allreduce_array",
-          [](Communicator& c, py::handle array, py::handle op, py::handle timeout) -> bool {
-            FastArray a;
-            std::chrono::milliseconds limit;
-            const int op_code = fastReduceOp(op.ptr());
-            if (op_code < 0 || !fastArray(array.ptr(), true, &a) || !fastTimeout(timeout.ptr(), &limit)) return false;
-            return runBlocking([&] {
-              return c.allreduce(a.data, a.data, a.count, static_cast<DataType>(a.dtype),
-                                 static_cast<ReduceOp>(op_code), limit, Launch::kCallerWaits);
-            });
-          },
-          "array"_a, "op"_a, "timeout"_a,
-          "Blocking in-place allreduce of a plain numpy array; False (nothing done) when the array, op or "
-          "timeout needs the full Python path.")
-      // The same one-call path for the other collectives users time: blocking,
-      // plain numpy arrays of one dtype and matching sizes, else False.
-      .def(
-          "broadcast_array",
-          [](Communicator& c, py::handle array, py::handle root, py::handle timeout) -> bool {
-            FastArray a;
-            std::chrono::milliseconds limit;
-            if (!PyLong_CheckExact(root.ptr())) return false;
-            const long r = PyLong_AsLong(root.ptr());
-            if (r < 0 || r >= c.size()) {  // (-1 also when it overflowed) the full path words the error
-              PyErr_Clear();
-              return false;
-            }
-            if (!fastArray(array.ptr(), r != c.rank(), &a) || !fastTimeout(timeout.ptr(), &limit)) return false;
-            return runBlocking([&] {
-              return c.broadcast(a.data, a.data, a.count, static_cast<DataType>(a.dtype), static_cast<int>(r), limit,
-                                 Launch::kCallerWaits);
-            });
-          },
-          "array"_a, "root"_a, "timeout"_a,
-          "Blocking in-place broadcast of a plain numpy array; False (nothing done) when it needs the full path.")
-      .def(
-          "allgather_arrays",
-          [](Communicator& c, py::handle array, py::handle out, py::handle timeout) -> bool {
-            FastArray src, dst;
-            std::chrono::milliseconds limit;
-            if (!fastArray(array.ptr(), false, &src) || !fastArray(out.ptr(), true, &dst) || src.dtype != dst.dtype ||
-                dst.count != src.count * static_cast<size_t>(c.size()) || !fastTimeout(timeout.ptr(), &limit)) {
-              return false;
-            }
-            return runBlocking([&] {
-              return c.allgather(src.data, dst.data, src.count, static_cast<DataType>(src.dtype), limit,
-                                 Launch::kCallerWaits);
-            });
-          },
-          "array"_a, "out"_a, "timeout"_a,
-          "Blocking allgather of plain numpy arrays into `out`; False (nothing done) when they need the full path.")
-      .def(
-          "reduce_scatter_arrays",
-          [](Communicator& c, py::handle array, py::handle out, py::handle op, py::handle timeout) -> bool {
-            FastArray src, dst;
-            std::chrono::milliseconds limit;
-            const int op_code = fastReduceOp(op.ptr());
-            if (op_code < 0 || !fastArray(array.ptr(), false, &src) || !fastArray(out.ptr(), true, &dst) ||
-                src.dtype != dst.dtype || src.count != dst.count * static_cast<size_t>(c.size()) ||
-                !fastTimeout(timeout.ptr(), &limit)) {
-              return false;
-            }
-            return runBlocking([&] {
-              return c.reduceScatter(src.data, dst.data, dst.count, static_cast<DataType>(src.dtype),
-                                     static_cast<ReduceOp>(op_code), limit, Launch::kCallerWaits);
-            });
-          },
-          "array"_a, "out"_a, "op"_a, "timeout"_a,
-          "Blocking reduce-scatter of plain numpy arrays into `out`; False (nothing done) when they need the full "
-          "path.")
-      .def("allgather",
-           releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, double timeout,
-                           bool blocking) {
-             return c.allgather(ptr(send), mptr(recv), count, toDataType(dtype), toMillis(timeout),
-                                launchFor(blocking));
-           }),
-           "send"_a, "recv"_a, "count"_a, "dtype"_a, "timeout"_a, "blocking"_a = false)
-      .def("reduce_scatter",
-           releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op,
-                           double timeout, bool blocking) {
-             return c.reduceScatter(ptr(send), mptr(recv), count, toDataType(dtype), toReduceOp(op), toMillis(timeout),
-                                    launchFor(blocking));
-           }),
-           "send"_a, "recv"_a, "count"_a, "dtype"_a, "op"_a, "timeout"_a, "blocking"_a = false)
-      .def("broadcast",
-           releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int root,
-                           double timeout, bool blocking) {
-             return c.broadcast(ptr(send), mptr(recv), count, toDataType(dtype), root, toMillis(timeout),
-                                launchFor(blocking));
-           }),
-           "send"_a, "recv"_a, "count"_a, "dtype"_a, "root"_a, "timeout"_a, "blocking"_a = false)
-      .def("barrier", releasingGil([](Communicator& c, double timeout, bool blocking) {
-             return c.barrier(toMillis(timeout), launchFor(blocking));
-           }),
-           "timeout"_a, "blocking"_a = false)
-      .def("reduce",
-           releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op, int root,
-                           double timeout, bool blocking) {
-             return c.reduce(ptr(send), mptr(recv), count, toDataType(dtype), toReduceOp(op), root, toMillis(timeout),
-                             launchFor(blocking));
-           }),
-           "send"_a, "recv"_a, "count"_a, "dtype"_a, "op"_a, "root"_a, "timeout"_a, "blocking"_a = false)
-      .def("gather",
-           releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int root,
-                           double timeout, bool blocking) {
-             return c.gather(ptr(send), mptr(recv), count, toDataType(dtype), root, toMillis(timeout),
-                             launchFor(blocking));
-           }),
-           "send"_a, "recv"_a, "count"_a, "dtype"_a, "root"_a, "timeout"_a, "blocking"_a = false)
-      .def("scatter",
-           releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int root,
-                           double timeout, bool blocking) {
-             return c.scatter(ptr(send), mptr(recv), count, toDataType(dtype), root, toMillis(timeout),
-                              launchFor(blocking));
-           }),
-           "send"_a, "recv"_a, "count"_a, "dtype"_a, "root"_a, "timeout"_a, "blocking"_a = false)
+           "kind"_a, "send"_a, "recv"_a, "count"_a, "dtype"_a, "op"_a, "root"_a, "timeout"_a, "blocking"_a = false,
+           "device"_a = -1, "stream"_a = 0,
+           "Any collective but alltoall, by its code in OPS: buffers as addresses, counts in elements, dtype and "
+           "op by their codes (op ignored where the kind does not reduce, root where it has none), timeout in "
+           "seconds (0: the communicator's). device >= 0: the buffers are on that GPU, and the op is ordered after "
+           "the work queued on `stream` (0: the legacy default stream).")
       .def("alltoall",
            releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, const std::vector<int64_t>& send_counts,
                            const std::vector<int64_t>& send_displs, const std::vector<int64_t>& recv_counts,
-                           const std::vector<int64_t>& recv_displs, int dtype, double timeout, bool blocking) {
+                           const std::vector<int64_t>& recv_displs, int dtype, double timeout, bool blocking,
+                           int device, uintptr_t stream) {
+             const std::optional<DeviceOpArgs> where = deviceArgs(device, stream);
              return c.allToAll(ptr(send), mptr(recv), send_counts, send_displs, recv_counts, recv_displs,
-                               toDataType(dtype), toMillis(timeout), launchFor(blocking));
+                               toDataType(dtype), toMillis(timeout), launchFor(blocking), where ? &*where : nullptr);
            }),
            "send"_a, "recv"_a, "send_counts"_a, "send_displs"_a, "recv_counts"_a, "recv_displs"_a, "dtype"_a,
-           "timeout"_a, "blocking"_a = false,
-           "alltoallv: counts and displacements in elements, one per rank (lists of ints).")
-      .def(
-          "device_alltoall",
-          [](Communicator& c, uintptr_t send, uintptr_t recv, const std::vector<int64_t>& send_counts,
-             const std::vector<int64_t>& send_displs, const std::vector<int64_t>& recv_counts,
-             const std::vector<int64_t>& recv_displs, int dtype, double timeout, int device, uintptr_t stream) {
-            DeviceOpArgs args;
-            args.device = device;
-            args.stream = mptr(stream);
-            return c.allToAll(ptr(send), mptr(recv), send_counts, send_displs, recv_counts, recv_displs,
-                              toDataType(dtype), toMillis(timeout), Launch::kQueued, &args);
-          },
-          "send"_a, "recv"_a, "send_counts"_a, "send_displs"_a, "recv_counts"_a, "recv_displs"_a, "dtype"_a,
-          "timeout"_a, "device"_a, "stream"_a,
-          "alltoallv on device buffers, ordered after the work queued on `stream` (see device_collective).")
-      .def(
-          "device_collective",
-          [](Communicator& c, const std::string& kind, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op,
-             int root, double timeout, int device, uintptr_t stream) {
-            DeviceOpArgs args;
-            args.device = device;
-            args.stream = mptr(stream);
-            return c.deviceCollective(deviceOpKind(kind), ptr(send), mptr(recv), count, toDataType(dtype),
-                                      toReduceOp(op), root, args, toMillis(timeout));
-          },
-          py::arg("kind"), py::arg("send"), py::arg("recv"), py::arg("count"), py::arg("dtype"), py::arg("op"),
-          py::arg("root"), py::arg("timeout"), py::arg("device"), py::arg("stream"),
-          "A collective on device buffers (allreduce, allgather, reduce_scatter, broadcast, reduce, gather, "
-          "scatter), ordered after the work queued on `stream` (0: the legacy default stream).")
+           "timeout"_a, "blocking"_a = false, "device"_a = -1, "stream"_a = 0,
+           "alltoallv: counts and displacements in elements, one per rank (lists of ints); device and stream as "
+           "for collective().")
+      .def("monitored_barrier", releasingGil([](Communicator& c, double timeout, bool wait_all_ranks) {
+             c.monitoredBarrier(toMillis(timeout), wait_all_ranks);
+           }),
+           "timeout"_a, "wait_all_ranks"_a = false,
+           "A barrier whose timeout on rank 0 names the ranks that did not come (the lowest, or with "
+           "wait_all_ranks every one); blocking.")
+      .def("run_arrays", &runArrays, "kind"_a, "array"_a, "out"_a, "op"_a, "root"_a, "timeout"_a,
+           "Blocking allreduce or broadcast in place (out None), or allgather or reduce_scatter into `out`, of "
+           "plain numpy arrays; False (nothing done) when they need the full Python path.")
       .def("send",
            [](Communicator& c, uintptr_t data, size_t count, int dtype, int peer, int tag, double timeout) {
              return c.send(ptr(data), count, toDataType(dtype), peer, tag, toMillis(timeout));

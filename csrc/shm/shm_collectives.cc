@@ -17,11 +17,6 @@ void copyBytes(void* dst, const void* src, size_t bytes) {
 
 }  // namespace
 
-bool ShmCollectives::handles(OpKind kind) {
-  return kind == OpKind::kAllreduce || kind == OpKind::kAllgather || kind == OpKind::kReduceScatter ||
-         kind == OpKind::kBroadcast || kind == OpKind::kBarrier;
-}
-
 namespace {
 std::vector<int> everyRank(int size) {
   std::vector<int> ranks(static_cast<size_t>(size));

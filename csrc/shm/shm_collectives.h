@@ -51,15 +51,13 @@ class ShmCollectives {
   ShmCollectives(ShmTransport& transport, int rank, int size, std::chrono::microseconds spin, size_t direct_bytes);
   ~ShmCollectives();
 
-  // What the windows carry; the communicator routes these kinds here.
-  static bool handles(OpKind kind);
-
   // Called for every op the communicator runs, whether it comes here or not:
   // a peer stuck in a window op sees that this rank runs something else.
   // `device`: the op's buffers are device memory.
   void announce(const OpDesc& op, bool device) { steps_.announce(op, device); }
 
-  // Runs `op` (a kind handles() accepts) to completion on this thread. The
+  // Runs `op` (a kind the host windows carry: op_kind.h, routed here by
+  // op_route.h) to completion on this thread. The
   // buffers are the communicator's (allgather: `recv` holds size * count
   // elements; reduce_scatter: `send` does). Throws RcollError naming this
   // rank and the op on failure, timeout, mismatch or abort.

@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 from . import _core
+from ._ops import DTYPES
 
 # numpy dtype name -> core dtype code. bfloat16 arrives through ml_dtypes (or any
 # numpy extension dtype that calls itself "bfloat16").
-_CODES = dict(_core.DTYPES)
-REDUCE_OPS = dict(_core.REDUCE_OPS)
+_CODES = DTYPES
 # The same keyed by dtype object: hashing a dtype is ~50x cheaper than dtype.name
 # (a Python-level property), which matters on the small-op path.
 _CODES_BY_DTYPE = {np.dtype(name): code for name, code in _CODES.items() if name in np.sctypeDict}
@@ -55,14 +55,6 @@ def dtype_code(arr: np.ndarray, rank: int, opname: str) -> int:
         raise _core.InvalidArgumentError(
             f"rank {rank}: {opname}: dtype {arr.dtype} is not supported (supported: {supported})")
     return code
-
-
-def reduce_op_code(op, rank: int, opname: str) -> int:
-    name = getattr(op, "name", op)
-    if isinstance(name, str) and name.lower() in REDUCE_OPS:
-        return REDUCE_OPS[name.lower()]
-    raise _core.InvalidArgumentError(
-        f"rank {rank}: {opname}: unknown reduce op {op!r} (use one of {', '.join(REDUCE_OPS)})")
 
 
 address = _core.array_address  # the data pointer of an ndarray (as_array() made every input one)

@@ -1,12 +1,15 @@
-"""The arrays of asynchronous ops, kept alive until the core is done with them.
+"""The buffers of asynchronous ops, kept alive until the core is done with them:
+the one buffer-lifetime helper of the front ends (the numpy API's arrays, the
+torch backend's tensors).
 
-A Handle holds its op's arrays, but a caller may drop the Handle before the op
-ends (an exception unwinds past it, or the result is not wanted): the core would
-then read or write freed memory. The communicator therefore holds every async
-op's arrays here too, until the op has completed. When the communicator itself
-goes away with ops still running, it aborts them first and lets go of their
-arrays only once they are over (torch's ProcessGroups keep their tensors in the
-work queue for the same reason).
+A Handle (or torch Work) holds its op's buffers, but a caller may drop it
+before the op ends (an exception unwinds past it, or the result is not
+wanted): the core would then read or write freed memory, or a GPU tensor's
+memory would go back to torch's allocator while rcoll's streams still use it.
+So every async op's buffers are held here too, until the op has completed.
+When a numpy Communicator goes away with ops still running, it aborts them
+first and lets go of their arrays only once they are over (torch's
+ProcessGroups keep their tensors in the work queue for the same reason).
 """
 from __future__ import annotations
 

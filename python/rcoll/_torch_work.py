@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from . import _core
+from ._in_flight import InFlight
 
 
 # ---------------------------------------------------------------------------------------
@@ -54,14 +55,6 @@ class _Completer:
         self._lock = threading.Lock()
         self._tokens = itertools.count(1)
         self._thread = None
-
-    def keep_until_done(self, core_work, objects) -> None:
-        """Holds `objects` (GPU tensors an op reads or writes) until core_work ends,
-        however early its Work is dropped: their memory must not go back to
-        torch's caching allocator while rcoll's streams still use it."""
-        keeper = _Keeper(objects)
-        if not self.watch(core_work, keeper):
-            keeper.objects = None
 
     def watch(self, core_work, work: "RcollWork") -> bool:
         """Arranges for work._fire() when core_work ends; False if it already has."""
@@ -99,18 +92,12 @@ class _Completer:
                 work._on_core_done()
 
 
-class _Keeper:
-    __slots__ = ("objects",)
-
-    def __init__(self, objects):
-        self.objects = objects
-
-    def _on_core_done(self):
-        self.objects = None
-
-
 _COMPLETER = _Completer()
 atexit.register(_COMPLETER.stop)
+# The tensors of every op in flight, held until the core is done with them
+# however early torch drops the op's Work: memory must not go back to torch's
+# allocator while the core (or, for GPU tensors, rcoll's streams) still uses it.
+_IN_FLIGHT = InFlight()
 
 
 # ---------------------------------------------------------------------------------------
@@ -205,14 +192,12 @@ class RcollWork(dist._Work):
         self._lock = threading.Lock()
         self._remaining = len(works)
         for w in works:
-            if w.device >= 0:
+            _IN_FLIGHT.hold(w, keepalive)
+            if w.device >= 0 and self._stream is None:
                 # GPU ops: the caller's stream at issue time. The core orders the
                 # op after it; wait() orders the caller's current stream after the op.
                 self._device = w.device
                 self._stream = torch.cuda.current_stream(self._device)
-                for w2 in works:
-                    _COMPLETER.keep_until_done(w2, keepalive)
-                break
 
     # -- completion -----------------------------------------------------------------
     def _settle(self) -> None:

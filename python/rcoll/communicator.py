@@ -7,9 +7,21 @@ from typing import Optional
 import numpy as np
 
 from . import _core, _device
-from ._buffers import address, as_array, displacements, dtype_code, reduce_op_code
+from ._buffers import address, as_array, displacements, dtype_code
 from ._environment import launcher_store, resolve
 from ._in_flight import InFlight
+from ._ops import (
+    ALLGATHER,
+    ALLREDUCE,
+    BARRIER,
+    BROADCAST,
+    GATHER,
+    REDUCE,
+    REDUCE_SCATTER,
+    SCATTER,
+    op_name,
+    reduce_op_code,
+)
 from ._registrations import RegistrationTracker
 from .shrink import survivors
 
@@ -182,19 +194,20 @@ class Communicator:
         # A plain numpy array, in place and blocking: checked and run in one C++
         # call (it declines anything else, which takes the full path below).
         if out is None and not async_op and self._registrations is None and \
-                self._comm.allreduce_array(array, op, timeout):
+                self._comm.run_arrays(ALLREDUCE, array, None, op, 0, timeout):
             return array
         name = "allreduce"
         if self._on_device(array, out):
             src, dst = self._device_pair(array, out, name, writable_src=out is None)
             self._same_device_layout(src, dst, name, src.size)
-            return self._device_run("allreduce", src, dst, src.size, reduce_op_code(op, self.rank, name), 0,
+            return self._device_run(ALLREDUCE, src, dst, src.size, reduce_op_code(op, f"rank {self.rank}: {name}"), 0,
                                     timeout, out if out is not None else array, async_op)
         src = as_array(array, self.rank, name, "the input", writable=out is None)
         dst = src if out is None else as_array(out, self.rank, name, "out", writable=True)
         self._same_layout(src, dst, name, src.size)
-        work = self._comm.allreduce(address(src), address(dst), src.size, dtype_code(src, self.rank, name),
-                                    reduce_op_code(op, self.rank, name), float(timeout or 0), not async_op)
+        work = self._comm.collective(ALLREDUCE, address(src), address(dst), src.size, dtype_code(src, self.rank, name),
+                                     reduce_op_code(op, f"rank {self.rank}: {name}"), 0, float(timeout or 0),
+                                     not async_op)
         return self._run(work, out if out is not None else array, (src, dst), async_op)
 
     def allgather(self, array, *, out=None, async_op=False, timeout=None):
@@ -208,7 +221,7 @@ class Communicator:
             # (which declines anything else: the full path below then answers).
             if out is None:
                 out = np.empty((self.size,) + array.shape, dtype=array.dtype)
-            if self._comm.allgather_arrays(array, out, timeout):
+            if self._comm.run_arrays(ALLGATHER, array, out, None, 0, timeout):
                 return out
         name = "allgather"
         if self._on_device(array, out):
@@ -216,14 +229,14 @@ class Communicator:
                 out = self._device_empty(array, (self.size,) + tuple(array.shape), name)
             src, dst = self._device_pair(array, out, name, writable_src=False)
             self._same_device_layout(src, dst, name, src.size * self.size)
-            return self._device_run("allgather", src, dst, src.size, 0, 0, timeout, out, async_op)
+            return self._device_run(ALLGATHER, src, dst, src.size, 0, 0, timeout, out, async_op)
         src = as_array(array, self.rank, name, "the input", writable=False)
         if out is None:
             out = np.empty((self.size,) + src.shape, dtype=src.dtype)
         dst = as_array(out, self.rank, name, "out", writable=True)
         self._same_layout(src, dst, name, src.size * self.size)
-        work = self._comm.allgather(address(src), address(dst), src.size, dtype_code(src, self.rank, name),
-                                    float(timeout or 0), not async_op)
+        work = self._comm.collective(ALLGATHER, address(src), address(dst), src.size, dtype_code(src, self.rank, name),
+                                     0, 0, float(timeout or 0), not async_op)
         return self._run(work, out, (src, dst), async_op)
 
     def reduce_scatter(self, array, op="sum", *, out=None, async_op=False, timeout=None):
@@ -237,7 +250,7 @@ class Communicator:
                 shape = array.shape[1:] if array.ndim >= 2 and array.shape[0] == self.size else \
                     (array.size // self.size,)
                 out = np.empty(shape, dtype=array.dtype)
-            if self._comm.reduce_scatter_arrays(array, out, op, timeout):
+            if self._comm.run_arrays(REDUCE_SCATTER, array, out, op, 0, timeout):
                 return out
         name = "reduce_scatter"
         if self._on_device(array, out):
@@ -253,33 +266,34 @@ class Communicator:
                                          name)
             src, dst = self._device_pair(array, out, name, writable_src=False)
             self._same_device_layout(src, dst, name, n)
-            return self._device_run("reduce_scatter", src, dst, n, reduce_op_code(op, self.rank, name), 0, timeout,
-                                    out, async_op)
+            return self._device_run(REDUCE_SCATTER, src, dst, n, reduce_op_code(op, f"rank {self.rank}: {name}"), 0,
+                                    timeout, out, async_op)
         src = as_array(array, self.rank, name, "the input", writable=False)
         n, out = self._block_output(src, out, name)
         dst = as_array(out, self.rank, name, "out", writable=True)
         self._same_layout(src, dst, name, n)
-        work = self._comm.reduce_scatter(address(src), address(dst), n, dtype_code(src, self.rank, name),
-                                         reduce_op_code(op, self.rank, name), float(timeout or 0), not async_op)
+        work = self._comm.collective(REDUCE_SCATTER, address(src), address(dst), n, dtype_code(src, self.rank, name),
+                                     reduce_op_code(op, f"rank {self.rank}: {name}"), 0, float(timeout or 0),
+                                     not async_op)
         return self._run(work, out, (src, dst), async_op)
 
     def broadcast(self, array, root: int = 0, *, out=None, async_op=False, timeout=None):
         """Copies the root's `array` to every rank: in place, or into `out` when given."""
         if out is None and not async_op and self._registrations is None and \
-                self._comm.broadcast_array(array, root, timeout):
+                self._comm.run_arrays(BROADCAST, array, None, None, root, timeout):
             return array
         name = "broadcast"
         root = self._root_index(root, name)
         if self._on_device(array, out):
             src, dst = self._device_pair(array, out, name, writable_src=out is None and self.rank != root)
             self._same_device_layout(src, dst, name, src.size)
-            return self._device_run("broadcast", src, dst, src.size, 0, int(root), timeout,
+            return self._device_run(BROADCAST, src, dst, src.size, 0, int(root), timeout,
                                     out if out is not None else array, async_op)
         src = as_array(array, self.rank, name, "the input", writable=out is None and self.rank != root)
         dst = src if out is None else as_array(out, self.rank, name, "out", writable=True)
         self._same_layout(src, dst, name, src.size)
-        work = self._comm.broadcast(address(src), address(dst), src.size, dtype_code(src, self.rank, name),
-                                    int(root), float(timeout or 0), not async_op)
+        work = self._comm.collective(BROADCAST, address(src), address(dst), src.size, dtype_code(src, self.rank, name),
+                                     0, int(root), float(timeout or 0), not async_op)
         return self._run(work, out if out is not None else array, (src, dst), async_op)
 
     # -- device buffers (__cuda_array_interface__) --------------------------------------
@@ -326,11 +340,11 @@ class Communicator:
         # Handle.wait() returns once the result is in place on the device.
         # src or dst is None where this rank does not use it (rooted ops).
         stream = (src.stream if src is not None else 0) or (dst.stream if dst is not None else 0)
-        device = _device.device_of((src, dst), self.rank, kind)
+        device = _device.device_of((src, dst), self.rank, op_name(kind))
         code = (src if src is not None else dst).code
-        work = self._comm.device_collective(kind, src.address if src is not None else 0,
-                                            dst.address if dst is not None else 0, count, code, op, root,
-                                            float(timeout or 0), device, stream)
+        work = self._comm.collective(kind, src.address if src is not None else 0,
+                                     dst.address if dst is not None else 0, count, code, op, root, float(timeout or 0),
+                                     False, device, stream)
         return self._run_device(work, result, (src and src.obj, dst and dst.obj), async_op)
 
     def _run_device(self, work, result, keepalive, async_op):
@@ -366,7 +380,16 @@ class Communicator:
 
     def barrier(self, *, async_op=False, timeout=None):
         """Returns once every rank has entered the barrier."""
-        return self._run(self._comm.barrier(float(timeout or 0), not async_op), None, None, async_op)
+        work = self._comm.collective(BARRIER, 0, 0, 0, 0, 0, 0, float(timeout or 0), not async_op)
+        return self._run(work, None, None, async_op)
+
+    def monitored_barrier(self, *, timeout=None, wait_all_ranks: bool = False):
+        """A barrier that names who did not come (torch's monitored_barrier): if
+        some rank does not reach it within `timeout` seconds (default: the
+        communicator's), rank 0 raises rcoll.TimeoutError naming the lowest such
+        rank or, with wait_all_ranks=True, every one, and the other ranks fail
+        with rank 0's report. The communicator is unusable after a failure."""
+        self._comm.monitored_barrier(float(timeout or 0), bool(wait_all_ranks))
 
     def reduce(self, array, op="sum", root: int = 0, *, out=None, async_op=False, timeout=None):
         """Reduces `array` across ranks with `op` (as allreduce); only the root receives the result.
@@ -382,16 +405,17 @@ class Communicator:
             src, dst = self._device_pair(array, out if is_root else None, name, writable_src=is_root and out is None)
             self._same_device_layout(src, dst, name, src.size)
             result = (array if out is None else out) if is_root else None
-            return self._device_run("reduce", src, dst if is_root else None, src.size,
-                                    reduce_op_code(op, self.rank, name), int(root), timeout, result, async_op)
+            return self._device_run(REDUCE, src, dst if is_root else None, src.size,
+                                    reduce_op_code(op, f"rank {self.rank}: {name}"), int(root), timeout, result,
+                                    async_op)
         src = as_array(array, self.rank, name, "the input", writable=is_root and out is None)
         dst = None
         if is_root:
             dst = src if out is None else as_array(out, self.rank, name, "out", writable=True)
             self._same_layout(src, dst, name, src.size)
-        work = self._comm.reduce(address(src), 0 if dst is None else address(dst), src.size,
-                                 dtype_code(src, self.rank, name), reduce_op_code(op, self.rank, name), int(root),
-                                 float(timeout or 0), not async_op)
+        work = self._comm.collective(REDUCE, address(src), 0 if dst is None else address(dst), src.size,
+                                     dtype_code(src, self.rank, name), reduce_op_code(op, f"rank {self.rank}: {name}"),
+                                     int(root), float(timeout or 0), not async_op)
         result = (array if out is None else out) if is_root else None
         return self._run(work, result, (src, dst), async_op)
 
@@ -414,7 +438,7 @@ class Communicator:
             else:
                 src, _ = self._device_pair(array, None, name, writable_src=False)
                 out = None
-            return self._device_run("gather", src, dst, src.size, 0, int(root), timeout, out, async_op)
+            return self._device_run(GATHER, src, dst, src.size, 0, int(root), timeout, out, async_op)
         src = as_array(array, self.rank, name, "the input", writable=False)
         dst = None
         if self.rank == root:
@@ -424,8 +448,8 @@ class Communicator:
             self._same_layout(src, dst, name, src.size * self.size)
         else:
             out = None
-        work = self._comm.gather(address(src), 0 if dst is None else address(dst), src.size,
-                                 dtype_code(src, self.rank, name), int(root), float(timeout or 0), not async_op)
+        work = self._comm.collective(GATHER, address(src), 0 if dst is None else address(dst), src.size,
+                                     dtype_code(src, self.rank, name), 0, int(root), float(timeout or 0), not async_op)
         return self._run(work, out, (src, dst), async_op)
 
     def scatter(self, array=None, root: int = 0, *, out=None, async_op=False, timeout=None):
@@ -451,7 +475,7 @@ class Communicator:
                     raise _core.InvalidArgumentError(
                         f"rank {self.rank}: {name}: the input has {src.size} {src.dtype_name} elements, expected "
                         f"{dst.size * self.size} {dst.dtype_name} (world size x out)")
-            return self._device_run("scatter", src, dst, dst.size, 0, int(root), timeout, out, async_op)
+            return self._device_run(SCATTER, src, dst, dst.size, 0, int(root), timeout, out, async_op)
         src = None
         if self.rank == root:
             if array is None:
@@ -468,8 +492,8 @@ class Communicator:
                     f"many elements of which dtype this rank receives)")
             dst = as_array(out, self.rank, name, "out", writable=True)
             n = dst.size
-        work = self._comm.scatter(0 if src is None else address(src), address(dst), n,
-                                  dtype_code(dst, self.rank, name), int(root), float(timeout or 0), not async_op)
+        work = self._comm.collective(SCATTER, 0 if src is None else address(src), address(dst), n,
+                                     dtype_code(dst, self.rank, name), 0, int(root), float(timeout or 0), not async_op)
         return self._run(work, out, (src, dst), async_op)
 
     def alltoall(self, array, *, out=None, send_counts=None, recv_counts=None, async_op=False, timeout=None):
@@ -538,9 +562,8 @@ class Communicator:
                 f"rank {self.rank}: {name}: out overlaps the input; alltoall cannot run in place")
         stream = src.stream or dst.stream
         device = _device.device_of((src, dst), self.rank, name)
-        work = self._comm.device_alltoall(src.address, dst.address, send_counts, displacements(send_counts),
-                                          recv_counts, displacements(recv_counts), src.code, float(timeout or 0),
-                                          device, stream)
+        work = self._comm.alltoall(src.address, dst.address, send_counts, displacements(send_counts), recv_counts,
+                                   displacements(recv_counts), src.code, float(timeout or 0), False, device, stream)
         return self._run_device(work, out, (src.obj, dst.obj), async_op)
 
     # -- life cycle ---------------------------------------------------------------------

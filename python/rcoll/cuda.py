@@ -82,21 +82,19 @@ def available() -> tuple:
 
 
 def _dtype_code(tensor) -> int:
+    from ._ops import DTYPES
+
     name = str(tensor.dtype).rpartition(".")[2]  # torch.float16 -> "float16"
-    code = _cuda().DTYPES.get(name)
+    code = DTYPES.get(name)
     if code is None:
-        raise _invalid(f"rcoll.cuda: dtype {tensor.dtype} is not supported "
-                       f"(supported: {', '.join(_cuda().DTYPES)})")
+        raise _invalid(f"rcoll.cuda: dtype {tensor.dtype} is not supported (supported: {', '.join(DTYPES)})")
     return code
 
 
 def _op_code(op) -> int:
-    if isinstance(op, int) and not isinstance(op, bool) and op in _cuda().REDUCE_OPS.values():
-        return op
-    name = getattr(op, "name", op)  # also torch.distributed.ReduceOp-like enums
-    if isinstance(name, str) and name.lower() in _cuda().REDUCE_OPS:
-        return _cuda().REDUCE_OPS[name.lower()]
-    raise _invalid(f"rcoll.cuda: unknown reduce op {op!r} (use one of {', '.join(_cuda().REDUCE_OPS)})")
+    from ._ops import reduce_op_code
+
+    return reduce_op_code(op, "rcoll.cuda", codes=True)  # names, codes, torch.distributed.ReduceOp-like enums
 
 
 def _check_tensor(tensor, what: str, device=None) -> None:

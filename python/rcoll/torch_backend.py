@@ -27,6 +27,20 @@ from torch._C._distributed_c10d import AllgatherOptions
 
 from . import _core, _device
 from ._buffers import displacements
+from ._ops import (
+    ALLGATHER,
+    ALLREDUCE,
+    AVG,
+    BARRIER,
+    BROADCAST,
+    GATHER,
+    REDUCE,
+    REDUCE_SCATTER,
+    SCATTER,
+    SUM,
+    codes_by_enum_value,
+    reduce_op_name,
+)
 from ._registrations import RegistrationTracker
 from ._torch_work import RcollWork, _combined, _done_work, _FinishedWork
 from .shrink import survivors
@@ -41,19 +55,10 @@ _DTYPE_CODES = {getattr(torch, name): code for name, code in _core.DTYPES.items(
 # dtype the core does not know moves as bytes (_check_tensor's moves_only).
 _SAME_WIDTH_CODES = {size: _core.DTYPES[f"uint{8 * size}"] for size in (1, 2, 4, 8)}
 
-_OP_NAMES = {
-    dist.ReduceOp.SUM: "sum",
-    dist.ReduceOp.PRODUCT: "prod",
-    dist.ReduceOp.MIN: "min",
-    dist.ReduceOp.MAX: "max",
-    dist.ReduceOp.AVG: "avg",
-    dist.ReduceOp.BAND: "band",
-    dist.ReduceOp.BOR: "bor",
-    dist.ReduceOp.BXOR: "bxor",
-}
-# The same, keyed by the enum's integer value: hashing and comparing torch's
+# torch's reduce ops by the enum's integer value: hashing and comparing torch's
 # pybind enums costs about a microsecond per op, an int key a few nanoseconds.
-_OP_CODES_BY_VALUE = {int(op.value): _core.REDUCE_OPS[name] for op, name in _OP_NAMES.items()}
+_OP_CODES_BY_VALUE = codes_by_enum_value(dist.ReduceOp.RedOpType.__members__.values())
+_HOST = (-1, 0)  # (device, stream) of an op on CPU tensors
 
 
 # ---------------------------------------------------------------------------------------
@@ -124,54 +129,6 @@ def _copy_backs(staged: List[_Staged]):
     return finish
 
 
-class _DeviceCalls:
-    """The core's collective calls, with their host signatures, for CUDA tensors:
-    each enqueues a device op ordered after the caller's current stream."""
-
-    _KINDS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter", "alltoall")
-
-    def __init__(self, comm, rank: int, device: torch.device):
-        self._comm = comm
-        self._rank = rank
-        self._device = device
-
-    def _call(self, kind, send, recv, count, dtype, op, root, timeout):
-        stream = torch.cuda.current_stream(self._device).cuda_stream
-        return self._comm.device_collective(kind, send, recv, count, dtype, op, root, timeout, self._device.index,
-                                            stream)
-
-    def allreduce(self, send, recv, count, dtype, op, timeout):
-        return self._call("allreduce", send, recv, count, dtype, op, 0, timeout)
-
-    def allgather(self, send, recv, count, dtype, timeout):
-        return self._call("allgather", send, recv, count, dtype, 0, 0, timeout)
-
-    def reduce_scatter(self, send, recv, count, dtype, op, timeout):
-        return self._call("reduce_scatter", send, recv, count, dtype, op, 0, timeout)
-
-    def broadcast(self, send, recv, count, dtype, root, timeout):
-        return self._call("broadcast", send, recv, count, dtype, 0, root, timeout)
-
-    def reduce(self, send, recv, count, dtype, op, root, timeout):
-        return self._call("reduce", send, recv, count, dtype, op, root, timeout)
-
-    def gather(self, send, recv, count, dtype, root, timeout):
-        return self._call("gather", send, recv, count, dtype, 0, root, timeout)
-
-    def scatter(self, send, recv, count, dtype, root, timeout):
-        return self._call("scatter", send, recv, count, dtype, 0, root, timeout)
-
-    def alltoall(self, send, recv, send_counts, send_displs, recv_counts, recv_displs, dtype, timeout):
-        stream = torch.cuda.current_stream(self._device).cuda_stream
-        return self._comm.device_alltoall(send, recv, send_counts, send_displs, recv_counts, recv_displs, dtype,
-                                          timeout, self._device.index, stream)
-
-    def __getattr__(self, name):  # a call the core has no device version of
-        raise _core.InvalidArgumentError(
-            f"rank {self._rank}: {name}: CUDA tensors are not supported by rcoll for this call; copy them to "
-            f"the CPU (collectives supported on CUDA: {', '.join(self._KINDS)})")
-
-
 def _flat(tensors: List[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
 
@@ -217,14 +174,14 @@ class RcollProcessGroup(dist.ProcessGroup):
                                if self._comm.caches_registrations else None)
 
     # -- identity -----------------------------------------------------------------
-    def _on(self, *tensors):
-        """Where the op runs: the host calls, or the device calls for CUDA tensors
-        (every tensor of one op on one device)."""
+    def _where(self, *tensors):
+        """Where the op runs: (-1, 0) for CPU tensors, else (the CUDA device of
+        every tensor of the op, that device's current stream)."""
         for t in tensors:
             if t is not None and t.is_cuda:
                 break
         else:
-            return self._comm  # the CPU path: nothing else to decide
+            return _HOST  # the CPU path: nothing else to decide
         devices = {t.device for t in tensors if t is not None}
         if len(devices) > 1:
             raise _core.InvalidArgumentError(
@@ -232,10 +189,20 @@ class RcollProcessGroup(dist.ProcessGroup):
                 f"({', '.join(sorted(str(d) for d in devices))})")
         device = devices.pop() if devices else torch.device("cpu")
         if device.type != "cuda":
-            return self._comm
+            return _HOST
         _device.ensure_runtime(self._rank, "collective on CUDA tensors")
         index = device.index if device.index is not None else torch.cuda.current_device()
-        return _DeviceCalls(self._comm, self._rank, torch.device("cuda", index))
+        return index, torch.cuda.current_stream(torch.device("cuda", index)).cuda_stream
+
+    def _collective(self, kind, where, send, recv, count, code, op=0, root=0, timeout=0.0, opts=None):
+        """Enqueues one collective on the core; blocking (run on this thread
+        when nothing is queued ahead) for a host op whose caller waits at once:
+        torch sets opts.asyncOp=False for a synchronous call (and calls
+        work.wait() right after). Async calls (DDP's buckets) and device ops
+        stay queued."""
+        device, stream = where
+        blocking = device < 0 and opts is not None and not getattr(opts, "asyncOp", True)
+        return self._comm.collective(kind, send, recv, count, code, op, root, timeout, blocking, device, stream)
 
     def _addr(self, t: torch.Tensor) -> int:
         """The tensor's address for the core; with RDMA, host tensors' storage is
@@ -243,14 +210,6 @@ class RcollProcessGroup(dist.ProcessGroup):
         if self._registrations is not None and t.device.type == "cpu":
             self._registrations.track(t)
         return t.data_ptr()
-
-    def _inline(self, opts, calls) -> dict:
-        """{"blocking": True} for a host op whose caller waits at once: torch
-        sets opts.asyncOp=False for a synchronous call (and calls work.wait()
-        right after), so the op runs on this thread when nothing is queued
-        ahead, instead of waking the progress thread and waiting for it.
-        Async calls (DDP's buckets) and device ops stay queued."""
-        return {"blocking": True} if calls is self._comm and not getattr(opts, "asyncOp", True) else {}
 
     @staticmethod
     def _work_for(work, result, finish=None, keepalive=None) -> RcollWork:
@@ -352,17 +311,17 @@ class RcollProcessGroup(dist.ProcessGroup):
                 addr = self._addr(t)
                 # Positional arguments: pybind11 keyword matching costs ~0.5 us.
                 blocking = not getattr(opts, "asyncOp", True)
-                return self._work_for(self._comm.allreduce(addr, addr, t.numel(), code, op, timeout, blocking),
-                                      tensors)
+                return self._work_for(self._comm.collective(ALLREDUCE, addr, addr, t.numel(), code, op, 0, timeout,
+                                                            blocking), tensors)
         staged, works = [], []
         for t in tensors:
             code = _check_tensor(t, self._rank, "allreduce")
             op = self._op(opts, "allreduce")
             s = _Staged(t)
             staged.append(s)
-            calls = self._on(s.buffer)
-            works.append(calls.allreduce(self._addr(s.buffer), self._addr(s.buffer), s.buffer.numel(), code, op,
-                                         timeout, **self._inline(opts, calls)))
+            addr = self._addr(s.buffer)
+            works.append(self._collective(ALLREDUCE, self._where(s.buffer), addr, addr, s.buffer.numel(), code, op,
+                                          timeout=timeout, opts=opts))
         return RcollWork(works, list(tensors), _copy_backs(staged), staged)
 
     def _sparse_allreduce(self, tensors, opts, timeout):
@@ -371,9 +330,9 @@ class RcollProcessGroup(dist.ProcessGroup):
         sums the entries that share an index. Blocking; the result replaces the
         input (copy_) and is the Work's result."""
         op = self._op(opts, "allreduce")
-        average = op == _core.REDUCE_OPS["avg"]
-        if op != _core.REDUCE_OPS["sum"] and not average:
-            name = next(n for n, code in _core.REDUCE_OPS.items() if code == op)
+        average = op == AVG
+        if op != SUM and not average:
+            name = reduce_op_name(op)
             raise _core.InvalidArgumentError(
                 f"rank {self._rank}: allreduce: sparse tensors reduce with SUM or AVG only, not {name}")
         outputs = []
@@ -421,7 +380,8 @@ class RcollProcessGroup(dist.ProcessGroup):
         src = t.contiguous()
         out = torch.empty((self._size * src.shape[0], *src.shape[1:]), dtype=src.dtype)
         code = _check_tensor(src, self._rank, "allreduce")
-        self._comm.allgather(self._addr(src), self._addr(out), src.numel(), code, timeout, True).wait()
+        self._comm.collective(ALLGATHER, self._addr(src), self._addr(out), src.numel(), code, 0, 0, timeout,
+                              True).wait()
         return out
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -434,8 +394,8 @@ class RcollProcessGroup(dist.ProcessGroup):
         op = self._op(opts, "allreduce_coalesced")
         # One fused op over a flat copy: far fewer messages for many small tensors.
         flat = _flat(tensors)
-        work = self._on(flat).allreduce(self._addr(flat), self._addr(flat), flat.numel(), code, op,
-                                        _timeout_seconds(opts))
+        work = self._collective(ALLREDUCE, self._where(flat), self._addr(flat), self._addr(flat), flat.numel(), code,
+                                op, timeout=_timeout_seconds(opts))
 
         def finish():
             offset = 0
@@ -455,16 +415,16 @@ class RcollProcessGroup(dist.ProcessGroup):
             code = _check_tensor(t, self._rank, "broadcast", moves_only=True)
             addr = self._addr(t)
             blocking = not getattr(opts, "asyncOp", True)
-            return self._work_for(self._comm.broadcast(addr, addr, t.numel(), code, root, timeout, blocking),
-                                  tensors)
+            return self._work_for(self._comm.collective(BROADCAST, addr, addr, t.numel(), code, 0, root, timeout,
+                                                        blocking), tensors)
         staged, works = [], []
         for t in tensors:
             code = _check_tensor(t, self._rank, "broadcast", moves_only=True)
             s = _Staged(t)
             staged.append(s)
-            calls = self._on(s.buffer)
-            works.append(calls.broadcast(self._addr(s.buffer), self._addr(s.buffer), s.buffer.numel(), code, root,
-                                         timeout, **self._inline(opts, calls)))
+            addr = self._addr(s.buffer)
+            works.append(self._collective(BROADCAST, self._where(s.buffer), addr, addr, s.buffer.numel(), code,
+                                          root=root, timeout=timeout, opts=opts))
         return RcollWork(works, list(tensors), _copy_backs(staged), staged)
 
     @_complex_as_real
@@ -477,9 +437,8 @@ class RcollProcessGroup(dist.ProcessGroup):
             self._check_outputs(outs, inp, "allgather")
             src = inp.contiguous()
             flat = torch.empty(self._size * src.numel(), dtype=src.dtype, device=src.device)
-            calls = self._on(src, flat)
-            works.append(calls.allgather(self._addr(src), self._addr(flat), src.numel(), code, timeout,
-                                         **self._inline(opts, calls)))
+            works.append(self._collective(ALLGATHER, self._where(src, flat), self._addr(src), self._addr(flat),
+                                          src.numel(), code, timeout=timeout, opts=opts))
             keep.append((src, flat))
             finishes.append(self._scatter_into(flat, outs))
         return RcollWork(works, output_tensors, lambda: [f() for f in finishes], keep)
@@ -496,8 +455,8 @@ class RcollProcessGroup(dist.ProcessGroup):
                 raise _core.InvalidArgumentError(f"rank {self._rank}: allgather_coalesced: inputs differ in dtype")
         flat_in = _flat(input_list)
         flat_out = torch.empty(self._size * flat_in.numel(), dtype=flat_in.dtype, device=flat_in.device)
-        work = self._on(flat_in, flat_out).allgather(self._addr(flat_in), self._addr(flat_out), flat_in.numel(), code,
-                                                     _timeout_seconds(opts))
+        work = self._collective(ALLGATHER, self._where(flat_in, flat_out), self._addr(flat_in), self._addr(flat_out),
+                                flat_in.numel(), code, timeout=_timeout_seconds(opts))
 
         def finish():
             offset = 0
@@ -519,9 +478,8 @@ class RcollProcessGroup(dist.ProcessGroup):
                 f"expected {self._size * input.numel()} {input.dtype}")
         src = input.contiguous()
         dst = _Staged(output)
-        calls = self._on(src, dst.buffer)
-        work = calls.allgather(self._addr(src), self._addr(dst.buffer), src.numel(), code, _timeout_seconds(opts),
-                               **self._inline(opts, calls))
+        work = self._collective(ALLGATHER, self._where(src, dst.buffer), self._addr(src), self._addr(dst.buffer),
+                                src.numel(), code, timeout=_timeout_seconds(opts), opts=opts)
         return self._work_for(work, [output], _copy_backs([dst]), (src, dst))
 
     _allgather_base = all_gather_single
@@ -548,9 +506,8 @@ class RcollProcessGroup(dist.ProcessGroup):
             s = _Staged(out)
             staged.append(s)
             keep.append(flat)
-            calls = self._on(flat, s.buffer)
-            works.append(calls.reduce_scatter(self._addr(flat), self._addr(s.buffer), out.numel(), code, op, timeout,
-                                              **self._inline(opts, calls)))
+            works.append(self._collective(REDUCE_SCATTER, self._where(flat, s.buffer), self._addr(flat),
+                                          self._addr(s.buffer), out.numel(), code, op, timeout=timeout, opts=opts))
         return RcollWork(works, output_tensors, _copy_backs(staged), (staged, keep))
 
     def reduce_scatter_single(self, output, input, opts=None):
@@ -564,9 +521,8 @@ class RcollProcessGroup(dist.ProcessGroup):
                 f"expected {self._size * output.numel()} {output.dtype}")
         src = input.contiguous()
         dst = _Staged(output)
-        calls = self._on(src, dst.buffer)
-        work = calls.reduce_scatter(self._addr(src), self._addr(dst.buffer), output.numel(), code, op,
-                                    _timeout_seconds(opts), **self._inline(opts, calls))
+        work = self._collective(REDUCE_SCATTER, self._where(src, dst.buffer), self._addr(src), self._addr(dst.buffer),
+                                output.numel(), code, op, timeout=_timeout_seconds(opts), opts=opts)
         return self._work_for(work, [output], _copy_backs([dst]), (src, dst))
 
     _reduce_scatter_base = reduce_scatter_single
@@ -580,16 +536,20 @@ class RcollProcessGroup(dist.ProcessGroup):
 
     def barrier(self, opts=None):
         opts = opts if opts is not None else dist.BarrierOptions()
-        return self._work_for(self._comm.barrier(_timeout_seconds(opts), **self._inline(opts, self._comm)), [])
+        return self._work_for(self._collective(BARRIER, _HOST, 0, 0, 0, 0, timeout=_timeout_seconds(opts), opts=opts),
+                              [])
 
     def monitored_barrier(self, opts=None, wait_all_ranks=False):
-        """A barrier bounded by opts.timeout (or a timedelta); on expiry the error
-        names the ranks this rank did not hear from."""
+        """A barrier bounded by opts.timeout (or a timedelta) that names who did
+        not come: on expiry rank 0 raises rcoll.TimeoutError naming the lowest
+        rank that did not reach it or, with wait_all_ranks=True, every such
+        rank; the other ranks then fail with rank 0's report (Gloo's
+        semantics). The group is unusable after a failure."""
         if isinstance(opts, timedelta):
             timeout = opts.total_seconds()
         else:
             timeout = _timeout_seconds(opts) if opts is not None else 0.0
-        self._comm.barrier(timeout).wait()
+        self._comm.monitored_barrier(timeout, bool(wait_all_ranks))
 
     # -- rooted ops ---------------------------------------------------------------
     def reduce(self, tensors, opts=None):
@@ -604,8 +564,8 @@ class RcollProcessGroup(dist.ProcessGroup):
             staged.append(s)
             # Only the root's tensor receives the result; the others stay as they were.
             recv = self._addr(s.buffer) if self._rank == root else 0
-            works.append(self._on(s.buffer).reduce(self._addr(s.buffer), recv, s.buffer.numel(), code, op, root,
-                                                   timeout))
+            works.append(self._collective(REDUCE, self._where(s.buffer), self._addr(s.buffer), recv, s.buffer.numel(),
+                                          code, op, root, timeout))
         return RcollWork(works, list(tensors), _copy_backs(staged), staged)
 
     @_complex_as_real
@@ -622,8 +582,9 @@ class RcollProcessGroup(dist.ProcessGroup):
             self._check_outputs(outs, inp, "gather")
             flat = torch.empty(self._size * src.numel(), dtype=src.dtype, device=src.device)
             finish = self._scatter_into(flat, outs)
-        work = self._on(src, flat).gather(self._addr(src), self._addr(flat) if flat is not None else 0, src.numel(),
-                                          code, root, _timeout_seconds(opts))
+        work = self._collective(GATHER, self._where(src, flat), self._addr(src),
+                                self._addr(flat) if flat is not None else 0, src.numel(), code, root=root,
+                                timeout=_timeout_seconds(opts))
         return RcollWork([work], output_tensors, finish, (src, flat))
 
     @_complex_as_real
@@ -638,8 +599,8 @@ class RcollProcessGroup(dist.ProcessGroup):
             self._check_outputs(ins, out, "scatter")
             flat = _flat(ins)
         dst = _Staged(out)
-        work = self._on(flat, dst.buffer).scatter(self._addr(flat) if flat is not None else 0, self._addr(dst.buffer),
-                                                  out.numel(), code, root, _timeout_seconds(opts))
+        work = self._collective(SCATTER, self._where(flat, dst.buffer), self._addr(flat) if flat is not None else 0,
+                                self._addr(dst.buffer), out.numel(), code, root=root, timeout=_timeout_seconds(opts))
         return RcollWork([work], output_tensors, _copy_backs([dst]), (flat, dst))
 
     # -- all-to-all ---------------------------------------------------------------
@@ -657,9 +618,8 @@ class RcollProcessGroup(dist.ProcessGroup):
         recv_counts = [t.numel() for t in output_tensors]
         flat_in = _flat(input_tensors)
         flat_out = torch.empty(sum(recv_counts), dtype=flat_in.dtype, device=flat_in.device)
-        work = self._on(flat_in, flat_out).alltoall(self._addr(flat_in), self._addr(flat_out), send_counts,
-                                                    displacements(send_counts), recv_counts,
-                                                    displacements(recv_counts), code, _timeout_seconds(opts))
+        work = self._alltoall(self._where(flat_in, flat_out), self._addr(flat_in), self._addr(flat_out), send_counts,
+                              recv_counts, code, _timeout_seconds(opts))
 
         def finish():
             offset = 0
@@ -678,12 +638,16 @@ class RcollProcessGroup(dist.ProcessGroup):
         recv_counts = self._split_counts(output, output_split_sizes, "output")
         src = input.contiguous()
         dst = _Staged(output)
-        work = self._on(src, dst.buffer).alltoall(self._addr(src), self._addr(dst.buffer), send_counts,
-                                                  displacements(send_counts), recv_counts,
-                                                  displacements(recv_counts), code, _timeout_seconds(opts))
+        work = self._alltoall(self._where(src, dst.buffer), self._addr(src), self._addr(dst.buffer), send_counts,
+                              recv_counts, code, _timeout_seconds(opts))
         return RcollWork([work], [output], _copy_backs([dst]), (src, dst))
 
     alltoall_base = all_to_all_single
+
+    def _alltoall(self, where, send, recv, send_counts, recv_counts, code, timeout):
+        device, stream = where
+        return self._comm.alltoall(send, recv, send_counts, displacements(send_counts), recv_counts,
+                                   displacements(recv_counts), code, timeout, False, device, stream)
 
     def _split_counts(self, t, splits, what):
         """Element counts per rank from split sizes along dim 0 (empty = equal split)."""

@@ -1,8 +1,8 @@
 // Standalone tests for the parts of a communicator's set-up that need no
 // peers: the topology every rank computes from the published hosts
 // (csrc/topology.cc), the rings the algorithms build in its host order
-// (csrc/algorithms.cc), the agreed settings (csrc/agreed_settings.cc) and the op
-// table's checks (csrc/op_table.cc). Built and run by tests/test_cpp.py under
+// (csrc/algorithms.cc), the agreed settings (csrc/agreed_settings.cc), the op
+// table's checks (csrc/op_table.cc) and the route chooser (csrc/op_route.cc). Built and run by tests/test_cpp.py under
 // ASan + UBSan. Exit status is nonzero on any failure.
 
 #include <cstdio>
@@ -14,6 +14,7 @@
 #include "agreed_settings.h"
 #include "algorithms.h"
 #include "error.h"
+#include "op_route.h"
 #include "op_table.h"
 #include "topology.h"
 #include "unit_check.h"
@@ -204,6 +205,60 @@ void testOpChecks() {
   check(overlap, "alltoall in place is refused");
 }
 
+// Every rank chooses each op's path from the same facts, so the chooser is
+// tested as the table it is: each path where it belongs, and the thresholds.
+void testRoutes() {
+  auto op = [](OpKind kind, uint64_t count, DataType dtype = DataType::kFloat32) {
+    OpDesc d;
+    d.kind = kind;
+    d.count = count;
+    d.dtype = dtype;
+    return d;
+  };
+  RouteFacts one_host;
+  one_host.world = 4;
+  one_host.host_windows = true;
+  one_host.allreduce_rd_bytes = 32 << 10;
+  one_host.cuda_ipc_slot_bytes = 16 << 20;
+  one_host.cuda_ipc_hosts_min_bytes = 128 << 10;
+  check(chooseRoute(op(OpKind::kAllreduce, 10), false, one_host).path == OpPath::kHostWindows, "host windows");
+  check(chooseRoute(op(OpKind::kBarrier, 0), false, one_host).path == OpPath::kHostWindows, "barrier on windows");
+  OpRoute gather = chooseRoute(op(OpKind::kGather, 10), false, one_host);
+  check(gather.path == OpPath::kPipeline && gather.fallback == OpPath::kPipeline, "gather: the pipeline only");
+  check(gather.algorithm.allreduce_rd_bytes == (32 << 10), "the pipeline keeps recursive doubling");
+  OpRoute device = chooseRoute(op(OpKind::kAllreduce, 10), true, one_host);
+  check(device.path == OpPath::kDeviceWindows && device.fallback == OpPath::kStaging, "device windows, else staging");
+  check(device.algorithm.allreduce_rd_bytes == 0, "staging has no recursive doubling");
+  check(chooseRoute(op(OpKind::kAllToAll, 10), true, one_host).path == OpPath::kStaging, "alltoall stages");
+  RouteFacts tiny_slots = one_host;
+  tiny_slots.cuda_ipc_slot_bytes = 8;
+  check(chooseRoute(op(OpKind::kReduceScatter, 10), true, tiny_slots).path == OpPath::kStaging,
+        "a step that cannot hold one element of every block stages");
+  tiny_slots.cuda_ipc = false;
+  check(chooseRoute(op(OpKind::kReduceScatter, 10), true, tiny_slots).path == OpPath::kDeviceWindows,
+        "RCOLL_CUDA_IPC=0 still meets the windows' set-up, which agrees 'off'");
+
+  RouteFacts hosts;
+  hosts.world = 8;
+  hosts.hosts = 2;
+  hosts.hierarchical = true;
+  hosts.cuda_ipc_slot_bytes = 16 << 20;
+  hosts.cuda_ipc_hosts_min_bytes = 128 << 10;
+  check(chooseRoute(op(OpKind::kAllreduce, 1000), false, hosts).algorithm.hierarchical, "hierarchical pipeline");
+  check(chooseRoute(op(OpKind::kAllreduce, 1), true, hosts).path == OpPath::kDeviceOverHosts,
+        "device allreduce of any size over the hosts' windows");
+  check(chooseRoute(op(OpKind::kAllgather, 1000), true, hosts).path == OpPath::kStaging,
+        "a small allgather stages (32 KB of 128 KB)");
+  OpRoute big = chooseRoute(op(OpKind::kAllgather, 8192), true, hosts);
+  check(big.path == OpPath::kDeviceOverHosts && big.fallback == OpPath::kStaging,
+        "a 256 KB allgather takes the hosts' windows");
+  hosts.cuda_ipc = false;
+  check(chooseRoute(op(OpKind::kAllreduce, 1), true, hosts).path == OpPath::kStaging, "RCOLL_CUDA_IPC=0 over hosts");
+  hosts.cuda_ipc = true;
+  hosts.hierarchical = false;
+  check(chooseRoute(op(OpKind::kAllreduce, 1), true, hosts).path == OpPath::kStaging, "not hierarchical: staging");
+}
+
 }  // namespace
 
 int main() {
@@ -212,6 +267,7 @@ int main() {
     testHostOrderedRings();
     testAgreedSettings();
     testOpChecks();
+    testRoutes();
   } catch (const std::exception& e) {
     check(false, std::string("unexpected exception: ") + e.what());
   }
