@@ -71,7 +71,7 @@ const std::vector<ConfigVar>& configVars() {
        "turns on them (the k-th message on socket k mod N, on both ends), so that a fast NIC is not "
        "held to what one stream, copied by one core, carries; point-to-point traffic keeps one "
        "socket. On loopback or a host whose cores are already busy it gains nothing (see "
-       "bench/README.md)"},
+       "docs/benchmarks.md)"},
       {"RCOLL_RUNTIME_CONNECT", "1",
        "`1`: TCP connections and RDMA queue pairs are made on first use (the higher rank of a pair dials, "
        "the lower one asks it to; verbs then swaps queue pairs over that socket), except those the "

@@ -1,5 +1,5 @@
 """`python -m rcoll bench`: the nccl-tests style size sweep of rcoll beside torch's
-Gloo and Open MPI (cli.py says how it runs; bench/README.md shows results)."""
+Gloo and Open MPI (cli.py says how it runs; docs/benchmarks.md shows results)."""
 from .cli import main
 
 __all__ = ["main"]
