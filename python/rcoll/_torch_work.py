@@ -144,21 +144,30 @@ class _HandedOver:
     its future, on torch releases that do not keep Python works alive
     themselves (_cpp_keeps_python_works). A Work never waited on and whose
     future is never taken stays held: on those releases a late C++ wait()
-    on a released Work would never return."""
+    on a released Work would never return. Where torch keeps them, hold() and
+    release() become no-ops after the first call (the small-op path calls
+    them on every op)."""
 
     def __init__(self):
-        self._held = None  # decided on first use: the probe needs torch initialised
+        self._held = {}
 
     def hold(self, work) -> None:
-        held = self._held
-        if held is None:
-            held = self._held = {} if not _cpp_keeps_python_works() else False
-        if held is not False:
-            held[id(work)] = work
+        # First call: the probe needs torch initialised, so it runs here.
+        if _cpp_keeps_python_works():
+            self.hold = self.release = _nothing
+            return
+        self.hold = self._hold
+        self._hold(work)
+
+    def _hold(self, work) -> None:
+        self._held[id(work)] = work
 
     def release(self, work) -> None:
-        if self._held:
-            self._held.pop(id(work), None)
+        self._held.pop(id(work), None)
+
+
+def _nothing(_work) -> None:
+    pass
 
 
 _HANDED_OVER = _HandedOver()
@@ -323,11 +332,12 @@ class _FinishedWork(RcollWork):
     _finished = True
     _core_works = ()
 
+    _lock = threading.Lock()  # get_future() takes it: one for every finished work will do
+
     def __init__(self, result):  # noqa: PLW0231 - super-init of RcollWork skipped on purpose
         dist._Work.__init__(self)
         _HANDED_OVER.hold(self)
         self._result = result
-        self._lock = threading.Lock()  # get_future() takes it
 
 
 def _done_work(result, finish=None) -> RcollWork:
