@@ -85,6 +85,34 @@ def test_allreduce_array_fast_path_takes_plain_arrays_and_declines_the_rest():
         comm.shutdown()
 
 
+# Out of place and asynchronous, the same call returns the queued op's Work;
+# what it cannot take is declined (False) for the full path, as in place.
+def test_array_fast_path_runs_out_of_place_and_async_ops():
+    import rcoll
+    from rcoll import spawn
+    from rcoll._ops import ALLREDUCE, BROADCAST
+    comm = rcoll.Communicator(0, 1, master_addr="127.0.0.1", master_port=spawn.free_port(), timeout=30)
+    fast = comm._comm
+    try:
+        a = np.arange(6, dtype=np.float32)
+        for kind, op in ((ALLREDUCE, "max"), (BROADCAST, None)):
+            out = np.zeros(6, np.float32)
+            assert fast.run_arrays(kind, a, out, op, 0, None) is True
+            assert (out == a).all()
+            out[...] = 0
+            work = fast.run_arrays(kind, a, out, op, 0, 5.0, False)
+            assert work is not False and work.wait(10) and (out == a).all()
+            for bad in (np.zeros(6, np.float64), np.zeros(5, np.float32), np.zeros(12, np.float32)[::2]):
+                assert fast.run_arrays(kind, a, bad, op, 0, None, False) is False
+        # the public calls take this path and keep the arrays of async ops until they end
+        out = np.zeros(6, np.float32)
+        handle = comm.allreduce(a, "sum", out=out, async_op=True)
+        assert handle.wait() is out and (out == a).all()
+        assert (comm.broadcast(a, 0, out=np.zeros(6, np.float32)) == a).all()
+    finally:
+        comm.shutdown()
+
+
 # The same one-call paths of broadcast, allgather and reduce_scatter.
 def test_other_fast_paths_take_plain_arrays_and_decline_the_rest():
     import rcoll

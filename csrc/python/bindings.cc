@@ -94,42 +94,52 @@ std::optional<DeviceOpArgs> deviceArgs(int device, uintptr_t stream) {
   return args;
 }
 
-// The one-call path of the collectives users time: blocking, plain numpy
-// arrays (numpy_arrays.h) of one dtype and matching sizes; false, having done
-// nothing, for anything else (the Python layer's full path then answers).
-// allreduce and broadcast run in place (`out` None); allgather and
-// reduce_scatter into `out`.
-bool runArrays(Communicator& c, int kind, py::handle array, py::handle out, py::handle op, py::handle root,
-               py::handle timeout) {
+// The one-call path of the collectives users time: plain numpy arrays
+// (numpy_arrays.h) of one dtype and matching sizes. allreduce and broadcast run
+// in place (`out` None) or into `out`; allgather and reduce_scatter into `out`.
+// Blocking: runs the op (on this thread when nothing is queued) and returns
+// True; else returns its Work. False, having done nothing, for anything else
+// (the Python layer's full path then answers).
+py::object runArrays(Communicator& c, int kind, py::handle array, py::handle out, py::handle op, py::handle root,
+                     py::handle timeout, bool blocking) {
+  const py::object declined = py::bool_(false);
   FastArray src, dst;
   std::chrono::milliseconds limit;
-  if (!fastTimeout(timeout.ptr(), &limit)) return false;
+  if (!fastTimeout(timeout.ptr(), &limit)) return declined;
   int op_code = 0;
   long root_rank = 0;
   size_t count = 0;
   const size_t world = static_cast<size_t>(c.size());
+  // allreduce and broadcast: `out` None is in place, so the input receives.
+  auto sameShaped = [&](bool src_receives) {
+    if (out.is_none()) {
+      if (!fastArray(array.ptr(), src_receives, &src)) return false;
+      dst = src;
+    } else if (!fastArray(array.ptr(), false, &src) || !fastArray(out.ptr(), true, &dst) || src.dtype != dst.dtype ||
+               src.count != dst.count) {
+      return false;
+    }
+    count = src.count;
+    return true;
+  };
   switch (static_cast<OpKind>(kind)) {
     case OpKind::kAllreduce:
       op_code = fastReduceOp(op.ptr());
-      if (op_code < 0 || !out.is_none() || !fastArray(array.ptr(), true, &src)) return false;
-      dst = src;
-      count = src.count;
+      if (op_code < 0 || !sameShaped(true)) return declined;
       break;
     case OpKind::kBroadcast:
-      if (!PyLong_CheckExact(root.ptr())) return false;
+      if (!PyLong_CheckExact(root.ptr())) return declined;
       root_rank = PyLong_AsLong(root.ptr());
       if (root_rank < 0 || root_rank >= c.size()) {  // (-1 also when it overflowed) the full path words the error
         PyErr_Clear();
-        return false;
+        return declined;
       }
-      if (!out.is_none() || !fastArray(array.ptr(), root_rank != c.rank(), &src)) return false;
-      dst = src;
-      count = src.count;
+      if (!sameShaped(root_rank != c.rank())) return declined;
       break;
     case OpKind::kAllgather:
       if (!fastArray(array.ptr(), false, &src) || !fastArray(out.ptr(), true, &dst) || src.dtype != dst.dtype ||
           dst.count != src.count * world) {
-        return false;
+        return declined;
       }
       count = src.count;
       break;
@@ -137,17 +147,22 @@ bool runArrays(Communicator& c, int kind, py::handle array, py::handle out, py::
       op_code = fastReduceOp(op.ptr());
       if (op_code < 0 || !fastArray(array.ptr(), false, &src) || !fastArray(out.ptr(), true, &dst) ||
           src.dtype != dst.dtype || src.count != dst.count * world) {
-        return false;
+        return declined;
       }
       count = dst.count;
       break;
     default:
-      return false;
+      return declined;
   }
-  return runBlocking([&] {
+  auto issue = [&](Launch launch) {
     return c.collective(static_cast<OpKind>(kind), src.data, dst.data, count, static_cast<DataType>(src.dtype),
-                        static_cast<ReduceOp>(op_code), static_cast<int>(root_rank), limit, Launch::kCallerWaits);
-  });
+                        static_cast<ReduceOp>(op_code), static_cast<int>(root_rank), limit, launch);
+  };
+  if (blocking) {
+    runBlocking([&] { return issue(Launch::kCallerWaits); });
+    return py::bool_(true);
+  }
+  return py::cast(withoutGil([&] { return issue(Launch::kQueued); }));
 }
 
 const void* ptr(uintptr_t address) { return reinterpret_cast<const void*>(address); }
@@ -508,9 +523,10 @@ PYBIND11_MODULE(_core, m) {
            "timeout"_a, "wait_all_ranks"_a = false,
            "A barrier whose timeout on rank 0 names the ranks that did not come (the lowest, or with "
            "wait_all_ranks every one); blocking.")
-      .def("run_arrays", &runArrays, "kind"_a, "array"_a, "out"_a, "op"_a, "root"_a, "timeout"_a,
-           "Blocking allreduce or broadcast in place (out None), or allgather or reduce_scatter into `out`, of "
-           "plain numpy arrays; False (nothing done) when they need the full Python path.")
+      .def("run_arrays", &runArrays, "kind"_a, "array"_a, "out"_a, "op"_a, "root"_a, "timeout"_a, "blocking"_a = true,
+           "allreduce or broadcast in place (out None) or into `out`, allgather or reduce_scatter into `out`, of "
+           "plain numpy arrays: True once done (blocking), else the op's Work; False (nothing done) when they "
+           "need the full Python path.")
       .def("send",
            [](Communicator& c, uintptr_t data, size_t count, int dtype, int peer, int tag, double timeout) {
              return c.send(ptr(data), count, toDataType(dtype), peer, tag, toMillis(timeout));

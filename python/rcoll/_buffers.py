@@ -60,6 +60,37 @@ def dtype_code(arr: np.ndarray, rank: int, opname: str) -> int:
 address = _core.array_address  # the data pointer of an ndarray (as_array() made every input one)
 
 
+class HostBuffer:
+    """A checked view of a host buffer, with the fields of _device.DeviceBuffer
+    (so that the communicator's collectives are written once for both)."""
+
+    __slots__ = ("obj", "array", "address", "code")
+
+    def __init__(self, obj, rank: int, opname: str, what: str, writable: bool):
+        arr = as_array(obj, rank, opname, what, writable)
+        self.obj = obj
+        self.array = arr
+        self.code = dtype_code(arr, rank, opname)
+        self.address = address(arr)
+
+    # Read from the array when asked: each field set costs more than most reads.
+    @property
+    def size(self) -> int:
+        return self.array.size
+
+    @property
+    def shape(self) -> tuple:
+        return self.array.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.array.nbytes
+
+    @property
+    def dtype_name(self) -> str:  # for messages: numpy's dtype.name costs microseconds
+        return self.array.dtype.name
+
+
 def displacements(counts):
     """Where each rank's block starts: the running sum of the counts before it."""
     out, total = [], 0

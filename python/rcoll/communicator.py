@@ -7,7 +7,7 @@ from typing import Optional
 import numpy as np
 
 from . import _core, _device
-from ._buffers import address, as_array, displacements, dtype_code
+from ._buffers import HostBuffer, address, as_array, displacements, dtype_code
 from ._environment import launcher_store, resolve
 from ._in_flight import InFlight
 from ._ops import (
@@ -191,24 +191,19 @@ class Communicator:
 
         In place unless `out` is given. Returns the result (or a Handle with async_op=True).
         """
-        # A plain numpy array, in place and blocking: checked and run in one C++
-        # call (it declines anything else, which takes the full path below).
-        if out is None and not async_op and self._registrations is None and \
-                self._comm.run_arrays(ALLREDUCE, array, None, op, 0, timeout):
-            return array
+        # Plain numpy arrays: checked and issued in one C++ call (it declines
+        # anything else, which takes the full path below).
+        if self._registrations is None:
+            done = self._comm.run_arrays(ALLREDUCE, array, out, op, 0, timeout, not async_op)
+            if done is not False:
+                return self._arrays_issued(done, out if out is not None else array, (array, out), async_op)
         name = "allreduce"
-        if self._on_device(array, out):
-            src, dst = self._device_pair(array, out, name, writable_src=out is None)
-            self._same_device_layout(src, dst, name, src.size)
-            return self._device_run(ALLREDUCE, src, dst, src.size, reduce_op_code(op, f"rank {self.rank}: {name}"), 0,
-                                    timeout, out if out is not None else array, async_op)
-        src = as_array(array, self.rank, name, "the input", writable=out is None)
-        dst = src if out is None else as_array(out, self.rank, name, "out", writable=True)
+        device = self._on_device(array, out)
+        src = self._view(array, device, name, "the input", writable=out is None)
+        dst = src if out is None else self._view(out, device, name, "out", writable=True)
         self._same_layout(src, dst, name, src.size)
-        work = self._comm.collective(ALLREDUCE, address(src), address(dst), src.size, dtype_code(src, self.rank, name),
-                                     reduce_op_code(op, f"rank {self.rank}: {name}"), 0, float(timeout or 0),
-                                     not async_op)
-        return self._run(work, out if out is not None else array, (src, dst), async_op)
+        return self._issue(ALLREDUCE, src, dst, src.size, reduce_op_code(op, f"rank {self.rank}: {name}"), 0, timeout,
+                           out if out is not None else array, async_op)
 
     def allgather(self, array, *, out=None, async_op=False, timeout=None):
         """Gathers every rank's `array` into one array of shape (size, *array.shape).
@@ -216,139 +211,116 @@ class Communicator:
         `out` (size * array.size elements) may be given; `array` may be this rank's
         slot of `out` (in place).
         """
-        if not async_op and self._registrations is None and type(array) is np.ndarray:
-            # Plain numpy arrays, blocking: checked and run in one C++ call
-            # (which declines anything else: the full path below then answers).
+        if self._registrations is None and type(array) is np.ndarray:
+            # Plain numpy arrays: checked and issued in one C++ call (which
+            # declines anything else: the full path below then answers).
             if out is None:
                 out = np.empty((self.size,) + array.shape, dtype=array.dtype)
-            if self._comm.run_arrays(ALLGATHER, array, out, None, 0, timeout):
-                return out
+            done = self._comm.run_arrays(ALLGATHER, array, out, None, 0, timeout, not async_op)
+            if done is not False:
+                return self._arrays_issued(done, out, (array, out), async_op)
         name = "allgather"
-        if self._on_device(array, out):
-            if out is None:
-                out = self._device_empty(array, (self.size,) + tuple(array.shape), name)
-            src, dst = self._device_pair(array, out, name, writable_src=False)
-            self._same_device_layout(src, dst, name, src.size * self.size)
-            return self._device_run(ALLGATHER, src, dst, src.size, 0, 0, timeout, out, async_op)
-        src = as_array(array, self.rank, name, "the input", writable=False)
+        device = self._on_device(array, out)
+        src = self._view(array, device, name, "the input", writable=False)
         if out is None:
-            out = np.empty((self.size,) + src.shape, dtype=src.dtype)
-        dst = as_array(out, self.rank, name, "out", writable=True)
+            out = self._empty(src, (self.size,) + tuple(src.shape), name)
+        dst = self._view(out, device, name, "out", writable=True)
         self._same_layout(src, dst, name, src.size * self.size)
-        work = self._comm.collective(ALLGATHER, address(src), address(dst), src.size, dtype_code(src, self.rank, name),
-                                     0, 0, float(timeout or 0), not async_op)
-        return self._run(work, out, (src, dst), async_op)
+        return self._issue(ALLGATHER, src, dst, src.size, 0, 0, timeout, out, async_op)
 
     def reduce_scatter(self, array, op="sum", *, out=None, async_op=False, timeout=None):
         """Reduces `array` (size * n elements) across ranks; rank r keeps block r (n elements).
 
         The result has shape array.shape[1:] when array is (size, ...) with ndim >= 2, else (n,).
         """
-        if not async_op and self._registrations is None and type(array) is np.ndarray and \
-                array.size % self.size == 0:
+        if self._registrations is None and type(array) is np.ndarray and array.size % self.size == 0:
             if out is None:  # the shape _block_output gives
                 shape = array.shape[1:] if array.ndim >= 2 and array.shape[0] == self.size else \
                     (array.size // self.size,)
                 out = np.empty(shape, dtype=array.dtype)
-            if self._comm.run_arrays(REDUCE_SCATTER, array, out, op, 0, timeout):
-                return out
+            done = self._comm.run_arrays(REDUCE_SCATTER, array, out, op, 0, timeout, not async_op)
+            if done is not False:
+                return self._arrays_issued(done, out, (array, out), async_op)
         name = "reduce_scatter"
-        if self._on_device(array, out):
-            total = _device.DeviceBuffer(array, self.rank, name, "the input", writable=False).size
-            if total % self.size != 0:
-                raise _core.InvalidArgumentError(
-                    f"rank {self.rank}: {name}: the input has {total} elements, not a multiple of the world "
-                    f"size {self.size}")
-            n = total // self.size
-            if out is None:
-                shape = tuple(array.shape)
-                out = self._device_empty(array, shape[1:] if len(shape) >= 2 and shape[0] == self.size else (n,),
-                                         name)
-            src, dst = self._device_pair(array, out, name, writable_src=False)
-            self._same_device_layout(src, dst, name, n)
-            return self._device_run(REDUCE_SCATTER, src, dst, n, reduce_op_code(op, f"rank {self.rank}: {name}"), 0,
-                                    timeout, out, async_op)
-        src = as_array(array, self.rank, name, "the input", writable=False)
+        device = self._on_device(array, out)
+        src = self._view(array, device, name, "the input", writable=False)
         n, out = self._block_output(src, out, name)
-        dst = as_array(out, self.rank, name, "out", writable=True)
+        dst = self._view(out, device, name, "out", writable=True)
         self._same_layout(src, dst, name, n)
-        work = self._comm.collective(REDUCE_SCATTER, address(src), address(dst), n, dtype_code(src, self.rank, name),
-                                     reduce_op_code(op, f"rank {self.rank}: {name}"), 0, float(timeout or 0),
-                                     not async_op)
-        return self._run(work, out, (src, dst), async_op)
+        return self._issue(REDUCE_SCATTER, src, dst, n, reduce_op_code(op, f"rank {self.rank}: {name}"), 0, timeout,
+                           out, async_op)
 
     def broadcast(self, array, root: int = 0, *, out=None, async_op=False, timeout=None):
         """Copies the root's `array` to every rank: in place, or into `out` when given."""
-        if out is None and not async_op and self._registrations is None and \
-                self._comm.run_arrays(BROADCAST, array, None, None, root, timeout):
-            return array
+        if self._registrations is None:
+            done = self._comm.run_arrays(BROADCAST, array, out, None, root, timeout, not async_op)
+            if done is not False:
+                return self._arrays_issued(done, out if out is not None else array, (array, out), async_op)
         name = "broadcast"
         root = self._root_index(root, name)
-        if self._on_device(array, out):
-            src, dst = self._device_pair(array, out, name, writable_src=out is None and self.rank != root)
-            self._same_device_layout(src, dst, name, src.size)
-            return self._device_run(BROADCAST, src, dst, src.size, 0, int(root), timeout,
-                                    out if out is not None else array, async_op)
-        src = as_array(array, self.rank, name, "the input", writable=out is None and self.rank != root)
-        dst = src if out is None else as_array(out, self.rank, name, "out", writable=True)
+        device = self._on_device(array, out)
+        src = self._view(array, device, name, "the input", writable=out is None and self.rank != root)
+        dst = src if out is None else self._view(out, device, name, "out", writable=True)
         self._same_layout(src, dst, name, src.size)
-        work = self._comm.collective(BROADCAST, address(src), address(dst), src.size, dtype_code(src, self.rank, name),
-                                     0, int(root), float(timeout or 0), not async_op)
-        return self._run(work, out if out is not None else array, (src, dst), async_op)
+        return self._issue(BROADCAST, src, dst, src.size, 0, int(root), timeout, out if out is not None else array,
+                           async_op)
 
-    # -- device buffers (__cuda_array_interface__) --------------------------------------
+    # -- buffers, host or device (__cuda_array_interface__) ----------------------------
     @staticmethod
     def _on_device(array, out) -> bool:
         return _device.is_device_buffer(array) or _device.is_device_buffer(out)
 
-    def _device_pair(self, array, out, name, writable_src):
-        """Checked device views of the input and the output (the input itself when
-        out is None; with array None, (None, out))."""
+    def _view(self, obj, device, name, what, writable):
+        """A checked view of one buffer of an op whose buffers are on a GPU
+        (`device`) or in host memory: the same fields either way."""
+        if not device:
+            return HostBuffer(obj, self.rank, name, what, writable)
         _device.ensure_runtime(self.rank, name)
-        for obj, what in ((array, "the input"), (out, "out")):
-            if obj is not None and not _device.is_device_buffer(obj):
-                raise _core.InvalidArgumentError(
-                    f"rank {self.rank}: {name}: {what} is in host memory but the other buffer is on a GPU; pass "
-                    f"both on the GPU or both on the host")
-        src = None if array is None else _device.DeviceBuffer(array, self.rank, name, "the input",
-                                                               writable=writable_src)
-        dst = src if out is None else _device.DeviceBuffer(out, self.rank, name, "out", writable=True)
-        return src, dst
+        if not _device.is_device_buffer(obj):
+            raise _core.InvalidArgumentError(
+                f"rank {self.rank}: {name}: {what} is in host memory but the other buffer is on a GPU; pass "
+                f"both on the GPU or both on the host")
+        return _device.DeviceBuffer(obj, self.rank, name, what, writable)
 
-    def _device_empty(self, like, shape, name):
-        """A new device array like `like` (torch tensors only: rcoll allocates no GPU memory of its own)."""
-        try:
+    def _empty(self, like, shape, name):
+        """A new output of `shape` with the dtype of `like` (a view), where `like` is."""
+        if isinstance(like, HostBuffer):
+            return np.empty(shape, dtype=like.array.dtype)
+        try:  # rcoll allocates no GPU memory of its own: torch tensors only
             import torch
         except ImportError:
             torch = None
-        if torch is not None and isinstance(like, torch.Tensor):
-            return torch.empty(shape, dtype=like.dtype, device=like.device)
+        if torch is not None and isinstance(like.obj, torch.Tensor):
+            return torch.empty(shape, dtype=like.obj.dtype, device=like.obj.device)
         raise _core.InvalidArgumentError(
             f"rank {self.rank}: {name}: pass out= for GPU buffers that are not torch tensors (rcoll does not "
             f"allocate GPU memory for other array types)")
 
-    def _same_device_layout(self, src, dst, name, dst_elements):
-        if dst.dtype_name != src.dtype_name:
-            raise _core.InvalidArgumentError(
-                f"rank {self.rank}: {name}: out has dtype {dst.dtype_name} but the input has {src.dtype_name}")
-        if dst.size != dst_elements:
-            raise _core.InvalidArgumentError(
-                f"rank {self.rank}: {name}: out has {dst.size} elements, expected {dst_elements}")
+    def _arrays_issued(self, done, result, arrays, async_op):
+        """The end of run_arrays: True when the blocking op is done, else the queued op's Work."""
+        return result if done is True else self._run(done, result, arrays, async_op)
 
-    def _device_run(self, kind, src, dst, count, op, root, timeout, result, async_op):
-        # The op waits for the producer's stream (the input's, else the output's);
-        # Handle.wait() returns once the result is in place on the device.
-        # src or dst is None where this rank does not use it (rooted ops).
+    def _issue(self, kind, src, dst, count, op, root, timeout, result, async_op):
+        """Enqueues the collective on the checked views (src or dst is None where
+        this rank does not use it: rooted ops) and returns its result or Handle."""
+        first = src if src is not None else dst
+        send = src.address if src is not None else 0
+        recv = dst.address if dst is not None else 0
+        if isinstance(first, HostBuffer):
+            work = self._comm.collective(kind, send, recv, count, first.code, op, root, float(timeout or 0),
+                                         not async_op)
+            return self._run(work, result, (src and src.array, dst and dst.array), async_op)
+        # Device buffers: the op waits for the producer's stream (the input's,
+        # else the output's); Handle.wait() returns once the result is in place
+        # on the device. No RDMA registration tracking: device memory never
+        # reaches the transport.
         stream = (src.stream if src is not None else 0) or (dst.stream if dst is not None else 0)
         device = _device.device_of((src, dst), self.rank, op_name(kind))
-        code = (src if src is not None else dst).code
-        work = self._comm.collective(kind, src.address if src is not None else 0,
-                                     dst.address if dst is not None else 0, count, code, op, root, float(timeout or 0),
-                                     False, device, stream)
+        work = self._comm.collective(kind, send, recv, count, first.code, op, root, float(timeout or 0), False, device,
+                                     stream)
         return self._run_device(work, result, (src and src.obj, dst and dst.obj), async_op)
 
     def _run_device(self, work, result, keepalive, async_op):
-        # No RDMA registration tracking: device memory never reaches the transport.
         self._in_flight.hold(work, keepalive)
         handle = Handle(work, result, keepalive)
         return handle if async_op else handle.wait()
@@ -401,23 +373,15 @@ class Communicator:
         name = "reduce"
         root = self._root_index(root, name)
         is_root = self.rank == root
-        if self._on_device(array, out if is_root else None):
-            src, dst = self._device_pair(array, out if is_root else None, name, writable_src=is_root and out is None)
-            self._same_device_layout(src, dst, name, src.size)
-            result = (array if out is None else out) if is_root else None
-            return self._device_run(REDUCE, src, dst if is_root else None, src.size,
-                                    reduce_op_code(op, f"rank {self.rank}: {name}"), int(root), timeout, result,
-                                    async_op)
-        src = as_array(array, self.rank, name, "the input", writable=is_root and out is None)
+        device = self._on_device(array, out if is_root else None)
+        src = self._view(array, device, name, "the input", writable=is_root and out is None)
         dst = None
         if is_root:
-            dst = src if out is None else as_array(out, self.rank, name, "out", writable=True)
+            dst = src if out is None else self._view(out, device, name, "out", writable=True)
             self._same_layout(src, dst, name, src.size)
-        work = self._comm.collective(REDUCE, address(src), 0 if dst is None else address(dst), src.size,
-                                     dtype_code(src, self.rank, name), reduce_op_code(op, f"rank {self.rank}: {name}"),
-                                     int(root), float(timeout or 0), not async_op)
         result = (array if out is None else out) if is_root else None
-        return self._run(work, result, (src, dst), async_op)
+        return self._issue(REDUCE, src, dst, src.size, reduce_op_code(op, f"rank {self.rank}: {name}"), int(root),
+                           timeout, result, async_op)
 
     def gather(self, array, root: int = 0, *, out=None, async_op=False, timeout=None):
         """Gathers every rank's `array` on the root, in an array of shape (size, *array.shape).
@@ -428,29 +392,17 @@ class Communicator:
         """
         name = "gather"
         root = self._root_index(root, name)
-        if self._on_device(array, out if self.rank == root else None):
-            dst = None
-            if self.rank == root:
-                if out is None:
-                    out = self._device_empty(array, (self.size,) + tuple(array.shape), name)
-                src, dst = self._device_pair(array, out, name, writable_src=False)
-                self._same_device_layout(src, dst, name, src.size * self.size)
-            else:
-                src, _ = self._device_pair(array, None, name, writable_src=False)
-                out = None
-            return self._device_run(GATHER, src, dst, src.size, 0, int(root), timeout, out, async_op)
-        src = as_array(array, self.rank, name, "the input", writable=False)
+        device = self._on_device(array, out if self.rank == root else None)
+        src = self._view(array, device, name, "the input", writable=False)
         dst = None
         if self.rank == root:
             if out is None:
-                out = np.empty((self.size,) + src.shape, dtype=src.dtype)
-            dst = as_array(out, self.rank, name, "out", writable=True)
+                out = self._empty(src, (self.size,) + tuple(src.shape), name)
+            dst = self._view(out, device, name, "out", writable=True)
             self._same_layout(src, dst, name, src.size * self.size)
         else:
             out = None
-        work = self._comm.collective(GATHER, address(src), 0 if dst is None else address(dst), src.size,
-                                     dtype_code(src, self.rank, name), 0, int(root), float(timeout or 0), not async_op)
-        return self._run(work, out, (src, dst), async_op)
+        return self._issue(GATHER, src, dst, src.size, 0, int(root), timeout, out, async_op)
 
     def scatter(self, array=None, root: int = 0, *, out=None, async_op=False, timeout=None):
         """Sends block r of the root's `array` (size * n elements, e.g. shape (size, ...)) to rank r.
@@ -463,38 +415,24 @@ class Communicator:
         """
         name = "scatter"
         root = self._root_index(root, name)
-        if self._on_device(array if self.rank == root else None, out):
-            if out is None:
-                raise _core.InvalidArgumentError(
-                    f"rank {self.rank}: {name}: pass out= (this rank's block) for GPU buffers")
-            _, dst = self._device_pair(None, out, name, writable_src=False)
-            src = None
-            if self.rank == root:
-                src, _ = self._device_pair(array, None, name, writable_src=False)
-                if src.dtype_name != dst.dtype_name or src.size != dst.size * self.size:
-                    raise _core.InvalidArgumentError(
-                        f"rank {self.rank}: {name}: the input has {src.size} {src.dtype_name} elements, expected "
-                        f"{dst.size * self.size} {dst.dtype_name} (world size x out)")
-            return self._device_run(SCATTER, src, dst, dst.size, 0, int(root), timeout, out, async_op)
+        device = self._on_device(array if self.rank == root else None, out)
         src = None
         if self.rank == root:
             if array is None:
                 raise _core.InvalidArgumentError(
                     f"rank {self.rank}: {name}: the root must pass the array to scatter (size * n elements)")
-            src = as_array(array, self.rank, name, "the input", writable=False)
+            src = self._view(array, device, name, "the input", writable=False)
             n, out = self._block_output(src, out, name)
-            dst = as_array(out, self.rank, name, "out", writable=True)
+            dst = self._view(out, device, name, "out", writable=True)
             self._same_layout(src, dst, name, n)
         else:
             if out is None:
                 raise _core.InvalidArgumentError(
                     f"rank {self.rank}: {name}: out is required on ranks other than the root {root} (it says how "
                     f"many elements of which dtype this rank receives)")
-            dst = as_array(out, self.rank, name, "out", writable=True)
+            dst = self._view(out, device, name, "out", writable=True)
             n = dst.size
-        work = self._comm.collective(SCATTER, 0 if src is None else address(src), address(dst), n,
-                                     dtype_code(dst, self.rank, name), 0, int(root), float(timeout or 0), not async_op)
-        return self._run(work, out, (src, dst), async_op)
+        return self._issue(SCATTER, src, dst, n, 0, int(root), timeout, out, async_op)
 
     def alltoall(self, array, *, out=None, send_counts=None, recv_counts=None, async_op=False, timeout=None):
         """Every rank sends block j of `array` to rank j and receives rank j's block into block j of the result.
@@ -512,21 +450,25 @@ class Communicator:
         if (send_counts is None) != (recv_counts is None):
             raise _core.InvalidArgumentError(
                 f"rank {self.rank}: {name}: pass both send_counts and recv_counts, or neither (equal split)")
-        if self._on_device(array, out):
-            return self._device_alltoall(array, out, send_counts, recv_counts, async_op, timeout)
-        src = as_array(array, self.rank, name, "the input", writable=False)
-        send_counts, recv_counts, shape = self._alltoall_counts(src.size, src.shape, send_counts, recv_counts)
+        device = self._on_device(array, out)
+        src = self._view(array, device, name, "the input", writable=False)
+        send_counts, recv_counts, shape = self._alltoall_counts(src.size, tuple(src.shape), send_counts, recv_counts)
         if out is None:
-            out = np.empty(shape, dtype=src.dtype)
-        dst = as_array(out, self.rank, name, "out", writable=True)
+            out = self._empty(src, shape, name)
+        dst = self._view(out, device, name, "out", writable=True)
         self._same_layout(src, dst, name, sum(recv_counts))
-        if src.size > 0 and dst.size > 0 and np.may_share_memory(src, dst):
+        if src.size > 0 and dst.size > 0 and src.address < dst.address + dst.nbytes and \
+                dst.address < src.address + src.nbytes:
             raise _core.InvalidArgumentError(
                 f"rank {self.rank}: {name}: out overlaps the input; alltoall cannot run in place")
-        work = self._comm.alltoall(address(src), address(dst), send_counts, displacements(send_counts), recv_counts,
-                                   displacements(recv_counts),
-                                   dtype_code(src, self.rank, name), float(timeout or 0), not async_op)
-        return self._run(work, out, (src, dst), async_op)
+        counts = (send_counts, displacements(send_counts), recv_counts, displacements(recv_counts))
+        if isinstance(src, HostBuffer):
+            work = self._comm.alltoall(src.address, dst.address, *counts, src.code, float(timeout or 0), not async_op)
+            return self._run(work, out, (src.array, dst.array), async_op)
+        device = _device.device_of((src, dst), self.rank, name)
+        work = self._comm.alltoall(src.address, dst.address, *counts, src.code, float(timeout or 0), False, device,
+                                   src.stream or dst.stream)
+        return self._run_device(work, out, (src.obj, dst.obj), async_op)
 
     def _alltoall_counts(self, total, shape, send_counts, recv_counts):
         """(send_counts, recv_counts, result shape) for an input of `total`
@@ -547,24 +489,6 @@ class Communicator:
                 f"rank {self.rank}: {name}: send_counts add up to {sum(send_counts)} elements but the input has "
                 f"{total}")
         return send_counts, recv_counts, (sum(recv_counts),)
-
-    def _device_alltoall(self, array, out, send_counts, recv_counts, async_op, timeout):
-        name = "alltoall"
-        total = _device.DeviceBuffer(array, self.rank, name, "the input", writable=False).size
-        send_counts, recv_counts, shape = self._alltoall_counts(total, tuple(array.shape), send_counts, recv_counts)
-        if out is None:
-            out = self._device_empty(array, shape, name)
-        src, dst = self._device_pair(array, out, name, writable_src=False)
-        self._same_device_layout(src, dst, name, sum(recv_counts))
-        if src.size > 0 and dst.size > 0 and src.address < dst.address + dst.nbytes and \
-                dst.address < src.address + src.nbytes:
-            raise _core.InvalidArgumentError(
-                f"rank {self.rank}: {name}: out overlaps the input; alltoall cannot run in place")
-        stream = src.stream or dst.stream
-        device = _device.device_of((src, dst), self.rank, name)
-        work = self._comm.alltoall(src.address, dst.address, send_counts, displacements(send_counts), recv_counts,
-                                   displacements(recv_counts), src.code, float(timeout or 0), False, device, stream)
-        return self._run_device(work, out, (src.obj, dst.obj), async_op)
 
     # -- life cycle ---------------------------------------------------------------------
     def abort(self, reason: str = ""):
@@ -638,23 +562,23 @@ class Communicator:
         return values
 
     def _block_output(self, src, out, name):
-        """For ops that hand each rank one of `size` blocks of `src`: the block's
-        element count, and `out` (allocated when None: shape src.shape[1:] when src
-        is (size, ...) with ndim >= 2, else (n,))."""
+        """For ops that hand each rank one of `size` blocks of `src` (a view): the
+        block's element count, and `out` (allocated when None: shape
+        src.shape[1:] when src is (size, ...) with ndim >= 2, else (n,))."""
         if src.size % self.size != 0:
             raise _core.InvalidArgumentError(
                 f"rank {self.rank}: {name}: the input has {src.size} elements, not a multiple of the world "
                 f"size {self.size}")
         n = src.size // self.size
         if out is None:
-            shape = src.shape[1:] if src.ndim >= 2 and src.shape[0] == self.size else (n,)
-            out = np.empty(shape, dtype=src.dtype)
+            shape = tuple(src.shape)
+            out = self._empty(src, shape[1:] if len(shape) >= 2 and shape[0] == self.size else (n,), name)
         return n, out
 
     def _same_layout(self, src, dst, name, dst_elements):
-        if dst.dtype != src.dtype:
+        if dst.code != src.code:
             raise _core.InvalidArgumentError(
-                f"rank {self.rank}: {name}: out has dtype {dst.dtype} but the input has {src.dtype}")
+                f"rank {self.rank}: {name}: out has dtype {dst.dtype_name} but the input has {src.dtype_name}")
         if dst.size != dst_elements:
             raise _core.InvalidArgumentError(
                 f"rank {self.rank}: {name}: out has {dst.size} elements, expected {dst_elements}")
