@@ -1,0 +1,168 @@
+#include "python/environment_bindings.h"
+
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "config.h"
+#include "device_runtime.h"
+#include "edge_plan.h"
+#include "error.h"
+#include "rdma/ib_device.h"
+#include "socket_util.h"
+#include "topology.h"
+
+namespace py = pybind11;
+
+namespace rcoll::python {
+
+namespace {
+const void* ptr(uintptr_t address) { return reinterpret_cast<const void*>(address); }
+}  // namespace
+
+void bindEnvironment(py::module_& m) {
+  m.def(
+      "config_vars",
+      [] {
+        std::vector<std::tuple<std::string, std::string, std::string>> out;
+        for (const ConfigVar& v : configVars()) out.emplace_back(v.name, v.default_value, v.meaning);
+        return out;
+      },
+      "Every RCOLL_* variable: (name, default, meaning).");
+
+  m.def(
+      "settings",
+      [](const Settings& overrides) {
+        const Config config = Config::fromEnvironment(overrides);
+        auto seconds = [](std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; };
+        py::dict d;
+        d["connect_timeout"] = seconds(config.connect_timeout);
+        d["timeout"] = seconds(config.timeout);
+        d["shutdown_timeout"] = seconds(config.shutdown_timeout);
+        d["device_runtime"] = config.device_runtime;
+        return d;
+      },
+      py::arg("overrides") = Settings{},
+      "The settings the Python layer reads, as the core parses them (`overrides` first, then the environment): "
+      "connect_timeout, timeout, shutdown_timeout (seconds) and device_runtime (a module name). Raises ConfigError "
+      "on a bad value.");
+
+  m.def(
+      "host_identity",
+      [] {
+        Config config = Config::fromEnvironment();
+        return py::make_tuple(hostIdentity(config), !config.host_id.empty());
+      },
+      "This rank's host identity for the per-edge transport choice, and whether RCOLL_HOSTID set it.");
+
+  m.def(
+      "source_address_for",
+      [](const std::string& host) {
+        std::string address = sourceAddressFor(host);
+        return address.empty() ? std::string("127.0.0.1") : address;
+      },
+      "The local IPv4 address that routes to `host` (127.0.0.1 if none does).");
+
+  m.def(
+      "rdma_report",
+      [] {
+        RdmaReport r = describeRdma(Config::fromEnvironment());
+        py::dict d;
+        d["library_loaded"] = r.library_loaded;
+        d["library"] = r.library;
+        d["error"] = r.error;
+        d["selection"] = r.selection;
+        d["gpudirect"] = r.gpudirect;
+        py::list devices;
+        for (const DeviceDescription& dev : r.devices) {
+          py::dict dd;
+          dd["name"] = dev.name;
+          dd["error"] = dev.error;
+          dd["firmware"] = dev.firmware;
+          dd["max_mr_size"] = dev.max_mr_size;
+          dd["max_qp"] = dev.max_qp;
+          dd["max_qp_wr"] = dev.max_qp_wr;
+          dd["max_sge"] = dev.max_sge;
+          dd["max_cqe"] = dev.max_cqe;
+          py::list ports;
+          for (const PortDescription& p : dev.ports) {
+            py::dict pd;
+            pd["port"] = p.port;
+            pd["state"] = p.state;
+            pd["active"] = p.active;
+            pd["link_layer"] = p.link_layer;
+            pd["active_mtu"] = p.active_mtu;
+            pd["lid"] = p.lid;
+            pd["max_msg_size"] = p.max_msg_size;
+            pd["chosen_gid"] = p.chosen_gid;
+            pd["gid_reason"] = p.gid_reason;
+            py::list gids;
+            for (const GidDescription& g : p.gids) {
+              py::dict gd;
+              gd["index"] = g.index;
+              gd["address"] = g.address;
+              gd["type"] = g.type;
+              gd["netdev"] = g.netdev;
+              gd["ipv4_mapped"] = g.ipv4_mapped;
+              gd["link_local"] = g.link_local;
+              gids.append(gd);
+            }
+            pd["gids"] = gids;
+            ports.append(pd);
+          }
+          dd["ports"] = ports;
+          devices.append(dd);
+        }
+        d["devices"] = devices;
+        return d;
+      },
+      "Everything known about RDMA here: library, devices, ports, GID tables, the port and GID rcoll "
+      "would use and why, and GPUDirect RDMA support.");
+
+  // The device runtime (device_api.h): _core never loads CUDA itself; rcoll._cuda
+  // hands its table over as a capsule.
+  m.def(
+      "set_device_api",
+      [](py::capsule capsule) {
+        if (std::string(capsule.name() ? capsule.name() : "") != RCOLL_DEVICE_API_CAPSULE) {
+          throwError(ErrorKind::kConfig, std::string("set_device_api: expected a capsule named ") +
+                                             RCOLL_DEVICE_API_CAPSULE + ", got '" +
+                                             (capsule.name() ? capsule.name() : "") + "'");
+        }
+        installDeviceApi(capsule.get_pointer<const DeviceApi>());
+      },
+      py::arg("capsule"), "Installs the device runtime's function table (a capsule from rcoll._cuda).");
+  m.def(
+      "device_api_name",
+      []() -> std::optional<std::string> {
+        const DeviceApi* api = installedDeviceApi();
+        return api != nullptr ? std::optional<std::string>(api->name) : std::nullopt;
+      },
+      "Name of the installed device runtime, or None.");
+  m.def(
+      "device_of_pointer",
+      [](uintptr_t address) {
+        const DeviceApi* api = installedDeviceApi();
+        if (api == nullptr)
+          throwError(ErrorKind::kInvalidArgument, "device_of_pointer: no device runtime is installed");
+        int device = -1;
+        deviceCheck(*api, api->pointer_device(ptr(address), &device), "device_of_pointer");
+        return device;
+      },
+      py::arg("address"), "The device that owns device memory at `address`.");
+
+  m.attr("COMPILER") = py::str(
+#if defined(__clang__)
+      "clang " __clang_version__
+#elif defined(__GNUC__)
+      "gcc " __VERSION__
+#else
+      "unknown"
+#endif
+  );
+}
+
+}  // namespace rcoll::python
