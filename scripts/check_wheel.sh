@@ -11,7 +11,7 @@
 #   5. the torch backend from the same wheel: the newest torch pip finds for
 #      that Python (2.8 is the last for 3.9) joins the venv, then DDP on rcoll
 #      against Gloo (`python -m rcoll train`) and a DDP job with a comm hook
-#      under torchrun (tests/journeys/ddp.py), every rank's exit checked.
+#      under torchrun (tests/torch_backend/journeys/ddp.py), every rank's exit checked.
 #      PyPI's torch is a CUDA build whose import needs its nvidia-* wheels
 #      (~5 GB a venv; no GPU is used), so the venv is removed afterwards
 #      (RCOLL_KEEP_WHEEL_VENV=1 keeps it). RCOLL_WHEEL_TORCH=0 skips this step.
@@ -107,7 +107,7 @@ check_torch() {  # $1 output directory, whose smoke venv holds the wheel alone
   local logs="$out/torchrun-logs" status=0
   rm -rf "$logs"
   OMP_NUM_THREADS=1 timeout 300 "$out/smoke/bin/torchrun" --standalone --nproc-per-node 2 --log-dir "$logs" \
-    --redirects 3 "$root/tests/journeys/ddp.py" --hook allreduce || status=$?
+    --redirects 3 "$root/tests/torch_backend/journeys/ddp.py" --hook allreduce || status=$?
   local done_ranks
   done_ranks=$(grep -l RCOLL-JOB-DONE "$logs"/*/attempt_*/*/stdout.log 2>/dev/null | wc -l)
   if [ "$status" -ne 0 ] || [ "$done_ranks" -ne 2 ]; then

@@ -10,7 +10,7 @@ size, root, counts, peers), so the ranks agree on what to call; each rank
 decides for itself (from seed and rank) which calls are async, how many stay in
 flight and in which order it waits for them. "Small" ops move 0..4096 elements,
 "large" ones 256 KiB..8 MiB (log-uniform; the size of the op's largest buffer).
-Inputs come from tests/reference.py, so every rank regenerates every other
+Inputs come from tests/support/reference.py, so every rank regenerates every other
 rank's input and checks its own result bit for bit without extra communication.
 
 RSS (VmRSS) and the open descriptors are measured after init and a warm-up
@@ -38,14 +38,14 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "tests"))  # reference.py: inputs and exact references
+sys.path.insert(0, os.path.join(ROOT, "tests"))  # support/reference.py: inputs and exact references
 try:
     import rcoll  # noqa: F401
 except ImportError:  # running from a source checkout without PYTHONPATH
     sys.path.insert(0, os.path.join(ROOT, "python"))
 
 import numpy as np  # noqa: E402
-from reference import DTYPES, OPS, differences, make_input, reduce_reference, same, supported  # noqa: E402
+from support.reference import DTYPES, OPS, differences, make_input, reduce_reference, same, supported  # noqa: E402
 
 import rcoll  # noqa: E402,F811
 from rcoll import spawn  # noqa: E402

@@ -49,10 +49,13 @@ OLDEST_NUMPY = {(3, 9): "1.22.0", (3, 10): "1.22.0", (3, 11): "1.23.3", (3, 12):
 # exit codes), clean exits, restarts under torchrun, torch's DistributedTest
 # selection; jobs across emulated hosts; the numpy API's collectives (with the
 # oldest numpy).
-COMPAT_TESTS = ["test_torch.py", "test_user_journeys.py", "test_frameworks.py", "test_clean_exit.py",
-                "test_restart.py", "test_multinode.py", "test_torch_suite.py", "test_collectives.py"]
+# Paths under tests/; each file's name (its stem) keys its column of the table.
+COMPAT_TESTS = ["torch_backend/test_torch.py", "torch_backend/test_user_journeys.py",
+                "torch_backend/test_frameworks.py", "failures/test_clean_exit.py", "failures/test_restart.py",
+                "hosts/test_multinode.py", "torch_backend/test_torch_suite.py", "collectives/test_collectives.py"]
 
-FRAMEWORKS = ["lightning", "accelerate", "deepspeed"]  # pyproject's frameworks extra (tests/test_frameworks.py)
+# pyproject's frameworks extra (tests/torch_backend/test_frameworks.py)
+FRAMEWORKS = ["lightning", "accelerate", "deepspeed"]
 TEST_DEPS = ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3.5", "ml_dtypes>=0.3", "expecttest",
              "lightning>=2.2", "accelerate>=0.30", "deepspeed>=0.14"]
 
@@ -151,8 +154,10 @@ def run_tests(python: Path, extra: list, log: Path) -> dict:
 def file_counts(junit_xml: Path) -> dict:
     """passed/failed/skipped per test file, from pytest's JUnit XML: each
     result belongs to its test, wherever the skip was raised (a helper
-    module's skip names the helper in pytest's -rs summary)."""
-    stems = {name[:-3]: name for name in COMPAT_TESTS}
+    module's skip names the helper in pytest's -rs summary). A case's
+    classname is its module's dotted name (e.g. torch_backend.test_torch, with
+    the class after it): the part that is a file's stem names the file."""
+    stems = {Path(name).stem: name for name in COMPAT_TESTS}
     counts = {name: {"passed": 0, "failed": 0, "skipped": 0} for name in COMPAT_TESTS}
     if not junit_xml.exists():
         return counts
@@ -213,7 +218,7 @@ def main() -> int:
 
 def table(results: list) -> str:
     files = COMPAT_TESTS
-    head = "| torch | numpy | " + " | ".join(f.replace(".py", "") for f in files) + " | torch's own tests | failed |"
+    head = "| torch | numpy | " + " | ".join(Path(f).stem for f in files) + " | torch's own tests | failed |"
     lines = [head, "|" + " --- |" * (len(files) + 4)]
     for r in results:
         if r.get("install_error"):

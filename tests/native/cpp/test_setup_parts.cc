@@ -1,0 +1,276 @@
+// Standalone tests for the parts of a communicator's set-up that need no
+// peers: the topology every rank computes from the published hosts
+// (csrc/topology.cc), the rings the algorithms build in its host order
+// (csrc/algorithms.cc), the agreed settings (csrc/agreed_settings.cc), the op
+// table's checks (csrc/op_table.cc) and the route chooser (csrc/op_route.cc).
+// Built and run by tests/native/test_cpp.py under ASan + UBSan. Exit status is
+// nonzero on any failure.
+
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "agreed_settings.h"
+#include "algorithms.h"
+#include "error.h"
+#include "op_route.h"
+#include "op_table.h"
+#include "topology.h"
+#include "unit_check.h"
+
+using namespace rcoll;
+
+namespace {
+
+using unit::check;
+
+std::vector<HostEntry> hostsOf(const std::vector<std::string>& identities) {
+  std::vector<HostEntry> hosts;
+  for (const std::string& id : identities) hosts.push_back(HostEntry{id, true});
+  return hosts;
+}
+
+void testTopology() {
+  // Interleaved placement (ABAB): hosts numbered by their lowest rank, the
+  // host order groups them whatever the numbering.
+  Topology t = computeTopology(hostsOf({"a", "b", "a", "b"}));
+  check(t.hosts() == 2, "ABAB: two hosts");
+  check(t.host_of == std::vector<int>({0, 1, 0, 1}), "ABAB: host_of");
+  check(t.local_rank == std::vector<int>({0, 0, 1, 1}), "ABAB: local_rank");
+  check(t.host_order == std::vector<int>({0, 2, 1, 3}), "ABAB: host order");
+  check(t.describe() == "2 hosts: [0 2] [1 3]", "ABAB: describe() gave " + t.describe());
+
+  // Uneven hosts (3 + 2), the second host first in rank order.
+  t = computeTopology(hostsOf({"y", "x", "x", "y", "x"}));
+  check(t.ranks_on_host == std::vector<std::vector<int>>({{0, 3}, {1, 2, 4}}), "3+2: ranks_on_host");
+  check(t.host_order == std::vector<int>({0, 3, 1, 2, 4}), "3+2: host order");
+  check(t.local_rank == std::vector<int>({0, 0, 1, 1, 2}), "3+2: local_rank");
+
+  // A rank that cannot tell its host shares it with nobody, not with other unknowns.
+  t = computeTopology(hostsOf({"a", "", "", "a"}));
+  check(t.hosts() == 3 && t.host_of == std::vector<int>({0, 1, 2, 0}), "unknown identities are hosts of their own");
+
+  t = computeTopology(hostsOf({"solo"}));
+  check(t.hosts() == 1 && t.host_order == std::vector<int>({0}) && t.describe() == "1 host: [0]", "world of one");
+}
+
+// Interleaved ranks (ABAB): every ring and chain follows the host order 0 2 1 3,
+// so each host sends across once (the rank at its end of the host), where a
+// ring in rank order would cross with every edge; and reduce-scatter still
+// leaves block r on rank r.
+void testHostOrderedRings() {
+  const Topology t = computeTopology(hostsOf({"a", "b", "a", "b"}));
+  const int P = 4;
+  const size_t count = 64;  // per rank (reduce-scatter, allgather) or in all
+  std::vector<char> send(P * count * 4), recv(P * count * 4), scratch(P * count * 4);
+  auto contextOf = [&](int rank) {
+    AlgorithmContext ctx{rank, P, Segmenter{16, 1}};
+    ctx.ring_order = t.host_order.data();
+    ctx.ring_position = t.position.data();
+    return ctx;
+  };
+  auto nextOf = [&](int rank) { return t.host_order[(t.position[rank] + 1) % P]; };
+  auto prevOf = [&](int rank) { return t.host_order[(t.position[rank] + P - 1) % P]; };
+  using Build = void (*)(Schedule&, const AlgorithmContext&, char*, char*, char*, size_t);
+  const std::vector<std::pair<const char*, Build>> rings = {
+      {"allreduce", [](Schedule& s, const AlgorithmContext& c, char* in, char* out, char*,
+                       size_t n) { buildRingAllreduce(s, c, in, out, n * 4); }},
+      {"reduce_scatter", [](Schedule& s, const AlgorithmContext& c, char* in, char* out, char* tmp,
+                            size_t n) { buildRingReduceScatter(s, c, in, out, tmp, n); }},
+      {"allgather", [](Schedule& s, const AlgorithmContext& c, char*, char* out, char*,
+                       size_t n) { buildRingAllgather(s, c, out, n); }},
+  };
+  for (const auto& [name, build] : rings) {
+    int crossing = 0;
+    for (int r = 0; r < P; ++r) {
+      Schedule s;
+      s.elem_size = 4;
+      build(s, contextOf(r), send.data(), recv.data(), scratch.data(), count);
+      bool ok = !s.sends.empty() && !s.recvs.empty();
+      for (const SendStep& step : s.sends) ok = ok && step.peer == nextOf(r);
+      for (const RecvStep& step : s.recvs) ok = ok && step.peer == prevOf(r);
+      check(ok, std::string(name) + ": rank " + std::to_string(r) + " talks to its host-order neighbours only");
+      crossing += t.host_of[r] != t.host_of[nextOf(r)];
+      if (std::string(name) == "reduce_scatter") {  // the result lands in recv: block r of the input
+        bool own = true;
+        for (const RecvStep& step : s.recvs) {
+          if (step.reduce_out >= recv.data() && step.reduce_out < recv.data() + recv.size()) {
+            own = own && step.offset / count == static_cast<uint64_t>(r);
+          }
+        }
+        check(own, "reduce_scatter: rank " + std::to_string(r) + " ends with its own block");
+      }
+    }
+    check(crossing == 2, std::string(name) + ": the ring crosses between the hosts once each way");
+  }
+  // The chain from root 1 runs 1 -> 3 -> 0 -> 2 (the host order from the root's place).
+  const std::vector<int> chain = {1, 3, 0, 2};
+  for (int i = 0; i < P; ++i) {
+    Schedule b, rd;
+    b.elem_size = rd.elem_size = 4;
+    buildChainBroadcast(b, contextOf(chain[i]), recv.data(), count, 1);
+    buildChainReduce(rd, contextOf(chain[i]), send.data(), recv.data(), scratch.data(), count, 1);
+    bool ok = true;
+    for (const SendStep& step : b.sends) ok = ok && i + 1 < P && step.peer == chain[i + 1];
+    for (const RecvStep& step : b.recvs) ok = ok && i > 0 && step.peer == chain[i - 1];
+    check(ok && (i == 0 || !b.recvs.empty()) && (i == P - 1 || !b.sends.empty()),
+          "broadcast: rank " + std::to_string(chain[i]) + " is in place " + std::to_string(i) + " of the chain");
+    ok = true;  // reduce: data flows back along the chain (plus the root's zero-byte "go" to the far end)
+    for (const SendStep& step : rd.sends) ok = ok && (step.count == 0 || (i > 0 && step.peer == chain[i - 1]));
+    for (const RecvStep& step : rd.recvs) ok = ok && (step.count == 0 || (i + 1 < P && step.peer == chain[i + 1]));
+    check(ok, "reduce: rank " + std::to_string(chain[i]) + " passes partial results towards the root");
+  }
+}
+
+void testAgreedSettings() {
+  Config rank0;
+  rank0.chunk_bytes = 512 << 10;
+  rank0.shm_coll = false;
+  rank0.sockets_per_peer = 4;
+  const JobInfo job = newJob(rank0, 3);
+  const JobInfo other = newJob(rank0, 3);
+  check(std::memcmp(job.token, other.token, sizeof(job.token)) != 0 || job.comm_id != other.comm_id,
+        "every job gets its own secret and id");
+
+  const JobInfo read = decodeJob(encodeJob(job), 1, 3);
+  check(std::memcmp(&read, &job, sizeof(job)) == 0, "a job survives the store");
+
+  Config mine;  // defaults: every agreed setting differs from rank 0's above or equals it
+  mine.cuda_ipc_slot_bytes = 8 << 20;
+  adoptAgreedSettings(read, mine);
+  check(mine.chunk_bytes == rank0.chunk_bytes, "chunk bytes adopted");
+  check(!mine.shm_coll, "RCOLL_SHM_COLL=0 adopted");
+  check(mine.sockets_per_peer == 4, "sockets per peer adopted");
+  check(mine.cuda_ipc && mine.cuda_ipc_slot_bytes == rank0.cuda_ipc_slot_bytes, "IPC slot size adopted");
+  check(std::memcmp(newJob(mine, 3).settings, job.settings, sizeof(job.settings)) == 0,
+        "after adopting, this rank would publish rank 0's settings");
+
+  auto configError = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const RcollError& e) {
+      return e.kind() == ErrorKind::kConfig;
+    }
+    return false;
+  };
+  check(configError([&] { decodeJob(encodeJob(job), 1, 4); }), "another world size is a ConfigError");
+  std::vector<uint8_t> short_job = encodeJob(job);
+  short_job.pop_back();
+  check(configError([&] { decodeJob(short_job, 1, 3); }), "another layout (rcoll version) is a ConfigError");
+}
+
+void testOpChecks() {
+  auto invalid = [](OpKind kind, int root, size_t count, const void* send, const void* recv, int rank = 1,
+                    DataType dtype = DataType::kFloat32, ReduceOp op = ReduceOp::kSum) {
+    OpDesc d{};
+    d.kind = kind;
+    d.dtype = dtype;
+    d.reduce_op = op;
+    d.root = static_cast<uint32_t>(root);
+    d.count = count;
+    d.seq = 7;
+    try {
+      checkOpArgs(d, rank, 4, send, recv);
+    } catch (const RcollError& e) {
+      return e.kind() == ErrorKind::kInvalidArgument && std::string(e.what()).rfind("rank 1: ", 0) == 0;
+    }
+    return false;
+  };
+  float x[4] = {};
+  check(!invalid(OpKind::kAllreduce, 0, 4, x, x), "a good allreduce passes");
+  check(invalid(OpKind::kBroadcast, 4, 4, x, x), "root 4 of 4 ranks");
+  check(invalid(OpKind::kReduce, -1, 4, x, x), "negative root");
+  check(invalid(OpKind::kAllreduce, 0, 4, nullptr, x), "null send");
+  check(!invalid(OpKind::kReduce, 0, 4, x, nullptr), "reduce: only the root needs recv");
+  check(invalid(OpKind::kReduce, 1, 4, x, nullptr), "reduce: the root needs recv");
+  check(!invalid(OpKind::kScatter, 0, 4, nullptr, x), "scatter: only the root needs send");
+  check(!invalid(OpKind::kAllreduce, 0, 0, nullptr, nullptr), "nothing to move needs no buffer");
+  check(invalid(OpKind::kAllgather, 0, static_cast<size_t>(-1) / 8, x, x), "a count past memory");
+  check(invalid(OpKind::kAllreduce, 0, 4, x, x, 1, DataType::kBool, ReduceOp::kAvg), "avg of bool");
+  check(!invalid(OpKind::kAllgather, 0, 4, x, x, 1, DataType::kBool, ReduceOp::kAvg),
+        "a reduce op is only checked where the op reduces");
+  check(opTraits(OpKind::kGather).rooted && !opTraits(OpKind::kBarrier).on_device, "table rows");
+
+  const std::vector<int64_t> ok = {1, 1, 1, 1}, displs = {0, 1, 2, 3};
+  float send[4], recv[4];
+  AllToAllArgs a = checkAllToAllArgs(1, 4, DataType::kFloat32, send, recv, ok, displs, ok, displs);
+  check(a.send_total == 4 && a.packed.size() == 16 && a.packed[4 + 3] == 3, "alltoall packs counts and displs");
+  bool overlap = false;
+  try {
+    checkAllToAllArgs(1, 4, DataType::kFloat32, send, send, ok, displs, ok, displs);
+  } catch (const RcollError&) {
+    overlap = true;
+  }
+  check(overlap, "alltoall in place is refused");
+}
+
+// Every rank chooses each op's path from the same facts, so the chooser is
+// tested as the table it is: each path where it belongs, and the thresholds.
+void testRoutes() {
+  auto op = [](OpKind kind, uint64_t count, DataType dtype = DataType::kFloat32) {
+    OpDesc d;
+    d.kind = kind;
+    d.count = count;
+    d.dtype = dtype;
+    return d;
+  };
+  RouteFacts one_host;
+  one_host.world = 4;
+  one_host.host_windows = true;
+  one_host.allreduce_rd_bytes = 32 << 10;
+  one_host.cuda_ipc_slot_bytes = 16 << 20;
+  one_host.cuda_ipc_hosts_min_bytes = 128 << 10;
+  check(chooseRoute(op(OpKind::kAllreduce, 10), false, one_host).path == OpPath::kHostWindows, "host windows");
+  check(chooseRoute(op(OpKind::kBarrier, 0), false, one_host).path == OpPath::kHostWindows, "barrier on windows");
+  OpRoute gather = chooseRoute(op(OpKind::kGather, 10), false, one_host);
+  check(gather.path == OpPath::kPipeline && gather.fallback == OpPath::kPipeline, "gather: the pipeline only");
+  check(gather.algorithm.allreduce_rd_bytes == (32 << 10), "the pipeline keeps recursive doubling");
+  OpRoute device = chooseRoute(op(OpKind::kAllreduce, 10), true, one_host);
+  check(device.path == OpPath::kDeviceWindows && device.fallback == OpPath::kStaging, "device windows, else staging");
+  check(device.algorithm.allreduce_rd_bytes == 0, "staging has no recursive doubling");
+  check(chooseRoute(op(OpKind::kAllToAll, 10), true, one_host).path == OpPath::kStaging, "alltoall stages");
+  RouteFacts tiny_slots = one_host;
+  tiny_slots.cuda_ipc_slot_bytes = 8;
+  check(chooseRoute(op(OpKind::kReduceScatter, 10), true, tiny_slots).path == OpPath::kStaging,
+        "a step that cannot hold one element of every block stages");
+  tiny_slots.cuda_ipc = false;
+  check(chooseRoute(op(OpKind::kReduceScatter, 10), true, tiny_slots).path == OpPath::kDeviceWindows,
+        "RCOLL_CUDA_IPC=0 still meets the windows' set-up, which agrees 'off'");
+
+  RouteFacts hosts;
+  hosts.world = 8;
+  hosts.hosts = 2;
+  hosts.hierarchical = true;
+  hosts.cuda_ipc_slot_bytes = 16 << 20;
+  hosts.cuda_ipc_hosts_min_bytes = 128 << 10;
+  check(chooseRoute(op(OpKind::kAllreduce, 1000), false, hosts).algorithm.hierarchical, "hierarchical pipeline");
+  check(chooseRoute(op(OpKind::kAllreduce, 1), true, hosts).path == OpPath::kDeviceOverHosts,
+        "device allreduce of any size over the hosts' windows");
+  check(chooseRoute(op(OpKind::kAllgather, 1000), true, hosts).path == OpPath::kStaging,
+        "a small allgather stages (32 KB of 128 KB)");
+  OpRoute big = chooseRoute(op(OpKind::kAllgather, 8192), true, hosts);
+  check(big.path == OpPath::kDeviceOverHosts && big.fallback == OpPath::kStaging,
+        "a 256 KB allgather takes the hosts' windows");
+  hosts.cuda_ipc = false;
+  check(chooseRoute(op(OpKind::kAllreduce, 1), true, hosts).path == OpPath::kStaging, "RCOLL_CUDA_IPC=0 over hosts");
+  hosts.cuda_ipc = true;
+  hosts.hierarchical = false;
+  check(chooseRoute(op(OpKind::kAllreduce, 1), true, hosts).path == OpPath::kStaging, "not hierarchical: staging");
+}
+
+}  // namespace
+
+int main() {
+  try {
+    testTopology();
+    testHostOrderedRings();
+    testAgreedSettings();
+    testOpChecks();
+    testRoutes();
+  } catch (const std::exception& e) {
+    check(false, std::string("unexpected exception: ") + e.what());
+  }
+  return unit::finishUnit("test_setup_parts");
+}

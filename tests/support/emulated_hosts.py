@@ -1,0 +1,234 @@
+"""Emulated hosts for the multi-host tests: network namespaces joined by veth
+links shaped with tbf (this kernel has no sch_netem), addresses from
+198.18.0.0/15, everything created and removed by the test. Ranks in one
+namespace share memory (one host identity); ranks in different ones talk over
+the shaped link. TwoHosts joins two by one veth pair; Hosts(n) gives each of n
+a link to a bridge (the switch) in a namespace of its own. Either can take a
+host's link down (`link`) or keep it up and drop every packet (`drop`)."""
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from support import launch
+from support.paths import ROOT
+
+
+def netns_unavailable():
+    """Why namespaces cannot be made here, or None (CI is root)."""
+    if os.geteuid() != 0:
+        return "needs root to create network namespaces"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "iproute2 (`ip`, `tc`) is not installed"
+    return None
+
+
+def needs_netns():
+    """A pytest mark: the test is skipped, saying why, where namespaces cannot be made."""
+    why = netns_unavailable()
+    return pytest.mark.skipif(why is not None, reason=why or "")
+
+
+def _netem():
+    """bench/netem.py as a module (its namespace helpers), loaded once."""
+    import importlib.util
+    import sys
+
+    if "rcoll_bench_netem" not in sys.modules:
+        path = os.path.join(ROOT, "bench", "netem.py")
+        spec = importlib.util.spec_from_file_location("rcoll_bench_netem", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["rcoll_bench_netem"] = module
+    return sys.modules["rcoll_bench_netem"]
+
+
+def sh(*cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, f"`{' '.join(cmd)}` failed: {r.stderr.strip()}"
+
+
+def shape(ns, dev, rate):
+    """tbf at `rate` on `dev`'s egress in namespace `ns`."""
+    sh("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", "256kb",
+       "latency", "50ms")
+
+
+class _Namespaces:
+    """What the emulated topologies share: `spaces[i]` is host i's namespace,
+    whose link is eth0; `made` lists every namespace created, removed (and
+    whatever still runs inside killed) by __exit__."""
+
+    spaces: list
+    made: list
+
+    def link(self, host, up):
+        """Takes host `host`'s end of the link down (or up again): its packets stop both ways."""
+        sh("ip", "-n", self.spaces[host], "link", "set", "eth0", "up" if up else "down")
+
+    def drop(self, host, on):
+        """Host `host`'s link stays up, but every packet to or from it is dropped
+        (or no longer): a vanished host, a black-holing switch. Dropped where it
+        arrives: on the host's eth0 and on the link's far end (`far_end`), each
+        ingress. Not on the host's egress: a packet its own qdisc drops is local
+        congestion to TCP, which keeps the data unsent and does not time it out
+        as it does a loss. This kernel has neither the matchall classifier nor
+        the gact (drop) action: a match-all u32 filter redirects everything to
+        an ifb device left down, which mirred drops."""
+        for ns, dev in ((self.spaces[host], "eth0"), self.far_end(host)):
+            if not on:
+                sh("tc", "-n", ns, "qdisc", "del", "dev", dev, "ingress")
+                continue
+            if subprocess.run(["ip", "-n", ns, "link", "show", "blackhole"], capture_output=True).returncode != 0:
+                sh("ip", "-n", ns, "link", "add", "blackhole", "type", "ifb")  # never set up
+            sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "ingress")
+            sh("tc", "-n", ns, "filter", "add", "dev", dev, "parent", "ffff:", "protocol", "all", "u32", "match", "u32",
+               "0", "0", "action", "mirred", "egress", "redirect", "dev", "blackhole")
+
+    def _add(self, ns):
+        sh("ip", "netns", "add", ns)
+        self.made.append(ns)
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+
+    def _name_hosts(self):
+        """Host i is called spaces[i], at addrs[i], in every host's /etc/hosts
+        (`ip netns exec` mounts /etc/netns/<ns>/hosts over it), as on a real
+        cluster: launchers that publish their host's name (torch 2.4's
+        rendezvous gives the ranks socket.getfqdn() of node 0 as MASTER_ADDR)
+        find it. A process takes its host's name with in_host()."""
+        table = "127.0.0.1 localhost\n::1 localhost ip6-localhost\n"
+        table += "".join(f"{addr} {name}\n" for name, addr in zip(self.spaces, self.addrs))
+        for ns in self.spaces:
+            os.makedirs(f"/etc/netns/{ns}", exist_ok=True)
+            with open(f"/etc/netns/{ns}/hosts", "w") as f:
+                f.write(table)
+
+    def in_host(self, host, cmd):
+        """`cmd` run in host `host`'s namespace under its hostname (a UTS namespace of its own)."""
+        ns = self.spaces[host]
+        return ["ip", "netns", "exec", ns, "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', ns, *cmd]
+
+    def __exit__(self, *exc):
+        for ns in reversed(self.made):
+            # A rank the test could not end would keep the namespace (and its veth) alive: killed.
+            _netem().remove_namespace(ns)
+            shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
+        self.made = []
+
+
+class Hosts(_Namespaces):
+    """`n` network namespaces, each with a veth (eth0, address `addrs[i]`,
+    f"{subnet}.{i + 1}") whose other end is a port of a bridge in a switch
+    namespace of its own, each host's link shaped to `rate` both ways (tbf on
+    eth0 and on its switch port): n hosts on one top-of-rack switch."""
+
+    def __init__(self, n, rate="1gbit", subnet="198.18.12", tag="hosts"):
+        prefix = f"rcoll-{tag}-{os.getpid()}"
+        self.switch = f"{prefix}-sw"
+        self.spaces = [f"{prefix}-{i}" for i in range(n)]
+        self.addrs = [f"{subnet}.{i + 1}" for i in range(n)]
+        self.rate = rate
+        self.made = []
+
+    def __enter__(self):
+        try:
+            self._add(self.switch)
+            sh("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
+            sh("ip", "-n", self.switch, "link", "set", "br0", "up")
+            for i, (ns, addr) in enumerate(zip(self.spaces, self.addrs)):
+                self._add(ns)
+                sh("ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", f"p{i}", "netns",
+                   self.switch)
+                sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
+                sh("ip", "-n", ns, "link", "set", "eth0", "up")
+                sh("ip", "-n", self.switch, "link", "set", f"p{i}", "master", "br0")
+                sh("ip", "-n", self.switch, "link", "set", f"p{i}", "up")
+                shape(ns, "eth0", self.rate)
+                shape(self.switch, f"p{i}", self.rate)
+            self._name_hosts()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def far_end(self, host):
+        """(namespace, device) of the other end of host `host`'s link: its switch port."""
+        return self.switch, f"p{host}"
+
+
+class TwoHosts(_Namespaces):
+    """Two network namespaces joined by a veth pair (eth0 in each), each end
+    shaped to `rate`; `addrs[i]` is host i's address."""
+
+    def __init__(self, rate="1gbit", addrs=("198.18.7.1", "198.18.7.2"), tag="mn"):
+        prefix = f"rcoll-{tag}-{os.getpid()}"
+        self.spaces = [f"{prefix}-a", f"{prefix}-b"]
+        self.addrs = list(addrs)
+        self.rate = rate
+        self.made = []
+
+    def __enter__(self):
+        try:
+            for ns in self.spaces:
+                self._add(ns)
+            sh("ip", "-n", self.spaces[0], "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns",
+               self.spaces[1])
+            for ns, addr in zip(self.spaces, self.addrs):
+                sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
+                sh("ip", "-n", ns, "link", "set", "eth0", "up")
+                shape(ns, "eth0", self.rate)
+            self._name_hosts()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def far_end(self, host):
+        """(namespace, device) of the other end of host `host`'s link: the other host's eth0."""
+        return self.spaces[1 - host], "eth0"
+
+
+def torchrun_on_hosts(hosts, script, log_dir, *, nproc, launcher_args=(), host_args=None, timeout=300, env=None):
+    """Runs `script` as one multi-node torchrun job: an agent per emulated host
+    (in its namespace, `nproc` ranks each), all meeting at the c10d rendezvous
+    that host 0's agent hosts. `host_args[i]` (optional) are host i's own
+    arguments to the script; host i's rank logs go under log_dir/node{i}; `env`
+    adds variables. Returns [(exit code, stderr)] per agent; fails if one
+    outlives `timeout` s."""
+    port = launch.free_port()
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    env = launch._clean_env(env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(os.path.dirname(
+        __import__("rcoll").__file__)), env.get("PYTHONPATH")) if p)
+    agents = []
+    try:
+        for node, addr in enumerate(hosts.addrs):
+            cmd = hosts.in_host(node, [
+                torchrun, "--nnodes", str(len(hosts.spaces)), "--nproc-per-node", str(nproc),
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts.addrs[0]}:{port}", "--rdzv-id", f"rcoll-{port}",
+                # The endpoint's address is on this namespace's eth0, which torch's
+                # hostname check cannot see: say which node hosts the store.
+                "--rdzv-conf", f"is_host={int(node == 0)}", "--local-addr", addr,
+                "--log-dir", os.path.join(str(log_dir), f"node{node}"), "--redirects", "3", *launcher_args,
+                str(script), *(host_args[node] if host_args else ())])
+            agents.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        deadline = time.monotonic() + timeout
+        outcomes = []
+        for node, agent in enumerate(agents):
+            try:
+                _, err = agent.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for other in agents:
+                    other.kill()
+                said = "\n".join(f"--- node {i}'s agent:\n{a.communicate()[1][-2500:]}" for i, a in enumerate(agents))
+                raise AssertionError(f"node {node}'s torchrun did not end within {timeout} s\n{said}") from None
+            outcomes.append((agent.returncode, err))
+        return outcomes
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait()
