@@ -158,7 +158,7 @@ def netem_available():
 
 def remove_namespace(ns):
     """Kills whatever still runs in network namespace `ns`, then deletes it, taking
-    its veth ends and bridges with it (also tests/emulated_hosts.py's). Returns
+    its veth ends and bridges with it (also tests/support/emulated_hosts.py's). Returns
     the number of processes killed and why it could not be deleted, or ""."""
     pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
     for pid in pids:

@@ -6,7 +6,7 @@
 (rcoll installed, or PYTHONPATH=python in a checkout with the core built.)
 
 Each configuration starts P ranks as threads (the core releases the GIL while
-it blocks, as tests/rank_threads.py relies on), in as few worker processes as
+it blocks, as tests/support/rank_threads.py relies on), in as few worker processes as
 the per-process descriptor limit allows (every rank holds sockets), every
 rank with an emulated host identity (RCOLL_HOSTID, `--ranks-per-host` ranks per
 host: shared memory inside a host, TCP over the loopback between hosts). All

@@ -2,7 +2,7 @@
 //
 // configVars() lists each one (name, default, meaning): `python -m rcoll info`
 // prints it, and docs/environment.md is generated from it
-// (`python -m rcoll info --environment-markdown`; tests/test_config.py checks the
+// (`python -m rcoll info --environment-markdown`; tests/api/test_config.py checks the
 // file is current). Config::fromEnvironment() reads the settings of a
 // communicator, once, with one parser per kind of value; the few process-wide
 // settings (log level, libibverbs path) are read through environmentValue(),

@@ -5,7 +5,7 @@
  * RCOLL_DEVICE_API_CAPSULE; `_core.set_device_api(capsule)` installs it, in the
  * spirit of NCCL's versioned net-plugin structs. RCOLL_DEVICE_RUNTIME names
  * another module with the same device_api_capsule(): the tests' host-memory
- * implementation (tests/emulated_device/, not part of rcoll) drives the device
+ * implementation (tests/device/emulated_device/, not part of rcoll) drives the device
  * data path on machines without a GPU.
  *
  * Pointers to device memory, streams and events are opaque (void*). Every

@@ -8,7 +8,7 @@
 //           S.11111.00, NaNs S.11111.xx; largest finite 57344.
 // Rules of fromFloat (those of torch's Tensor.to() and of ml_dtypes' astype,
 // checked against ml_dtypes on every pair of float8 values, for every reduce op,
-// by tests/test_float8.py):
+// by tests/collectives/test_float8.py):
 //   - round to nearest, ties to even, subnormals included;
 //   - not saturating: a value that rounds past the largest finite becomes NaN
 //     in e4m3fn (it has no infinity) and infinity in e5m2; infinities become

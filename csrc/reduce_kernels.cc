@@ -175,7 +175,7 @@ void applyViaFloat(void* outRaw, const void* aRaw, const void* bRaw, size_t coun
 // baseline x86-64 ISA (SSE2) the float16 conversions run at ~1 GB/s, slower
 // than the wire. F16C converts exactly and rounds to nearest-even, with the
 // same NaN rule (quiet bit set, payload truncated), so results are bit-identical
-// (tests/cpp/test_reduce_kernels.cc compares both paths on every float16
+// (tests/native/cpp/test_reduce_kernels.cc compares both paths on every float16
 // value). No FMA: fused multiply-adds would round differently.
 #define RCOLL_HAVE_AVX2_HALF 1
 

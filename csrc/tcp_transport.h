@@ -63,7 +63,7 @@ class TcpTransport : public Transport {
   void abortPeers(ErrorKind kind, const std::string& message) override;
   void settleAbort() override;
 
-  // For tests and fuzzers (tests/fuzz): takes ownership of an already-connected
+  // For tests and fuzzers (tests/native/fuzz): takes ownership of an already-connected
   // socket as the next free lane to `peer`, skipping the handshake. Throws
   // RcollError(kInvalidArgument), without taking the socket, if `peer` is this
   // rank, out of range or already connected.

@@ -7,7 +7,7 @@
 // libibverbs.so.1 has kept since its IBVERBS_1.1 symbol version), written from
 // the interface's documentation, in namespace rcoll so that they can sit beside
 // rdma-core's <infiniband/verbs.h> in one translation unit.
-// tests/cpp/verbs_abi_test.cc compiles both and checks every size, offset and
+// tests/native/cpp/test_verbs_abi.cc compiles both and checks every size, offset and
 // constant below against rdma-core's; CI runs it.
 //
 // Two kinds of structures:

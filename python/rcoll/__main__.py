@@ -19,7 +19,7 @@ import sys
 
 def environment_markdown() -> str:
     """The table of every RCOLL_* variable, from the core's own list (config.cc):
-    docs/environment.md holds this text, and tests/test_config.py checks it is current."""
+    docs/environment.md holds this text, and tests/api/test_config.py checks it is current."""
     from rcoll import _core
 
     lines = ["| variable | default | meaning |", "| --- | --- | --- |"]

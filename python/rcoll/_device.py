@@ -5,7 +5,7 @@ Two jobs, no algorithm:
     function table (csrc/device_api.h), handed over as a capsule so that
     rcoll._core never links or loads CUDA itself; RCOLL_DEVICE_RUNTIME names
     another module with the same device_api_capsule() (the tests' host-memory
-    emulation, tests/emulated_device/);
+    emulation, tests/device/emulated_device/);
   - turn an object exposing ``__cuda_array_interface__`` (version 3) into
     (address, element count, dtype code, device, stream), with every check a
     user can fail named by rank and op.

@@ -999,7 +999,7 @@ def _run_in(rundir: Path, nonce: str, cache: Cache, ver: str, project: str,
 
 
 # ---------------------------------------------------------------------------------
-# availability (used by tests/softroce.py) and the command line
+# availability (used by tests/support/softroce.py) and the command line
 
 def availability(cache: Optional[Cache] = None, for_check: bool = False) -> Tuple[bool, str]:
     """(usable, reason): whether `run` can work here, without changing anything."""

@@ -7,9 +7,9 @@
 // the grid-stride loops for several grid sizes, in-place operation, and the
 // element semantics (wrapping, float16/bfloat16 rounding, NaN, bool). What it
 // cannot: the device compiler's code generation and the launches themselves;
-// tests/test_cuda.py checks those against torch on a GPU.
+// tests/device/test_cuda.py checks those against torch on a GPU.
 //
-// Built and run by tests/test_cuda.py, from the repository root:
+// Built and run by tests/device/test_cuda.py, from the repository root:
 //   nvcc -std=c++17 -Icsrc -Icsrc/cuda csrc/cuda/host_check/kernels_on_host.cu
 //        csrc/reduce_kernels.cc csrc/dtype.cc csrc/error.cc -o kernels_on_host
 #include <cmath>
