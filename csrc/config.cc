@@ -124,7 +124,7 @@ const std::vector<ConfigVar>& configVars() {
       {"RCOLL_DEVICE_RUNTIME", "rcoll._cuda",
        "the Python module whose `device_api_capsule()` supplies the device runtime (csrc/device_api.h) "
        "when the first GPU buffer shows up; the tests name a host-memory emulation here "
-       "(tests/emulated_device/) to check staging and stream logic on machines without a GPU"},
+       "(tests/device/emulated_device/) to check staging and stream logic on machines without a GPU"},
   };
   return vars;
 }
