@@ -92,7 +92,8 @@ std::optional<DeviceOpArgs> deviceArgs(int device, uintptr_t stream) {
 
 // The one-call path of the collectives users time: plain numpy arrays
 // (numpy_arrays.h) of one dtype and matching sizes. allreduce and broadcast run
-// in place (`out` None) or into `out`; allgather and reduce_scatter into `out`.
+// in place (`out` None) or into `out`; allgather and reduce_scatter into `out`;
+// reduce, gather and scatter as the numpy API passes them (below).
 // Blocking: runs the op (on this thread when nothing is queued) and returns
 // True; else returns its Work. False, having done nothing, for anything else
 // (the Python layer's full path then answers).
@@ -118,19 +119,23 @@ py::object runArrays(Communicator& c, int kind, py::handle array, py::handle out
     count = src.count;
     return true;
   };
+  // Rooted ops: a root the full path need not word an error for.
+  auto readRoot = [&] {
+    if (!PyLong_CheckExact(root.ptr())) return false;
+    root_rank = PyLong_AsLong(root.ptr());
+    if (root_rank < 0 || root_rank >= c.size()) {  // (-1 also when it overflowed) the full path words the error
+      PyErr_Clear();
+      return false;
+    }
+    return true;
+  };
   switch (static_cast<OpKind>(kind)) {
     case OpKind::kAllreduce:
       op_code = fastReduceOp(op.ptr());
       if (op_code < 0 || !sameShaped(true)) return declined;
       break;
     case OpKind::kBroadcast:
-      if (!PyLong_CheckExact(root.ptr())) return declined;
-      root_rank = PyLong_AsLong(root.ptr());
-      if (root_rank < 0 || root_rank >= c.size()) {  // (-1 also when it overflowed) the full path words the error
-        PyErr_Clear();
-        return declined;
-      }
-      if (!sameShaped(root_rank != c.rank())) return declined;
+      if (!readRoot() || !sameShaped(root_rank != c.rank())) return declined;
       break;
     case OpKind::kAllgather:
       if (!fastArray(array.ptr(), false, &src) || !fastArray(out.ptr(), true, &dst) || src.dtype != dst.dtype ||
@@ -145,6 +150,37 @@ py::object runArrays(Communicator& c, int kind, py::handle array, py::handle out
           src.dtype != dst.dtype || src.count != dst.count * world) {
         return declined;
       }
+      count = dst.count;
+      break;
+    // The rooted ops: only the root passes `out` (reduce, gather) or the
+    // whole input (scatter); the other ranks pass None there.
+    case OpKind::kReduce:
+      op_code = fastReduceOp(op.ptr());
+      if (op_code < 0 || !readRoot()) return declined;
+      if (root_rank == c.rank()) {
+        if (!sameShaped(true)) return declined;
+      } else if (!out.is_none() || !fastArray(array.ptr(), false, &src)) {
+        return declined;
+      }
+      count = src.count;
+      break;
+    case OpKind::kGather:
+      if (!readRoot() || !fastArray(array.ptr(), false, &src)) return declined;
+      if (root_rank == c.rank()
+              ? !fastArray(out.ptr(), true, &dst) || src.dtype != dst.dtype || dst.count != src.count * world
+              : !out.is_none()) {
+        return declined;
+      }
+      count = src.count;
+      break;
+    case OpKind::kScatter:
+      if (!readRoot() || !fastArray(out.ptr(), true, &dst)) return declined;
+      if (root_rank == c.rank()
+              ? !fastArray(array.ptr(), false, &src) || src.dtype != dst.dtype || src.count != dst.count * world
+              : !array.is_none()) {
+        return declined;
+      }
+      src.dtype = dst.dtype;
       count = dst.count;
       break;
     default:
@@ -382,8 +418,9 @@ PYBIND11_MODULE(_core, m) {
            "A barrier whose timeout on rank 0 names the ranks that did not come (the lowest, or with "
            "wait_all_ranks every one); blocking.")
       .def("run_arrays", &runArrays, "kind"_a, "array"_a, "out"_a, "op"_a, "root"_a, "timeout"_a, "blocking"_a = true,
-           "allreduce or broadcast in place (out None) or into `out`, allgather or reduce_scatter into `out`, of "
-           "plain numpy arrays: True once done (blocking), else the op's Work; False (nothing done) when they "
+           "allreduce or broadcast in place (out None) or into `out`, allgather or reduce_scatter into `out`, "
+           "reduce, gather and scatter (None where this rank passes no buffer), of plain numpy arrays: True once done "
+           "(blocking), else the op's Work; False (nothing done) when they "
            "need the full Python path.")
       .def("send",
            [](Communicator& c, uintptr_t data, size_t count, int dtype, int peer, int tag, double timeout) {

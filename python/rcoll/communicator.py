@@ -370,6 +370,12 @@ class Communicator:
         returned. Other ranks only read `array`, ignore `out` and return None (so
         does their Handle's wait()).
         """
+        if self._registrations is None and type(root) is int:
+            is_root = self.rank == root
+            done = self._comm.run_arrays(REDUCE, array, out if is_root else None, op, root, timeout, not async_op)
+            if done is not False:
+                result = (array if out is None else out) if is_root else None
+                return self._arrays_issued(done, result, (array, out if is_root else None), async_op)
         name = "reduce"
         root = self._root_index(root, name)
         is_root = self.rank == root
@@ -390,6 +396,13 @@ class Communicator:
         may be its slot out[root] (in place); the result is returned. Other ranks
         ignore `out` and return None.
         """
+        if self._registrations is None and type(root) is int and type(array) is np.ndarray:
+            if self.rank == root and out is None:
+                out = np.empty((self.size,) + array.shape, dtype=array.dtype)
+            dst = out if self.rank == root else None
+            done = self._comm.run_arrays(GATHER, array, dst, None, root, timeout, not async_op)
+            if done is not False:
+                return self._arrays_issued(done, dst, (array, dst), async_op)
         name = "gather"
         root = self._root_index(root, name)
         device = self._on_device(array, out if self.rank == root else None)
@@ -413,6 +426,11 @@ class Communicator:
         how many elements of which dtype to expect. On the root `out` may be
         array[root] (in place).
         """
+        if self._registrations is None and type(root) is int and type(out) is np.ndarray:
+            src = array if self.rank == root else None
+            done = self._comm.run_arrays(SCATTER, src, out, None, root, timeout, not async_op)
+            if done is not False:
+                return self._arrays_issued(done, out, (src, out), async_op)
         name = "scatter"
         root = self._root_index(root, name)
         device = self._on_device(array if self.rank == root else None, out)

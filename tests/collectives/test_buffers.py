@@ -113,6 +113,38 @@ def test_array_fast_path_runs_out_of_place_and_async_ops():
         comm.shutdown()
 
 
+# The rooted ops' one-call path: the root passes its output (reduce, gather)
+# or the whole input (scatter), the others None there.
+def test_rooted_fast_paths_take_plain_arrays_and_decline_the_rest():
+    import rcoll
+    from rcoll import spawn
+    from rcoll._ops import GATHER, REDUCE, SCATTER
+    comm = rcoll.Communicator(0, 1, master_addr="127.0.0.1", master_port=spawn.free_port(), timeout=30)
+    fast = comm._comm
+    try:
+        a = np.arange(6, dtype=np.float32)
+        out = np.zeros(6, np.float32)
+        assert fast.run_arrays(REDUCE, a, out, "max", 0, None) is True and (out == a).all()
+        out[...] = 0
+        assert fast.run_arrays(GATHER, a, out, None, 0, None) is True and (out == a).all()
+        out[...] = 0
+        work = fast.run_arrays(SCATTER, a, out, None, 0, None, False)
+        assert work is not False and work.wait(10) and (out == a).all()
+        readonly = np.ones(6, np.float32)
+        readonly.flags.writeable = False
+        for kind, array, dst, root in [(REDUCE, readonly, None, 0),  # in place on the root: must be writable
+                                       (REDUCE, a, out, 1), (GATHER, a, out, -1),  # not a rank
+                                       (GATHER, a, np.zeros(5, np.float32), 0), (SCATTER, a, readonly, 0),
+                                       (SCATTER, a, np.zeros(6, np.float64), 0), (GATHER, a, out, np.int64(0))]:
+            assert fast.run_arrays(kind, array, dst, "sum", root, None) is False, (kind, root)
+        # the public calls, whichever path they take
+        assert (comm.gather(a, 0).reshape(-1) == a).all()
+        assert (comm.scatter(a, 0, out=np.zeros(6, np.float32)) == a).all()
+        assert (comm.reduce(a.copy(), "sum", 0) == a).all()
+    finally:
+        comm.shutdown()
+
+
 # The same one-call paths of broadcast, allgather and reduce_scatter.
 def test_other_fast_paths_take_plain_arrays_and_decline_the_rest():
     import rcoll
