@@ -53,6 +53,7 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, con
     timeline_->label(strFormat("transport %s; %s", transportName(), describeEdges().c_str()));
     RCOLL_INFO("rank %d: writing the timeline to %s", rank_, timeline_->path().c_str());
   }
+  if (p2p_) barrier_tokens_.assign(static_cast<size_t>(size_) + 1, 0);  // monitoredBarrier()'s messages
   if (p2p_) p2p_->start();
   thread_ = std::thread([this] { progressLoop(); });
   RCOLL_INFO("communicator '%s' ready: rank %d of %d, transport %s, timeout %.0f s, %s", name_.c_str(), rank_, size_,
@@ -188,22 +189,22 @@ void Communicator::runOwned(Op op, std::unique_lock<std::mutex>& lock) {
 
 std::shared_ptr<Work> Communicator::allreduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                                               std::chrono::milliseconds timeout, Launch launch) {
-  return enqueue(OpKind::kAllreduce, dtype, op, 0, count, send, recv, timeout, launch);
+  return collective(OpKind::kAllreduce, send, recv, count, dtype, op, 0, timeout, launch);
 }
 
 std::shared_ptr<Work> Communicator::allgather(const void* send, void* recv, size_t count, DataType dtype,
                                               std::chrono::milliseconds timeout, Launch launch) {
-  return enqueue(OpKind::kAllgather, dtype, ReduceOp::kSum, 0, count, send, recv, timeout, launch);
+  return collective(OpKind::kAllgather, send, recv, count, dtype, ReduceOp::kSum, 0, timeout, launch);
 }
 
 std::shared_ptr<Work> Communicator::reduceScatter(const void* send, void* recv, size_t count, DataType dtype,
                                                   ReduceOp op, std::chrono::milliseconds timeout, Launch launch) {
-  return enqueue(OpKind::kReduceScatter, dtype, op, 0, count, send, recv, timeout, launch);
+  return collective(OpKind::kReduceScatter, send, recv, count, dtype, op, 0, timeout, launch);
 }
 
 std::shared_ptr<Work> Communicator::broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
                                               std::chrono::milliseconds timeout, Launch launch) {
-  return enqueue(OpKind::kBroadcast, dtype, ReduceOp::kSum, root, count, send, recv, timeout, launch);
+  return collective(OpKind::kBroadcast, send, recv, count, dtype, ReduceOp::kSum, root, timeout, launch);
 }
 
 std::shared_ptr<Work> Communicator::collective(OpKind kind, const void* send, void* recv, size_t count, DataType dtype,
@@ -234,22 +235,22 @@ std::shared_ptr<Work> Communicator::collective(OpKind kind, const void* send, vo
 }
 
 std::shared_ptr<Work> Communicator::barrier(std::chrono::milliseconds timeout, Launch launch) {
-  return enqueue(OpKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, 0, nullptr, nullptr, timeout, launch);
+  return collective(OpKind::kBarrier, nullptr, nullptr, 0, DataType::kUInt8, ReduceOp::kSum, 0, timeout, launch);
 }
 
 std::shared_ptr<Work> Communicator::reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                                            int root, std::chrono::milliseconds timeout, Launch launch) {
-  return enqueue(OpKind::kReduce, dtype, op, root, count, send, recv, timeout, launch);
+  return collective(OpKind::kReduce, send, recv, count, dtype, op, root, timeout, launch);
 }
 
 std::shared_ptr<Work> Communicator::gather(const void* send, void* recv, size_t count, DataType dtype, int root,
                                            std::chrono::milliseconds timeout, Launch launch) {
-  return enqueue(OpKind::kGather, dtype, ReduceOp::kSum, root, count, send, recv, timeout, launch);
+  return collective(OpKind::kGather, send, recv, count, dtype, ReduceOp::kSum, root, timeout, launch);
 }
 
 std::shared_ptr<Work> Communicator::scatter(const void* send, void* recv, size_t count, DataType dtype, int root,
                                             std::chrono::milliseconds timeout, Launch launch) {
-  return enqueue(OpKind::kScatter, dtype, ReduceOp::kSum, root, count, send, recv, timeout, launch);
+  return collective(OpKind::kScatter, send, recv, count, dtype, ReduceOp::kSum, root, timeout, launch);
 }
 
 std::shared_ptr<Work> Communicator::allToAll(const void* send, void* recv, const std::vector<int64_t>& send_counts,
@@ -564,10 +565,6 @@ void Communicator::monitoredBarrier(std::chrono::milliseconds timeout, bool wait
   if (timeout.count() <= 0) timeout = timeout_;
   const int tag = P2PEngine::kMonitoredBarrierTag;
   const std::string within = timedOut(static_cast<double>(timeout.count()) / 1000.0);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (barrier_tokens_.empty()) barrier_tokens_.assign(static_cast<size_t>(size_) + 1, 0);
-  }
   uint8_t* tokens = barrier_tokens_.data();
   if (rank_ != 0) {
     std::shared_ptr<Work> arrived = p2p_->send(&tokens[0], 1, DataType::kUInt8, 0, tag, timeout);

@@ -267,8 +267,9 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   int device_ = -1;                      // the device this communicator serves (set by the first device op)
   std::atomic<bool> peers_told_{false};  // set by whoever owns the executor
   Schedule schedule_;                    // reused by every op on the progress thread
-  // monitoredBarrier()'s one-byte messages, one per rank: alive as long as the
-  // engine that may still write into them.
+  // monitoredBarrier()'s one-byte messages, one per rank (sized at
+  // construction, never again): alive as long as the engine that may still
+  // write into them.
   std::vector<uint8_t> barrier_tokens_;
   std::vector<char> scratch_;  // reduce-scatter and reduce partial sums, grown on demand
 
