@@ -6,10 +6,12 @@ against libtorch), so every `dist.all_reduce` goes torch -> c10d's C++
 dispatcher -> a pybind11 trampoline into Python -> the backend's `allreduce`,
 and back with a Work object that `wait()` is called on. This script measures
 that path alone with a backend that does nothing (`noop`: it returns an
-already finished Work), next to rcoll's torch path, rcoll's numpy API and
-torch's Gloo, all in the same processes (world 2, ranks on this host), so a
-latency target for small torch ops can be read against what no Python
-backend can go below.
+already finished Work), with one that also reads what any backend honouring
+its arguments must read and then does nothing (`noop-reads`: the reduce op,
+the timeout, asyncOp, the tensor's dtype, layout, device, contiguity, address
+and size), next to rcoll's torch path, rcoll's numpy API and torch's Gloo, all
+in the same processes (world 2, ranks on this host), so a latency target for
+small torch ops can be read against what no Python backend can go below.
 
     PYTHONPATH=python python3 bench/torch_floor.py [--iters 20000] [--sizes 8,4096] [--json out.json]
 
@@ -60,10 +62,24 @@ def _noop_backend():
         def getBackendName(self):
             return "noop"
 
-    def create(store, rank, size, timeout):
-        return NoopProcessGroup(rank, size)
+    SUM = dist.ReduceOp.SUM
 
-    dist.Backend.register_backend("noop", create, devices=["cpu"])
+    class ReadingNoopProcessGroup(NoopProcessGroup):
+        """Reads the arguments a real backend acts on, then answers as `noop`."""
+
+        def allreduce(self, tensors, opts=None):
+            t = tensors[0]
+            _ = (t.dtype, t.layout, t.is_cpu, t.is_contiguous(), t.data_ptr(), t.numel())
+            _ = (opts.reduceOp == SUM, opts.timeout.total_seconds(), opts.asyncOp)
+            return DoneWork(tensors)
+
+        def getBackendName(self):
+            return "noop-reads"
+
+    dist.Backend.register_backend("noop", lambda store, rank, size, timeout: NoopProcessGroup(rank, size),
+                                  devices=["cpu"])
+    dist.Backend.register_backend("noop-reads", lambda store, rank, size, timeout: ReadingNoopProcessGroup(rank, size),
+                                  devices=["cpu"])
 
 
 def _time(fn, iters, warmup):
@@ -94,17 +110,17 @@ def _rank_main(rank, world, sizes, iters, warmup):
     results = []
     port = int(os.environ["MASTER_PORT"])
     # One group per backend, each on its own store port, every rank in each.
-    for i, backend in enumerate(["noop", "rcoll", "gloo"]):
+    for i, backend in enumerate(["noop", "noop-reads", "rcoll", "gloo"]):
         os.environ["MASTER_PORT"] = str(port + 1 + i)
         dist.init_process_group(backend, rank=rank, world_size=world)
         for nbytes in sizes:
             t = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
-            dist.barrier() if backend != "noop" else None
+            dist.barrier() if not backend.startswith("noop") else None
             med, p10 = _time(lambda t=t: dist.all_reduce(t), iters if backend != "gloo" else max(500, iters // 20),
                              warmup)
             results.append({"path": f"torch {backend}", "bytes": nbytes, "median_us": med, "p10_us": p10})
         dist.destroy_process_group()
-    os.environ["MASTER_PORT"] = str(port + 10)
+    os.environ["MASTER_PORT"] = str(port + 20)
     comm = rcoll.init(rank=rank, world_size=world)
     for nbytes in sizes:
         x = np.ones(max(1, nbytes // 4), np.float32)
