@@ -544,6 +544,34 @@ class Communicator:
         shrunk._server, self._server = self._server, None  # rank 0's store serves the survivors too
         return shrunk
 
+    def group(self, ranks, *, name: str, settings: Optional[dict] = None) -> Optional["Communicator"]:
+        """The communicator of `ranks` (ranks of this one, any order, no
+        repeats), for a collective over part of the job, as MPI_Comm_create_group.
+        Only those ranks call it, with the same ranks and `name` (which keeps
+        groups on one store apart: give each its own); each gets a new rank,
+        its position in sorted(ranks), and this one's settings (with `settings`
+        over them) and timeout. Returns None on a rank not in `ranks`, without
+        waiting."""
+        members = self._counts_as_ranks(ranks, "group")
+        if self.rank not in members:
+            return None
+        return Communicator(members.index(self.rank), len(members), store=self._store, name=f"{self._name}/{name}",
+                            master_addr=self._master_addr, timeout=self._timeout_arg,
+                            settings={**self._settings, **(settings or {})})
+
+    def _counts_as_ranks(self, ranks, name):
+        try:
+            members = sorted(operator.index(r) for r in ranks)
+        except TypeError:
+            raise _core.InvalidArgumentError(
+                f"rank {self.rank}: {name}: ranks must be a sequence of integers, got {ranks!r}") from None
+        bad = [r for r in members if not 0 <= r < self.size]
+        if bad or len(set(members)) != len(members) or not members:
+            why = (f"rank {bad[0]} is not a rank of this communicator (size {self.size})" if bad else
+                   "a rank is listed twice" if members else "no ranks")
+            raise _core.InvalidArgumentError(f"rank {self.rank}: {name}: {why}")
+        return members
+
     def __enter__(self):
         return self
 

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions
 
-from . import _core, _device
+from . import _core
 from ._buffers import displacements
 from ._ops import (
     ALLGATHER,
@@ -42,51 +42,21 @@ from ._ops import (
     reduce_op_name,
 )
 from ._registrations import RegistrationTracker
+from ._torch_tensors import DTYPE_CODES as _DTYPE_CODES
+from ._torch_tensors import HOST, placement
+from ._torch_tensors import check_tensor as _check_tensor
 from ._torch_work import RcollWork, _combined, _done_work, _FinishedWork
 from .shrink import survivors
 
 BACKEND_NAME = "rcoll"
 
-# torch dtype -> core dtype code: the core's names are torch's (float16, ...,
-# float8_e4m3fn), so the table is read off the core's, never written twice.
-_DTYPE_CODES = {getattr(torch, name): code for name, code in _core.DTYPES.items()
-                if isinstance(getattr(torch, name, None), torch.dtype)}
-# element size -> the code of the unsigned integer type of that width: how a
-# dtype the core does not know moves as bytes (_check_tensor's moves_only).
-_SAME_WIDTH_CODES = {size: _core.DTYPES[f"uint{8 * size}"] for size in (1, 2, 4, 8)}
-
 # torch's reduce ops by the enum's integer value: hashing and comparing torch's
 # pybind enums costs about a microsecond per op, an int key a few nanoseconds.
 _OP_CODES_BY_VALUE = codes_by_enum_value(dist.ReduceOp.RedOpType.__members__.values())
-_HOST = (-1, 0)  # (device, stream) of an op on CPU tensors
 _STRIDED = torch.strided
 # The reduce op most calls pass: `opts.reduceOp == SUM` costs a fifth of
 # reading the enum's value out of torch's ReduceOp.
 _TORCH_SUM = dist.ReduceOp.SUM
-
-
-# ---------------------------------------------------------------------------------------
-# Tensors -> (address, count, dtype code)
-# ---------------------------------------------------------------------------------------
-def _check_tensor(t: torch.Tensor, rank: int, opname: str, moves_only: bool = False) -> int:
-    """The tensor's core dtype code. `moves_only`: the op moves bytes without
-    reducing them (broadcast, gathers, scatter, alltoall, send/recv), so a dtype
-    the core has no code for (complex64, float8_e4m3fnuz, ...) travels as the
-    unsigned integer type of its width: same address, same element count."""
-    if not isinstance(t, torch.Tensor):
-        raise _core.InvalidArgumentError(f"rank {rank}: {opname}: expected a tensor, got {type(t).__name__}")
-    if t.layout is not torch.strided:
-        raise _core.InvalidArgumentError(f"rank {rank}: {opname}: {t.layout} tensors are not supported")
-    if not (t.is_cpu or t.is_cuda):
-        raise _core.InvalidArgumentError(
-            f"rank {rank}: {opname}: {t.device.type} tensors are not supported (CPU and CUDA tensors are)")
-    code = _DTYPE_CODES.get(t.dtype)
-    if code is None and moves_only:
-        code = _SAME_WIDTH_CODES.get(t.element_size())
-    if code is None:
-        supported = ", ".join(str(d).replace("torch.", "") for d in _DTYPE_CODES)
-        raise _core.InvalidArgumentError(f"rank {rank}: {opname}: dtype {t.dtype} is not supported ({supported})")
-    return code
 
 
 def _complex_as_real(method):
@@ -181,22 +151,7 @@ class RcollProcessGroup(dist.ProcessGroup):
     def _where(self, *tensors):
         """Where the op runs: (-1, 0) for CPU tensors, else (the CUDA device of
         every tensor of the op, that device's current stream)."""
-        for t in tensors:
-            if t is not None and t.is_cuda:
-                break
-        else:
-            return _HOST  # the CPU path: nothing else to decide
-        devices = {t.device for t in tensors if t is not None}
-        if len(devices) > 1:
-            raise _core.InvalidArgumentError(
-                f"rank {self._rank}: the tensors of one call are on different devices "
-                f"({', '.join(sorted(str(d) for d in devices))})")
-        device = devices.pop() if devices else torch.device("cpu")
-        if device.type != "cuda":
-            return _HOST
-        _device.ensure_runtime(self._rank, "collective on CUDA tensors")
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return index, torch.cuda.current_stream(torch.device("cuda", index)).cuda_stream
+        return placement(self._rank, *tensors)
 
     def _collective(self, kind, where, send, recv, count, code, op=0, root=0, timeout=0.0, opts=None):
         """Enqueues one collective on the core; blocking (run on this thread
@@ -542,7 +497,7 @@ class RcollProcessGroup(dist.ProcessGroup):
 
     def barrier(self, opts=None):
         opts = opts if opts is not None else dist.BarrierOptions()
-        return self._work_for(self._collective(BARRIER, _HOST, 0, 0, 0, 0, timeout=_timeout_seconds(opts), opts=opts),
+        return self._work_for(self._collective(BARRIER, HOST, 0, 0, 0, 0, timeout=_timeout_seconds(opts), opts=opts),
                               [])
 
     def monitored_barrier(self, opts=None, wait_all_ranks=False):

@@ -1,0 +1,1 @@
+"""What Horovod's front ends share: the job (init, ranks, process sets) and the errors."""

@@ -1,0 +1,860 @@
+"""Horovod's collectives on torch tensors, over rcoll's core.
+
+Every op is issued on the rcoll communicator of its process set
+(common/basics.py) by the tensors' addresses, as the torch backend does, so
+no byte goes through torch.distributed. An `*_async` call returns an integer
+handle; `synchronize(handle)` waits and returns the result, `poll(handle)`
+says whether it is done. Ops run in the order they are issued (Horovod
+matches them by name; rcoll by order: every rank issues the same ops in the
+same order, as in any SPMD training script), and a failed op raises
+HorovodInternalError naming the rank and the op.
+
+What is Horovod's and not rcoll's lives here as calls on the core:
+Average as rcoll's avg (or a sum and a scale where Horovod scales), prescale
+and postscale factors, allgather of first dimensions that differ per rank
+(the core's alltoallv, every block read from the same input), alltoall with
+splits, reducescatter of a first dimension that does not divide (the first
+ranks get one row more, as in Horovod), and the autograd functions.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import warnings
+
+import torch
+
+from ... import _core
+from ..._buffers import displacements
+from ..._ops import ALLREDUCE, BARRIER, BROADCAST, REDUCE_OPS, REDUCE_SCATTER
+from ..._torch_tensors import DTYPE_CODES, check_tensor, placement
+from ..common import basics as _basics
+from ..common.basics import Adasum, Average, Max, Min, Product, Sum
+from ..common.controller import Request
+from ..common.exceptions import HorovodInternalError
+from ..common.process_sets import ProcessSet, global_process_set
+from .compression import Compression
+
+# Horovod's op -> the core's reduce op (Average is decided per dtype, Adasum has its own path).
+_CORE_OPS = {Sum: REDUCE_OPS["sum"], Min: REDUCE_OPS["min"], Max: REDUCE_OPS["max"],
+             Product: REDUCE_OPS["prod"], Average: REDUCE_OPS["avg"]}
+_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
+
+
+def handle_average_backwards_compatibility(op, average):
+    """The op from Horovod's deprecated `average` argument: mixing both is a ValueError."""
+    if op is not None:
+        if average is not None:
+            raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+        return op
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in v1.0",
+                      DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    return Average
+
+
+# ---------------------------------------------------------------------------------------
+# Handles
+# ---------------------------------------------------------------------------------------
+class _InFlight:
+    """One Horovod op: submitted to its process set's controller, then issued
+    on the core once every rank agreed (its works and finishing step), or failed."""
+
+    __slots__ = ("label", "ready", "works", "finish", "error", "keep")
+
+    def __init__(self, label, keep=None):
+        self.label = label  # "rank 1: allreduce" for errors
+        self.keep = keep  # holds the op's tensors (its issuing closure) until synchronize()
+        self.ready = threading.Event()  # issued on the core, or failed
+        self.works = ()
+        self.finish = None  # () -> the op's result
+        self.error = None
+
+    def started(self, works, finish):
+        self.works, self.finish = tuple(works), finish
+        self.ready.set()
+
+    def failed(self, message):
+        self.error = message
+        self.ready.set()
+
+
+# handle -> _InFlight. Horovod's name for it; a handle stays here until synchronize().
+_handle_map = {}
+_next_handle = itertools.count(1)
+_names_lock = threading.Lock()
+_active_names = set()  # (process set id, name) of the ops submitted and not yet agreed on
+_unnamed = collections.defaultdict(itertools.count)  # (process set id, kind) -> counter of unnamed ops
+
+
+def _wait(works, label):
+    try:
+        for w in works:
+            w.wait(None)
+    except _core.RcollError as e:
+        raise HorovodInternalError(f"{e}") from e
+    for w in works:
+        if w.device >= 0:  # the caller's current stream runs after the op, as with NCCL
+            w.stream_wait(torch.cuda.current_stream(w.device).cuda_stream)
+
+
+def poll(handle) -> bool:
+    """Whether the op of `handle` is done (synchronize() then returns at once)."""
+    entry = _handle_map.get(handle)
+    if entry is None:
+        raise ValueError(f"poll: unknown handle {handle!r} (never issued, or already synchronized)")
+    return entry.ready.is_set() and (entry.error is not None or all(w.is_completed() for w in entry.works))
+
+
+def synchronize(handle):
+    """Waits for the op of `handle` and returns its result; raises
+    HorovodInternalError if it failed. An unknown handle returns None, as in Horovod."""
+    entry = _handle_map.get(handle)
+    if entry is None:
+        return None
+    try:
+        entry.ready.wait()
+        if entry.error is not None:
+            raise HorovodInternalError(entry.error)
+        _wait(entry.works, entry.label)
+        return entry.finish()
+    finally:
+        _handle_map.pop(handle, None)
+
+
+# ---------------------------------------------------------------------------------------
+# Submitting ops: every op goes through its process set's controller
+# ---------------------------------------------------------------------------------------
+def _comm(process_set: ProcessSet, opname: str):
+    """(rcoll.Communicator of the set on this rank, its controller, "rank r: opname")."""
+    job = _basics.job()
+    if not isinstance(process_set, ProcessSet) or process_set.process_set_id is None:
+        raise ValueError(f"rank {job.rank}: {opname}: {process_set} is not an initialized process set (pass one "
+                         "from hvd.init(process_sets=...) or hvd.add_process_set())")
+    comm, controller = job.communicator(process_set.process_set_id, opname)
+    return comm, controller, f"rank {job.rank}: {opname}"
+
+
+def _meta(kind, tensors, **fields):
+    """What every rank sees of an op: its kind, each tensor's dtype, shape and device, and `fields`."""
+    return {"kind": kind, "tensors": [(str(t.dtype), tuple(t.shape), t.device.type) for t in tensors], **fields}
+
+
+def _submit(process_set, controller, label, kind, name, meta, issue, single=False) -> int:
+    """Hands an op to the controller; `issue(metas)` runs once every rank
+    agreed (on the controller's thread) and returns (works, finish); with
+    `single`, finish() returns a list whose one entry is the result. Returns the handle."""
+    psid = process_set.process_set_id
+    if name is None:
+        name = f"{kind}.noname.{next(_unnamed[(psid, kind)])}"
+    key = (psid, name)
+    with _names_lock:
+        if key in _active_names:
+            raise ValueError(f"{label}: an op named {name!r} is already in flight on this rank (names of ops in "
+                             "flight must differ)")
+        _active_names.add(key)
+    entry = _InFlight(label, issue)
+
+    def release():
+        # As in Horovod, a name is taken from submission until the ranks agree on the op.
+        with _names_lock:
+            _active_names.discard(key)
+
+    def run(metas, joined):
+        release()
+        try:
+            works, finish = issue(metas)
+        except Exception as e:  # noqa: BLE001 - the caller's synchronize() raises it
+            entry.failed(f"{e}")
+            return
+        entry.started(works, (lambda: finish()[0]) if single else finish)
+
+    def fail(message):
+        release()
+        entry.failed(message)
+
+    try:
+        controller.submit(Request(name, meta, run, fail))
+    except BaseException:
+        with _names_lock:
+            _active_names.discard(key)
+        raise
+    handle = next(_next_handle)
+    _handle_map[handle] = entry
+    return handle
+
+
+def _checked(tensor, label, opname, moves_only=False):
+    """The core dtype code of `tensor`, which Horovod requires to be contiguous."""
+    rank = _basics.job().rank
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"{label}: expected a torch tensor, got {type(tensor).__name__}")
+    code = check_tensor(tensor, rank, opname, moves_only)
+    if not tensor.is_contiguous():
+        raise ValueError(f"{label}: Tensor is required to be contiguous.")
+    return code
+
+
+def _addr(comm, t):
+    if comm._registrations is not None and t.is_cpu:
+        comm._registrations.track(t)
+    return t.data_ptr()
+
+
+def _collective(comm, where, kind, send, recv, count, code, op=0, root=0):
+    device, stream = where
+    return comm._comm.collective(kind, _addr(comm, send), _addr(comm, recv), count, code, op, root, 0.0, False,
+                                 device, stream)
+
+
+def _alltoallv(comm, where, send, recv, send_counts, send_displs, recv_counts, code):
+    device, stream = where
+    return comm._comm.alltoall(_addr(comm, send), _addr(comm, recv), send_counts, send_displs, recv_counts,
+                               displacements(recv_counts), code, 0.0, False, device, stream)
+
+
+def _scaled(tensor, factor):
+    """tensor * factor in tensor's dtype (integers truncated toward zero, as Horovod's scaling)."""
+    if tensor.is_floating_point():
+        return tensor * factor
+    return (tensor.double() * factor).to(tensor.dtype)
+
+
+def _scale_(tensor, factor):
+    if tensor.is_floating_point():
+        tensor.mul_(factor)
+    else:
+        tensor.copy_((tensor.double() * factor).to(tensor.dtype))
+
+
+class _Plan:
+    """How the core runs Horovod's reduce op on one dtype: the core's op, the
+    factor before, the factor after, and the divisor of an integer Average
+    (a sum divided after, truncating as Horovod)."""
+
+    __slots__ = ("op", "pre", "post", "divisor")
+
+    def __init__(self, op, tensor, set_size, prescale, postscale, label):
+        if op == Adasum:
+            raise NotImplementedError(f"{label}: Adasum is not available in rcoll.horovod yet (docs/horovod.md)")
+        code = _CORE_OPS.get(op)
+        if code is None:
+            raise ValueError(f"{label}: unknown reduce op {op!r} (use hvd.Average, Sum, Min, Max or Product)")
+        self.op, self.pre, self.post, self.divisor = code, prescale, postscale, 1
+        if op == Average and not tensor.is_floating_point():
+            self.op, self.divisor = _CORE_OPS[Sum], set_size
+        elif op == Average and (prescale != 1.0 or postscale != 1.0):
+            self.op, self.post = _CORE_OPS[Sum], postscale / set_size
+
+    def before(self, tensor):
+        return tensor if self.pre == 1.0 else _scaled(tensor, self.pre)
+
+    def after(self, tensor):
+        if self.divisor != 1:
+            torch.div(tensor, self.divisor, rounding_mode="trunc", out=tensor)
+        if self.post != 1.0:
+            _scale_(tensor, self.post)
+
+
+def _split_counts(total, parts):
+    """Horovod's uneven split of `total` rows over `parts` ranks: the first
+    total % parts ranks get one row more."""
+    base, extra = divmod(total, parts)
+    return [base + (1 if r < extra else 0) for r in range(parts)]
+
+
+def _prod(dims):
+    n = 1
+    for d in dims:
+        n *= d
+    return n
+
+
+# ---------------------------------------------------------------------------------------
+# allreduce (grouped or not): one core op per dtype over a flat copy when grouped
+# ---------------------------------------------------------------------------------------
+def _allreduce_issue(comm, where, tensors, outputs, op, prescale, postscale, label):
+    """Issues the allreduce of `tensors` into `outputs`; returns (works, finish)."""
+    if len(tensors) == 1:
+        tensor, output = tensors[0], outputs[0]
+        plan = _Plan(op, tensor, comm.size, prescale, postscale, label)
+        send = plan.before(tensor)
+        work = _collective(comm, where, ALLREDUCE, send, output, tensor.numel(),
+                           check_tensor(tensor, comm.rank, "allreduce"), plan.op)
+
+        def finish_one(_read=send):  # the (scaled) input the core reads stays alive until the op ends
+            plan.after(output)
+            return [output]
+        return (work,), finish_one
+    groups = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.dtype, t.device), []).append(i)
+    works, flats = [], []
+    for members in groups.values():
+        first = tensors[members[0]]
+        plan = _Plan(op, first, comm.size, prescale, postscale, label)
+        flat = torch.cat([tensors[i].reshape(-1) for i in members])
+        if plan.pre != 1.0:
+            _scale_(flat, plan.pre)
+        works.append(_collective(comm, where, ALLREDUCE, flat, flat, flat.numel(),
+                                 check_tensor(first, comm.rank, "allreduce"), plan.op))
+        flats.append((flat, members, plan))
+
+    def finish_group():
+        for flat, members, plan in flats:
+            plan.after(flat)
+            offset = 0
+            for i in members:
+                n = tensors[i].numel()
+                outputs[i].copy_(flat[offset:offset + n].view_as(tensors[i]))
+                offset += n
+        return list(outputs)
+    return works, finish_group
+
+
+def _allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor, process_set, opname,
+                     single=False):
+    comm, controller, label = _comm(process_set, opname)
+    tensors, outputs = list(tensors), list(outputs)
+    for t in tensors:
+        _checked(t, label, opname)
+    _Plan(op, tensors[0] if tensors else torch.empty(0), comm.size, prescale_factor, postscale_factor, label)
+    where = placement(comm.rank, *tensors)
+    meta = _meta("allreduce", tensors, op=op, pre=prescale_factor, post=postscale_factor)
+    if not tensors:
+        return _submit(process_set, controller, label, "allreduce", name, meta, lambda metas: ((), lambda: []))
+    return _submit(process_set, controller, label, "allreduce", name, meta,
+                   lambda metas: _allreduce_issue(comm, where, tensors, outputs, op, prescale_factor,
+                                                  postscale_factor, label), single)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=global_process_set):
+    """Starts reducing `tensor` over the process set (Average by default) into a
+    new tensor; returns a handle for poll() and synchronize()."""
+    op = handle_average_backwards_compatibility(op, average)
+    return _allreduce_async([tensor], [torch.empty_like(tensor)], name, op, prescale_factor, postscale_factor,
+                            process_set, "allreduce", single=True)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=global_process_set):
+    """allreduce_async in place: synchronize() returns `tensor`, reduced."""
+    op = handle_average_backwards_compatibility(op, average)
+    return _allreduce_async([tensor], [tensor], name, op, prescale_factor, postscale_factor, process_set,
+                            "allreduce", single=True)
+
+
+class HorovodAllreduce(torch.autograd.Function):
+    """allreduce with a gradient: the gradient is allreduced the same way."""
+
+    @staticmethod
+    def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.average, ctx.op, ctx.process_set = average, op, process_set
+        ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
+        return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
+                                           process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return (allreduce(grad_output.contiguous(), average=ctx.average, op=ctx.op,
+                          prescale_factor=ctx.prescale_factor, postscale_factor=ctx.postscale_factor,
+                          process_set=ctx.process_set),
+                None, None, None, None, None, None)
+
+
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, process_set=global_process_set):
+    """`tensor` reduced over the process set (Average by default), as a new
+    tensor; differentiable. `compression` applies to what travels."""
+    compressed, ctx = compression.compress(tensor)
+    if _needs_grad(compressed):
+        reduced = HorovodAllreduce.apply(compressed, average, name, op, prescale_factor, postscale_factor,
+                                         process_set)
+    else:
+        reduced = synchronize(allreduce_async(compressed, average, name, op, prescale_factor, postscale_factor,
+                                              process_set))
+    return compression.decompress(reduced, ctx)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+               process_set=global_process_set):
+    """allreduce in place; returns `tensor`."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                            process_set=global_process_set):
+    """Starts reducing each tensor as allreduce_async does, as one op (one core
+    op per dtype); synchronize() returns the list of results."""
+    op = handle_average_backwards_compatibility(op, average)
+    return _allreduce_async(tensors, [torch.empty_like(t) for t in tensors], name, op, prescale_factor,
+                            postscale_factor, process_set, "grouped_allreduce")
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                             process_set=global_process_set):
+    op = handle_average_backwards_compatibility(op, average)
+    return _allreduce_async(tensors, list(tensors), name, op, prescale_factor, postscale_factor, process_set,
+                            "grouped_allreduce")
+
+
+class HorovodGroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set, *tensors):
+        ctx.average, ctx.op, ctx.process_set = average, op, process_set
+        ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
+        return tuple(synchronize(grouped_allreduce_async(list(tensors), average, name, op, prescale_factor,
+                                                         postscale_factor, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        grads = grouped_allreduce([g.contiguous() for g in grad_outputs], average=ctx.average, op=ctx.op,
+                                  prescale_factor=ctx.prescale_factor, postscale_factor=ctx.postscale_factor,
+                                  process_set=ctx.process_set)
+        return (None, None, None, None, None, None, *grads)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0, process_set=global_process_set):
+    """Each tensor reduced as allreduce does, in one op; differentiable."""
+    compressed, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
+    if _needs_grad(*compressed):
+        reduced = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, process_set,
+                                                *compressed)
+    else:
+        reduced = synchronize(grouped_allreduce_async(list(compressed), average, name, op, prescale_factor,
+                                                      postscale_factor, process_set))
+    return [compression.decompress(t, ctx) for t, ctx in zip(reduced, ctxs)]
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                       process_set=global_process_set):
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
+                                                process_set))
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """A sparse COO tensor reduced by gathering every rank's indices and values
+    (Sum or Average); returns a callable that waits and returns the result."""
+    indices_handle = allgather_async(tensor._indices().transpose(0, 1).contiguous(),
+                                     name=f"{name}.indices" if name else None, process_set=process_set)
+    values_handle = allgather_async(tensor._values().contiguous(), name=f"{name}.values" if name else None,
+                                    process_set=process_set)
+
+    def handle():
+        values = synchronize(values_handle)
+        indices = synchronize(indices_handle)
+        if op == Average:
+            values = values / process_set.size()
+        return torch.sparse_coo_tensor(indices.transpose(0, 1), values, tensor.size())
+    return handle
+
+
+# ---------------------------------------------------------------------------------------
+# allgather: first dimensions may differ per rank (every rank's are in the metadata)
+# ---------------------------------------------------------------------------------------
+def _allgather_issue(comm, where, tensors, metas):
+    """Gathers each tensor with the core's alltoallv, every rank sending its
+    one block to each rank (send displacements all 0)."""
+    works, outputs = [], []
+    for i, tensor in enumerate(tensors):
+        rows = [metas[r]["tensors"][i][1][0] if metas[r]["tensors"][i][1] else 1 for r in range(comm.size)]
+        row_numel = _prod(tensor.shape[1:]) if tensor.dim() > 0 else 1
+        output = torch.empty((sum(rows),) + tuple(tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+        n = tensor.numel()
+        works.append(_alltoallv(comm, where, tensor, output, [n] * comm.size, [0] * comm.size,
+                                [r * row_numel for r in rows], check_tensor(tensor, comm.rank, "allgather", True)))
+        outputs.append(output)
+    return works, lambda: outputs
+
+
+def _allgather_async(tensors, name, process_set, opname, single=False):
+    comm, controller, label = _comm(process_set, opname)
+    tensors = list(tensors)
+    for t in tensors:
+        _checked(t, label, opname, moves_only=True)
+    where = placement(comm.rank, *tensors)
+    return _submit(process_set, controller, label, "allgather", name, _meta("allgather", tensors),
+                   lambda metas: _allgather_issue(comm, where, tensors, metas), single)
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Starts concatenating every rank's `tensor` along the first dimension
+    (which may differ per rank); returns a handle."""
+    return _allgather_async([tensor], name, process_set, "allgather", single=True)
+
+
+class HorovodAllgather(torch.autograd.Function):
+    """allgather with a gradient: each rank's slice of the averaged gradient."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        ctx.dim = tensor.shape[0] if tensor.dim() > 0 else 1
+        ctx.process_set = process_set
+        return synchronize(allgather_async(tensor, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_reduced = allreduce(grad_output.contiguous(), op=Average, process_set=ctx.process_set)
+        dims = synchronize(allgather_async(torch.tensor([ctx.dim], dtype=torch.int64), process_set=ctx.process_set))
+        offset = int(dims[:ctx.process_set.rank()].sum())
+        return grad_reduced.narrow(0, offset, ctx.dim), None, None
+
+
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Every rank's `tensor` concatenated along the first dimension; differentiable."""
+    if _needs_grad(tensor):
+        return HorovodAllgather.apply(tensor, name, process_set)
+    return synchronize(allgather_async(tensor, name, process_set))
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    """allgather of each tensor as one op; returns a handle."""
+    return _allgather_async(tensors, name, process_set, "grouped_allgather")
+
+
+class HorovodGroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.dims = [t.shape[0] if t.dim() > 0 else 1 for t in tensors]
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        grads = grouped_allreduce([g.contiguous() for g in grad_outputs], op=Average, process_set=ctx.process_set)
+        dims = synchronize(allgather_async(torch.tensor(ctx.dims, dtype=torch.int64).view(1, -1),
+                                           process_set=ctx.process_set))
+        offsets = dims[:ctx.process_set.rank()].sum(dim=0)
+        return (None, None, *[g.narrow(0, int(offsets[i]), ctx.dims[i]) for i, g in enumerate(grads)])
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    if _needs_grad(*tensors):
+        return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
+    return synchronize(grouped_allgather_async(tensors, name, process_set))
+
+
+# ---------------------------------------------------------------------------------------
+# broadcast: root_rank is a global rank, as in Horovod
+# ---------------------------------------------------------------------------------------
+def _root_index(process_set, root_rank, label):
+    ranks = _basics.job().process_set_ranks(process_set.process_set_id)
+    if root_rank not in ranks:
+        raise ValueError(f"{label}: root_rank {root_rank} is not a rank of process set "
+                         f"{process_set.process_set_id} (ranks {ranks})")
+    return ranks.index(root_rank)
+
+
+def _broadcast_async(tensor, output, root_rank, name, process_set):
+    comm, controller, label = _comm(process_set, "broadcast")
+    code = _checked(tensor, label, "broadcast", moves_only=True)
+    root = _root_index(process_set, root_rank, label)
+    where = placement(comm.rank, tensor, output)
+
+    def issue(metas):
+        if output is not tensor and comm.rank == root:
+            output.copy_(tensor)
+        return (_collective(comm, where, BROADCAST, output, output, output.numel(), code, 0, root),), lambda: output
+    return _submit(process_set, controller, label, "broadcast", name, _meta("broadcast", [tensor], root=root_rank),
+                   issue)
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Starts copying root_rank's `tensor` into a new tensor on every rank; returns a handle."""
+    return _broadcast_async(tensor, torch.empty_like(tensor), root_rank, name, process_set)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    """broadcast_async in place."""
+    return _broadcast_async(tensor, tensor, root_rank, name, process_set)
+
+
+class HorovodBroadcast(torch.autograd.Function):
+    """broadcast with a gradient: the average of the gradients, on the root only."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_reduced = allreduce(grad_output.contiguous(), op=Average, process_set=ctx.process_set)
+        if _basics.rank() != ctx.root_rank:
+            grad_reduced = grad_reduced * 0
+        return grad_reduced, None, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """root_rank's `tensor` on every rank, as a new tensor; differentiable."""
+    if _needs_grad(tensor):
+        return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
+    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """broadcast in place; returns `tensor`."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+# ---------------------------------------------------------------------------------------
+# alltoall with splits (every rank's splits are in the metadata)
+# ---------------------------------------------------------------------------------------
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Starts sending splits[j] first-dimension rows of `tensor` to rank j of the
+    set (equal splits when None); synchronize() returns (output, received_splits)."""
+    comm, controller, label = _comm(process_set, "alltoall")
+    code = _checked(tensor, label, "alltoall", moves_only=True)
+    if tensor.dim() == 0:
+        raise ValueError(f"{label}: alltoall needs a tensor with at least one dimension")
+    rows = tensor.shape[0]
+    if splits is None:
+        if rows % comm.size != 0:
+            raise ValueError(f"{label}: the first dimension ({rows}) is not divisible by the process set's size "
+                             f"({comm.size}); pass splits")
+        send_rows = [rows // comm.size] * comm.size
+    else:
+        send_rows = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
+        if len(send_rows) != comm.size:
+            raise ValueError(f"{label}: splits has {len(send_rows)} entries, expected one per rank of the process "
+                             f"set ({comm.size})")
+        if any(s < 0 for s in send_rows) or sum(send_rows) != rows:
+            raise ValueError(f"{label}: splits {send_rows} must be non-negative and add up to the first dimension "
+                             f"({rows})")
+    splits_dtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
+    where = placement(comm.rank, tensor)
+
+    def issue(metas):
+        recv_rows = [metas[r]["splits"][comm.rank] for r in range(comm.size)]
+        row_numel = _prod(tensor.shape[1:])
+        output = torch.empty((sum(recv_rows),) + tuple(tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+        send_counts = [r * row_numel for r in send_rows]
+        work = _alltoallv(comm, where, tensor, output, send_counts, displacements(send_counts),
+                          [r * row_numel for r in recv_rows], code)
+        received = torch.tensor(recv_rows, dtype=splits_dtype)
+        return (work,), lambda: (output, received)
+    return _submit(process_set, controller, label, "alltoall", name, _meta("alltoall", [tensor], splits=send_rows),
+                   issue)
+
+
+class HorovodAlltoall(torch.autograd.Function):
+    """alltoall with a gradient: the gradient goes back along the received splits."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.process_set, ctx.recvsplits = process_set, received
+        if splits is None:
+            return output
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx, grad_output, *unused):
+        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.recvsplits, process_set=ctx.process_set))
+        return grad, None, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """The rows every rank sent this one, in rank order; with `splits`, also the
+    received splits (a tensor). Differentiable."""
+    if _needs_grad(tensor):
+        return HorovodAlltoall.apply(tensor, splits, name, process_set)
+    output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+    return output if splits is None else (output, received)
+
+
+# ---------------------------------------------------------------------------------------
+# reducescatter: rank r keeps its share of the first dimension
+# ---------------------------------------------------------------------------------------
+def _reducescatter_issue(comm, where, tensors, op, prescale, postscale, label):
+    works, results = [], []
+    for tensor in tensors:
+        plan = _Plan(op, tensor, comm.size, prescale, postscale, label)
+        rows = _split_counts(tensor.shape[0], comm.size)
+        send = plan.before(tensor)
+        if rows[-1] != rows[0]:  # uneven: every block padded to the largest share
+            padded = torch.zeros((comm.size * rows[0],) + tuple(tensor.shape[1:]), dtype=tensor.dtype,
+                                 device=tensor.device)
+            starts = displacements(rows)
+            for r in range(comm.size):
+                padded[r * rows[0]:r * rows[0] + rows[r]] = send[starts[r]:starts[r] + rows[r]]
+            send = padded
+        recv = torch.empty((rows[0],) + tuple(tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+        works.append(_collective(comm, where, REDUCE_SCATTER, send, recv, rows[0] * _prod(tensor.shape[1:]),
+                                 check_tensor(tensor, comm.rank, "reducescatter"), plan.op))
+        results.append((recv, rows[comm.rank], plan, send))
+
+    def finish():
+        outputs = []
+        for recv, mine, plan, _ in results:
+            out = recv[:mine]
+            plan.after(out)
+            outputs.append(out)
+        return outputs
+    return works, finish
+
+
+def _reducescatter_async(tensors, name, op, process_set, prescale_factor, postscale_factor, opname, single=False):
+    comm, controller, label = _comm(process_set, opname)
+    tensors = list(tensors)
+    for tensor in tensors:
+        _checked(tensor, label, opname)
+        if tensor.dim() == 0:
+            raise ValueError(f"{label}: reducescatter needs a tensor with at least one dimension")
+        if op == Adasum:
+            raise NotImplementedError(f"{label}: reducescatter does not support Adasum (Horovod neither)")
+        _Plan(op, tensor, comm.size, prescale_factor, postscale_factor, label)
+    where = placement(comm.rank, *tensors)
+    meta = _meta("reducescatter", tensors, op=op, pre=prescale_factor, post=postscale_factor)
+    return _submit(process_set, controller, label, "reducescatter", name, meta,
+                   lambda metas: _reducescatter_issue(comm, where, tensors, op, prescale_factor, postscale_factor,
+                                                      label), single)
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
+                        postscale_factor=1.0):
+    """Starts reducing `tensor` over the set; rank r keeps its share of the
+    first dimension (the first dim % size ranks one row more). Returns a handle."""
+    return _reducescatter_async([tensor], name, op, process_set, prescale_factor, postscale_factor,
+                                "reducescatter", single=True)
+
+
+class HorovodReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
+        ctx.op, ctx.process_set = op, process_set
+        ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        scale = ctx.prescale_factor * ctx.postscale_factor * (ctx.process_set.size() if ctx.op == Sum else 1)
+        if scale != 1.0:
+            grad_output = grad_output * scale
+        return allgather(grad_output.contiguous(), process_set=ctx.process_set), None, None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=global_process_set,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """This rank's share of `tensor` reduced over the set; differentiable."""
+    compressed, ctx = compression.compress(tensor)
+    if _needs_grad(compressed):
+        out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor, postscale_factor)
+    else:
+        out = synchronize(reducescatter_async(compressed, name, op, process_set, prescale_factor, postscale_factor))
+    return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
+                                postscale_factor=1.0):
+    return _reducescatter_async(tensors, name, op, process_set, prescale_factor, postscale_factor,
+                                "grouped_reducescatter")
+
+
+class HorovodGroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
+        ctx.op, ctx.process_set = op, process_set
+        ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
+        return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, process_set, prescale_factor,
+                                                             postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        scale = ctx.prescale_factor * ctx.postscale_factor * (ctx.process_set.size() if ctx.op == Sum else 1)
+        grads = [g * scale if scale != 1.0 else g for g in grad_outputs]
+        return (None, None, None, None, None,
+                *grouped_allgather([g.contiguous() for g in grads], process_set=ctx.process_set))
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    compressed, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
+    if _needs_grad(*compressed):
+        outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor, postscale_factor,
+                                                 *compressed)
+    else:
+        outs = synchronize(grouped_reducescatter_async(list(compressed), name, op, process_set, prescale_factor,
+                                                       postscale_factor))
+    return [compression.decompress(t, ctx) for t, ctx in zip(outs, ctxs)]
+
+
+# ---------------------------------------------------------------------------------------
+# barrier, join
+# ---------------------------------------------------------------------------------------
+def _barrier_issue(comm):
+    return (comm._comm.collective(BARRIER, 0, 0, 0, 0, 0, 0, 0.0, False),), lambda: None
+
+
+def barrier(process_set=global_process_set):
+    """Returns once every rank of the set has called it."""
+    comm, controller, label = _comm(process_set, "barrier")
+    synchronize(_submit(process_set, controller, label, "barrier", None, _meta("barrier", []),
+                        lambda metas: _barrier_issue(comm)))
+
+
+def join(device=-1) -> int:
+    """This rank has no more data: until every rank joined, it takes part in
+    the other ranks' allreduces with zeros (and their barriers); other ops
+    fail while a rank has joined, as in Horovod. Blocks until every rank
+    joined; returns the rank that joined last."""
+    comm, controller, label = _comm(global_process_set, "join")
+    done = threading.Event()
+    result = {}
+
+    def finished(last):
+        result["last"] = last
+        done.set()
+    controller.join(finished)
+    done.wait()
+    last = result["last"]
+    if isinstance(last, BaseException):
+        raise HorovodInternalError(f"{label}: {last}") from last
+    return last
+
+
+# ---------------------------------------------------------------------------------------
+# How agreed ops run on the controller's thread (common/controller.py)
+# ---------------------------------------------------------------------------------------
+_TORCH_DTYPES = {str(d): d for d in DTYPE_CODES}
+
+
+def _stand_in(comm, name, metas):
+    """What a joined rank runs in place of an allreduce (zeros) or a barrier it did not submit."""
+    meta = next(iter(metas.values()))
+    if meta["kind"] == "barrier":
+        return Request(name, meta, lambda metas, joined: _barrier_issue(comm), lambda message: None)
+    if meta["kind"] != "allreduce":
+        return None
+    device = torch.device("cuda", torch.cuda.current_device()) if meta["tensors"] and \
+        meta["tensors"][0][2] == "cuda" else torch.device("cpu")
+    zeros = [torch.zeros(shape, dtype=_TORCH_DTYPES[dtype], device=device) for dtype, shape, _ in meta["tensors"]]
+    where = placement(comm.rank, *zeros)
+    label = f"rank {comm.rank}: allreduce (joined)"
+
+    def run(metas, joined):
+        works, _ = _allreduce_issue(comm, where, zeros, zeros, meta["op"], meta["pre"], meta["post"], label)
+        _JOINED_WORK.extend((w, zeros) for w in works)  # kept until done
+    return Request(name, meta, run, lambda message: None)
+
+
+_JOINED_WORK = []
+
+
+def _execute(batch):
+    """Runs agreed ops in the order the controller gives (the same on every rank)."""
+    _JOINED_WORK[:] = [(w, keep) for w, keep in _JOINED_WORK if not w.is_completed()]
+    for request, metas, joined in batch:
+        request.run(metas, joined)
+
+
+_basics.register_frontend(_execute, _stand_in)

@@ -1,0 +1,55 @@
+"""rcoll.horovod.torch run the way Horovod users run it: job scripts under
+torchrun and under Open MPI's environment (tests/horovod/*_job.py), each
+checking its own results exactly, every rank's exit code and stderr checked.
+Horovod's own test/parallel/test_torch.py is run against it by hand
+(docs/horovod.md gives its counts): it is not in Horovod's sdist."""
+from pathlib import Path
+
+import pytest
+from support import launch
+
+pytestmark = pytest.mark.slow
+JOBS = Path(__file__).parent
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_collectives_under_torchrun(tmp_path, world):
+    launch.torchrun(launch.write_script(tmp_path, (JOBS / "collectives_job.py").read_text()), world, tmp_path)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_errors_join_and_process_sets_under_torchrun(tmp_path, world):
+    launch.torchrun(launch.write_script(tmp_path, (JOBS / "errors_job.py").read_text()), world, tmp_path)
+
+
+@pytest.mark.parametrize("env", [{}, {"FP16": "1"}, {"GROUPS": "2"}, {"HOROVOD_FUSION_THRESHOLD": "0"}],
+                         ids=["fused", "fp16", "groups", "unfused"])
+def test_distributed_optimizer_matches_single_process_training(tmp_path, env):
+    launch.torchrun(launch.write_script(tmp_path, (JOBS / "optimizer_job.py").read_text()), 2, tmp_path, env=env)
+
+
+def test_collectives_under_open_mpi_environment(tmp_path):
+    """hvd.init() reads mpirun's OMPI_COMM_WORLD_* (Kubeflow's MPIJob runs Horovod this way)."""
+    script = launch.write_script(tmp_path, (JOBS / "collectives_job.py").read_text())
+    port = str(launch.free_port())
+    envs = [{"OMPI_COMM_WORLD_RANK": str(r), "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_LOCAL_RANK": str(r),
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port} for r in range(3)]
+    launch.run_ranks(script, envs)
+
+
+def test_collectives_under_horovod_environment(tmp_path):
+    """Horovod's own HOROVOD_RANK / HOROVOD_SIZE beside its Gloo rendezvous address."""
+    script = launch.write_script(tmp_path, (JOBS / "collectives_job.py").read_text())
+    port = str(launch.free_port())
+    envs = [{"HOROVOD_RANK": str(r), "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": str(r),
+             "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": port} for r in range(2)]
+    launch.run_ranks(script, envs)
+
+
+def test_import_needs_no_horovod():
+    """The front end exposes Horovod's names (Horovod itself need not be installed)."""
+    import rcoll.horovod.torch as hvd
+
+    for name in ["init", "allreduce_async_", "grouped_reducescatter", "DistributedOptimizer", "ProcessSet",
+                 "broadcast_optimizer_state", "Compression", "HorovodInternalError", "join", "Adasum"]:
+        assert hasattr(hvd, name), name
