@@ -28,22 +28,25 @@ def test_distributed_optimizer_matches_single_process_training(tmp_path, env):
     launch.torchrun(launch.write_script(tmp_path, (JOBS / "optimizer_job.py").read_text()), 2, tmp_path, env=env)
 
 
-def test_collectives_under_open_mpi_environment(tmp_path):
-    """hvd.init() reads mpirun's OMPI_COMM_WORLD_* (Kubeflow's MPIJob runs Horovod this way)."""
+def _collectives_with_launcher_environment(tmp_path, world, environment):
+    """collectives_job.py as one process per rank with the variables a launcher sets (`environment(rank, port)`)."""
     script = launch.write_script(tmp_path, (JOBS / "collectives_job.py").read_text())
     port = str(launch.free_port())
-    envs = [{"OMPI_COMM_WORLD_RANK": str(r), "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_LOCAL_RANK": str(r),
-             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port} for r in range(3)]
-    launch.run_ranks(script, envs)
+    launch.run_ranks(script, [environment(r, port) for r in range(world)])
+
+
+def test_collectives_under_open_mpi_environment(tmp_path):
+    """hvd.init() reads mpirun's OMPI_COMM_WORLD_* (Kubeflow's MPIJob runs Horovod this way)."""
+    _collectives_with_launcher_environment(tmp_path, 3, lambda r, port: {
+        "OMPI_COMM_WORLD_RANK": str(r), "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_LOCAL_RANK": str(r),
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
 
 
 def test_collectives_under_horovod_environment(tmp_path):
     """Horovod's own HOROVOD_RANK / HOROVOD_SIZE beside its Gloo rendezvous address."""
-    script = launch.write_script(tmp_path, (JOBS / "collectives_job.py").read_text())
-    port = str(launch.free_port())
-    envs = [{"HOROVOD_RANK": str(r), "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": str(r),
-             "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": port} for r in range(2)]
-    launch.run_ranks(script, envs)
+    _collectives_with_launcher_environment(tmp_path, 2, lambda r, port: {
+        "HOROVOD_RANK": str(r), "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": str(r),
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": port})
 
 
 def test_import_needs_no_horovod():

@@ -17,9 +17,6 @@ from .process_sets import ProcessSet, global_process_set
 # Horovod's reduce op values (horovod/common/message.h ReduceOp).
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
 
-# Horovod's own variables name the rank and size where no other launcher does.
-_HOROVOD_RANK_VARS = {"HOROVOD_RANK": "RANK", "HOROVOD_SIZE": "WORLD_SIZE"}
-
 
 class _Job:
     """One initialized Horovod job: the global communicator and the process sets'."""
