@@ -62,13 +62,14 @@ class _InFlight:
     """One Horovod op: submitted to its process set's controller, then issued
     on the core once every rank agreed (its works and finishing step), or failed."""
 
-    __slots__ = ("label", "ready", "works", "finish", "error", "keep")
+    __slots__ = ("label", "ready", "works", "finish", "error", "keep", "release")
 
     def __init__(self, label, keep=None):
         self.label = label  # "rank 1: allreduce" for errors
         self.keep = keep  # holds the op's tensors (its issuing closure) until synchronize()
         self.ready = threading.Event()  # issued on the core, or failed
         self.works = ()
+        self.release = None  # frees the op's name (set by _submit)
         self.finish = None  # () -> the op's result
         self.error = None
 
@@ -80,12 +81,15 @@ class _InFlight:
         self.error = message
         self.ready.set()
 
+    def done(self) -> bool:
+        return self.ready.is_set() and (self.error is not None or all(w.is_completed() for w in self.works))
+
 
 # handle -> _InFlight. Horovod's name for it; a handle stays here until synchronize().
 _handle_map = {}
 _next_handle = itertools.count(1)
 _names_lock = threading.Lock()
-_active_names = set()  # (process set id, name) of the ops submitted and not yet agreed on
+_active_names = {}  # (process set id, name) -> the _InFlight that holds the name
 _unnamed = collections.defaultdict(itertools.count)  # (process set id, kind) -> counter of unnamed ops
 
 
@@ -105,7 +109,7 @@ def poll(handle) -> bool:
     entry = _handle_map.get(handle)
     if entry is None:
         raise ValueError(f"poll: unknown handle {handle!r} (never issued, or already synchronized)")
-    return entry.ready.is_set() and (entry.error is not None or all(w.is_completed() for w in entry.works))
+    return entry.done()
 
 
 def synchronize(handle):
@@ -122,6 +126,7 @@ def synchronize(handle):
         return entry.finish()
     finally:
         _handle_map.pop(handle, None)
+        entry.release()
 
 
 # ---------------------------------------------------------------------------------------
@@ -150,20 +155,20 @@ def _submit(process_set, controller, label, kind, name, meta, issue, single=Fals
     if name is None:
         name = f"{kind}.noname.{next(_unnamed[(psid, kind)])}"
     key = (psid, name)
+    entry = _InFlight(label, issue)
     with _names_lock:
-        if key in _active_names:
+        holder = _active_names.get(key)
+        if holder is not None and not holder.done():
             raise ValueError(f"{label}: an op named {name!r} is already in flight on this rank (names of ops in "
                              "flight must differ)")
-        _active_names.add(key)
-    entry = _InFlight(label, issue)
+        _active_names[key] = entry  # taken until the op is done (checked here) or synchronized
 
     def release():
-        # As in Horovod, a name is taken from submission until the ranks agree on the op.
         with _names_lock:
-            _active_names.discard(key)
+            if _active_names.get(key) is entry:
+                del _active_names[key]
 
     def run(metas, joined):
-        release()
         try:
             works, finish = issue(metas)
         except Exception as e:  # noqa: BLE001 - the caller's synchronize() raises it
@@ -172,16 +177,15 @@ def _submit(process_set, controller, label, kind, name, meta, issue, single=Fals
         entry.started(works, (lambda: finish()[0]) if single else finish)
 
     def fail(message):
-        release()
         entry.failed(message)
 
     try:
         controller.submit(Request(name, meta, run, fail))
     except BaseException:
-        with _names_lock:
-            _active_names.discard(key)
+        release()
         raise
     handle = next(_next_handle)
+    entry.release = release
     _handle_map[handle] = entry
     return handle
 
