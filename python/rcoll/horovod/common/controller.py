@@ -214,12 +214,6 @@ class Controller:
     def close(self) -> None:
         self._control.shutdown()
 
-    def failure(self) -> Optional[BaseException]:
-        return self._failed
-
-    def pending_names(self) -> List[str]:
-        with self._lock:
-            return sorted(self._mine) + [r.name for r in self._new]
 
 
 # What every rank must agree on, per kind: the rest of the metadata may differ

@@ -4,9 +4,9 @@ Every op is issued on the rcoll communicator of its process set
 (common/basics.py) by the tensors' addresses, as the torch backend does, so
 no byte goes through torch.distributed. An `*_async` call returns an integer
 handle; `synchronize(handle)` waits and returns the result, `poll(handle)`
-says whether it is done. Ops run in the order they are issued (Horovod
-matches them by name; rcoll by order: every rank issues the same ops in the
-same order, as in any SPMD training script), and a failed op raises
+says whether it is done. Every op goes through its process set's controller
+(common/controller.py), which matches ops by name across ranks, as Horovod
+does, and hands each agreed op back to run here; a failed op raises
 HorovodInternalError naming the rank and the op.
 
 What is Horovod's and not rcoll's lives here as calls on the core:
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 import threading
 import warnings
 
@@ -39,7 +40,6 @@ from .compression import Compression
 # Horovod's op -> the core's reduce op (Average is decided per dtype, Adasum has its own path).
 _CORE_OPS = {Sum: REDUCE_OPS["sum"], Min: REDUCE_OPS["min"], Max: REDUCE_OPS["max"],
              Product: REDUCE_OPS["prod"], Average: REDUCE_OPS["avg"]}
-_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
 
 
 def handle_average_backwards_compatibility(op, average):
@@ -192,10 +192,7 @@ def _submit(process_set, controller, label, kind, name, meta, issue, single=Fals
 
 def _checked(tensor, label, opname, moves_only=False):
     """The core dtype code of `tensor`, which Horovod requires to be contiguous."""
-    rank = _basics.job().rank
-    if not isinstance(tensor, torch.Tensor):
-        raise ValueError(f"{label}: expected a torch tensor, got {type(tensor).__name__}")
-    code = check_tensor(tensor, rank, opname, moves_only)
+    code = check_tensor(tensor, _basics.job().rank, opname, moves_only)  # InvalidArgumentError is a ValueError
     if not tensor.is_contiguous():
         raise ValueError(f"{label}: Tensor is required to be contiguous.")
     return code
@@ -267,13 +264,6 @@ def _split_counts(total, parts):
     total % parts ranks get one row more."""
     base, extra = divmod(total, parts)
     return [base + (1 if r < extra else 0) for r in range(parts)]
-
-
-def _prod(dims):
-    n = 1
-    for d in dims:
-        n *= d
-    return n
 
 
 # ---------------------------------------------------------------------------------------
@@ -470,7 +460,7 @@ def _allgather_issue(comm, where, tensors, metas):
     works, outputs = [], []
     for i, tensor in enumerate(tensors):
         rows = [metas[r]["tensors"][i][1][0] if metas[r]["tensors"][i][1] else 1 for r in range(comm.size)]
-        row_numel = _prod(tensor.shape[1:]) if tensor.dim() > 0 else 1
+        row_numel = math.prod(tensor.shape[1:]) if tensor.dim() > 0 else 1
         output = torch.empty((sum(rows),) + tuple(tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
         n = tensor.numel()
         works.append(_alltoallv(comm, where, tensor, output, [n] * comm.size, [0] * comm.size,
@@ -638,7 +628,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 
     def issue(metas):
         recv_rows = [metas[r]["splits"][comm.rank] for r in range(comm.size)]
-        row_numel = _prod(tensor.shape[1:])
+        row_numel = math.prod(tensor.shape[1:])
         output = torch.empty((sum(recv_rows),) + tuple(tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
         send_counts = [r * row_numel for r in send_rows]
         work = _alltoallv(comm, where, tensor, output, send_counts, displacements(send_counts),
@@ -693,7 +683,7 @@ def _reducescatter_issue(comm, where, tensors, op, prescale, postscale, label):
                 padded[r * rows[0]:r * rows[0] + rows[r]] = send[starts[r]:starts[r] + rows[r]]
             send = padded
         recv = torch.empty((rows[0],) + tuple(tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-        works.append(_collective(comm, where, REDUCE_SCATTER, send, recv, rows[0] * _prod(tensor.shape[1:]),
+        works.append(_collective(comm, where, REDUCE_SCATTER, send, recv, rows[0] * math.prod(tensor.shape[1:]),
                                  check_tensor(tensor, comm.rank, "reducescatter"), plan.op))
         results.append((recv, rows[comm.rank], plan, send))
 
