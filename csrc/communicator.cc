@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "adasum.h"
 #include "cuda_ipc/device_over_hosts.h"
 #include "device_staging_executor.h"
 #include "error.h"
@@ -357,8 +358,13 @@ bool Communicator::runOnPath(OpPath path, const Op& op, const OpRoute& route,
       shm_coll_->run(d, op.send, op.recv, deadline, op.timeout, abort_flag_);
       return true;
     case OpPath::kPipeline: {
-      schedule_.reset(d, es);
       HostMemory memory(scratch_);
+      if (d.kind == OpKind::kAdasum) {  // a schedule per step, local steps between them (adasum.h)
+        op_algorithm_ = runAdasum(d, algorithmContext(es), op.send, op.recv, memory, schedule_,
+                                  [&](const Schedule& s) { executor_->run(s, deadline, op.timeout, abort_flag_); });
+        return true;
+      }
+      schedule_.reset(d, es);
       const bool exchange = planOp(call, algorithmContext(es), route.algorithm, memory, schedule_);
       op_algorithm_ = exchange ? schedule_.algorithm : "local";
       if (exchange) executor_->run(schedule_, deadline, op.timeout, abort_flag_);

@@ -27,6 +27,8 @@ constexpr OpTraits kOpTraits[] = {
     {OpKind::kScatter, false, true, true, B::kRootOnly, B::kEveryRank, true, false, false},
     // counts per peer: checked by checkAllToAllArgs()
     {OpKind::kAllToAll, false, false, false, B::kNone, B::kNone, true, false, false},
+    // host buffers, float types, 2^k ranks (adasum.h); not a reduce op: its combination is its own
+    {OpKind::kAdasum, false, false, false, B::kEveryRank, B::kEveryRank, false, false, false},
 };
 
 }  // namespace
@@ -53,6 +55,8 @@ const char* opKindName(OpKind kind) {
       return "alltoall";
     case OpKind::kPointToPoint:
       return "send/recv";
+    case OpKind::kAdasum:
+      return "adasum";
     case OpKind::kAbort:
       return "abort";
   }

@@ -23,6 +23,7 @@ enum class OpKind : uint8_t {
   kScatter = 8,
   kAllToAll = 9,       // alltoallv; the equal split is the same op with equal counts
   kPointToPoint = 10,  // send/recv: root = tag, seq = the message's number between the two ranks
+  kAdasum = 11,        // Horovod's adaptive summation (adasum.h)
   kAbort = 100,        // control: "I failed; here is why" (payload = UTF-8 message)
 };
 // "allreduce", "reduce_scatter", ...: the names users and the Python layer use.

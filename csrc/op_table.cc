@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "adasum.h"
 #include "error.h"
 #include "reduce_kernels.h"
 
@@ -39,6 +40,7 @@ void checkOpArgs(const OpDesc& desc, int rank, int size, const void* send, const
   }
   std::string bad;
   if (t.reduces) bad = reduceUnsupportedReason(desc.dtype, desc.reduce_op);
+  if (desc.kind == OpKind::kAdasum) bad = adasumUnsupportedReason(desc.dtype, size);
   const size_t es = elementSize(desc.dtype);
   if (bad.empty() &&
       desc.count > std::numeric_limits<size_t>::max() / es / (t.per_rank_blocks ? static_cast<size_t>(size) : 1)) {
@@ -214,6 +216,8 @@ bool planOp(const OpCall& op, const AlgorithmContext& ctx, const AlgorithmChoice
                             a.recv_displs);
       return true;
     }
+    case OpKind::kAdasum:  // several schedules with local steps between them: runAdasum() (adasum.h)
+      throwError(ErrorKind::kInvalidArgument, "adasum runs as several schedules (runAdasum), not one plan");
     case OpKind::kPointToPoint:  // never planned: the p2p engine runs them
     case OpKind::kAbort:
       break;

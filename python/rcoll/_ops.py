@@ -22,6 +22,7 @@ REDUCE = OPS["reduce"]["code"]
 GATHER = OPS["gather"]["code"]
 SCATTER = OPS["scatter"]["code"]
 BARRIER = OPS["barrier"]["code"]
+ADASUM = OPS["adasum"]["code"]
 _OP_NAMES_BY_CODE = {row["code"]: name for name, row in OPS.items()}
 
 # Other spellings of the core's names: torch's ReduceOp calls prod PRODUCT.

@@ -11,6 +11,7 @@ from ._buffers import HostBuffer, address, as_array, displacements, dtype_code
 from ._environment import launcher_store, resolve
 from ._in_flight import InFlight
 from ._ops import (
+    ADASUM,
     ALLGATHER,
     ALLREDUCE,
     BARRIER,
@@ -105,6 +106,7 @@ class Communicator:
             if rank == 0:
                 local = master_addr in ("127.0.0.1", "localhost", "::1")
                 self._server = _core.TcpStoreServer(master_addr if local else "", master_port)
+                master_port = self._server.port  # port 0 (a world of one): the one the system gave
             store = _core.TcpStore(master_addr, master_port, connect_timeout)
         bind_hint = getattr(store, "local_address", "") or ""
         if not isinstance(store, _core.Store):
@@ -264,6 +266,22 @@ class Communicator:
         self._same_layout(src, dst, name, src.size)
         return self._issue(BROADCAST, src, dst, src.size, 0, int(root), timeout, out if out is not None else array,
                            async_op)
+
+    def adasum(self, array, *, out=None, timeout=None):
+        """Combines `array` across ranks with Adasum, Horovod's adaptive summation:
+        in place unless `out` is given; returns the result.
+
+        Two vectors a, b combine as (1 - a.b / 2|a|^2) a + (1 - a.b / 2|b|^2) b
+        (the sum of orthogonal vectors, the average of equal ones), ranks paired
+        along a binary tree over the rank order. float16, bfloat16, float32 and
+        float64 host arrays; the world size must be a power of two (docs/numpy.md).
+        """
+        name = "adasum"
+        device = self._on_device(array, out)  # refused by the core, which words it
+        src = self._view(array, device, name, "the input", writable=out is None)
+        dst = src if out is None else self._view(out, device, name, "out", writable=True)
+        self._same_layout(src, dst, name, src.size)
+        return self._issue(ADASUM, src, dst, src.size, 0, 0, timeout, out if out is not None else array, False)
 
     # -- buffers, host or device (__cuda_array_interface__) ----------------------------
     @staticmethod

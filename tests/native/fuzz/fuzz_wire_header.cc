@@ -40,7 +40,8 @@ bool hasRoot(uint8_t kind) {
 // A header makeHeader() could have produced for a collective.
 bool wellFormed(const WireHeader& h) {
   bool kind_ok =
-      h.kind >= static_cast<uint8_t>(OpKind::kAllreduce) && h.kind <= static_cast<uint8_t>(OpKind::kPointToPoint);
+      (h.kind >= static_cast<uint8_t>(OpKind::kAllreduce) && h.kind <= static_cast<uint8_t>(OpKind::kPointToPoint)) ||
+      h.kind == static_cast<uint8_t>(OpKind::kAdasum);
   if (!kind_ok || !isValidDataType(h.dtype)) return false;
   if (reduces(h.kind) ? !isValidReduceOp(h.reduce_op) : h.reduce_op != 0) return false;
   if (!hasRoot(h.kind) && h.root != 0) return false;
