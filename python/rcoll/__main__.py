@@ -35,7 +35,7 @@ def _launched() -> bool:
     """Started by a launcher that gives this process a rank in a job (rcoll._environment)."""
     from rcoll import _environment
 
-    return any(os.environ.get(name) for name in _environment._RANK_VARS) and \
+    return any(os.environ.get(name) for name in _environment.RANK_VARS) and \
         any(os.environ.get(name) for name in _environment._SIZE_VARS)
 
 

@@ -10,7 +10,7 @@ import os
 
 from . import _core
 
-_RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 _SIZE_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 DEFAULT_PORT = 29500
 
@@ -29,7 +29,7 @@ def _first_int(names):
 def resolve(rank=None, world_size=None, master_addr=None, master_port=None):
     """(rank, world_size, master_addr, master_port) from arguments, then the environment."""
     if rank is None:
-        rank, _ = _first_int(_RANK_VARS)
+        rank, _ = _first_int(RANK_VARS)
     if world_size is None:
         world_size, _ = _first_int(_SIZE_VARS)
     if rank is None or world_size is None:

@@ -1,5 +1,9 @@
 """Horovod's collectives on rcoll.horovod.torch, checked exactly on every rank
 (tests/horovod/test_horovod.py runs it under torchrun and mpirun's environment)."""
+import json
+import os
+import tempfile
+
 import torch
 
 import rcoll.horovod.torch as hvd
@@ -70,6 +74,27 @@ for i, name in enumerate(names):
 w = torch.ones(3, requires_grad=True)
 hvd.allreduce(w * (rank + 1), op=hvd.Sum).sum().backward()
 assert torch.equal(w.grad, torch.full((3,), float(size * (rank + 1))))
+
+# Horovod's timeline: rank 0 writes every op's negotiation and run as a Chrome trace.
+if not os.environ.get("HOROVOD_TIMELINE"):  # else the whole job writes one (test_horovod.py checks it)
+    path = os.path.join(tempfile.mkdtemp(), "timeline.json") if rank == 0 else "unused"
+    hvd.start_timeline(path, mark_cycles=True)
+    for _ in range(3):
+        hvd.allreduce(torch.ones(4), name="timed")
+    hvd.synchronize(hvd.allgather_async(torch.ones(rank + 1), name="gathered"))
+    hvd.stop_timeline()
+    if rank == 0:
+        with open(path) as f:
+            events = json.load(f)
+        rows = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name" and e["pid"]}
+        assert sorted(rows.values()) == ["allgather.gathered", "allreduce.timed"], rows
+        for pid, name in rows.items():
+            phases = [(e["ph"], e.get("name")) for e in events if e["pid"] == pid and e["ph"] in "BEX"]
+            kind = name.split(".")[0].upper()
+            begun = [label for ph, label in phases if ph == "B"]
+            assert begun == [f"NEGOTIATE_{kind}", kind] * (3 if kind == "ALLREDUCE" else 1), (name, phases)
+            assert sum(ph == "E" for ph, _ in phases) == len(begun), (name, phases)
+        assert any(e.get("name") == "CYCLE_START" for e in events)
 
 # Objects.
 assert hvd.broadcast_object({"from": rank}, root_rank=size - 1) == {"from": size - 1}

@@ -3,6 +3,7 @@ torchrun and under Open MPI's environment (tests/horovod/*_job.py), each
 checking its own results exactly, every rank's exit code and stderr checked.
 Horovod's own test/parallel/test_torch.py is run against it by hand
 (docs/horovod.md gives its counts): it is not in Horovod's sdist."""
+import json
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,32 @@ JOBS = Path(__file__).parent
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_collectives_under_torchrun(tmp_path, world):
     launch.torchrun(launch.write_script(tmp_path, (JOBS / "collectives_job.py").read_text()), world, tmp_path)
+
+
+def test_timeline_from_environment(tmp_path):
+    """HOROVOD_TIMELINE=path at start: rank 0 writes the whole job's ops, a JSON array once the job ends."""
+    timeline = tmp_path / "timeline.json"
+    launch.torchrun(launch.write_script(tmp_path, (JOBS / "collectives_job.py").read_text()), 2, tmp_path,
+                    env={"HOROVOD_TIMELINE": str(timeline)})
+    events = json.loads(timeline.read_text())
+    rows = {e["args"]["name"] for e in events if e.get("name") == "process_name" and e["pid"]}
+    assert {"allreduce.t0", "allgather.noname.0", "broadcast.noname.0"} <= rows, sorted(rows)
+    assert any(e.get("name") == "NEGOTIATE_ALLREDUCE" for e in events)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_adasum_and_cached_negotiation_under_torchrun(tmp_path, world):
+    launch.torchrun(launch.write_script(tmp_path, (JOBS / "adasum_job.py").read_text()), world, tmp_path)
+
+
+def test_script_without_launcher_runs_as_one_process(tmp_path):
+    """`python train.py` with no launcher: one rank, as in Horovod."""
+    launch.run_ranks(launch.write_script(tmp_path, (JOBS / "adasum_job.py").read_text()), [{}])
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_sync_batch_norm_matches_batch_norm_on_the_whole_batch(tmp_path, world):
+    launch.torchrun(launch.write_script(tmp_path, (JOBS / "sync_batch_norm_job.py").read_text()), world, tmp_path)
 
 
 @pytest.mark.parametrize("world", [2, 3])

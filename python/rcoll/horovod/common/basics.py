@@ -12,6 +12,7 @@ import os
 import threading
 from typing import Dict, List, Optional
 
+from ..._environment import RANK_VARS as _RANK_VARS
 from .process_sets import ProcessSet, global_process_set
 
 # Horovod's reduce op values (horovod/common/message.h ReduceOp).
@@ -34,6 +35,7 @@ class _Job:
         self.cross_rank, self.cross_size = peers.index(self.rank), len(peers)
         self.homogeneous = len({len(ranks) for ranks in topology["hosts"]}) == 1
         self._lock = threading.Lock()
+        self._timeline = None  # Horovod's timeline (timeline.py), on rank 0 while one is written
         self._sets: Dict[int, List[int]] = {0: list(range(self.size))}
         self._comms = {0: comm}
         self._controllers = {0: self._controller(0, comm)}
@@ -72,16 +74,42 @@ class _Job:
         return process_set_id
 
     def _controller(self, process_set_id: int, comm):
-        """The negotiation of a set (controller.py), over a TCP communicator of
-        its own: its messages are tiny and its waits block instead of spinning."""
+        """The negotiation of a set (controller.py), over a communicator of its
+        own (shared memory between ranks of a host: a cached round costs about
+        as much as an 8-byte allreduce; its waits spin RCOLL_SPIN_US, then block)."""
         from .controller import Controller, check_metas
 
         if _frontend is None:
             raise ValueError("rcoll.horovod: import a front end (rcoll.horovod.torch) before hvd.init()")
         execute, stand_in = _frontend
-        control = comm.group(range(comm.size), name="control", settings={"RCOLL_TRANSPORT": "tcp"})
-        return Controller(control, comm.rank, comm.size, f"process set {process_set_id}", check_metas,
-                          lambda name, metas: stand_in(comm, name, metas), execute)
+        control = comm.group(range(comm.size), name="control")
+        controller = Controller(control, comm.rank, comm.size, f"process set {process_set_id}", check_metas,
+                                lambda name, metas: stand_in(comm, name, metas), execute)
+        controller.timeline = self._timeline
+        return controller
+
+    # -- Horovod's timeline ---------------------------------------------------------------
+    def start_timeline(self, path: str, mark_cycles: bool) -> None:
+        """Starts writing Horovod's timeline to `path` (rank 0 writes it, as
+        Horovod's coordinator does; other ranks only take note)."""
+        from .timeline import Timeline
+
+        self.stop_timeline()
+        timeline = Timeline(path, mark_cycles) if self.rank == 0 else None
+        with self._lock:
+            self._timeline = timeline
+            for controller in self._controllers.values():
+                if controller is not None:
+                    controller.timeline = timeline
+
+    def stop_timeline(self) -> None:
+        with self._lock:
+            timeline, self._timeline = self._timeline, None
+            for controller in self._controllers.values():
+                if controller is not None:
+                    controller.timeline = None
+        if timeline is not None:
+            timeline.close()
 
     def remove_process_set(self, process_set_id: int) -> bool:
         with self._lock:
@@ -121,6 +149,7 @@ class _Job:
             controller.stop(_SHUTDOWN_GRACE)
         for controller in controllers:
             controller.close()
+        self.stop_timeline()
         for comm in comms + [self.comm]:
             comm.shutdown()
 
@@ -144,6 +173,10 @@ def _launcher_settings():
     if "RANK" not in os.environ and "HOROVOD_RANK" in os.environ:
         kwargs["rank"] = int(os.environ["HOROVOD_RANK"])
         kwargs["world_size"] = int(os.environ["HOROVOD_SIZE"])
+    elif not any(os.environ.get(name) for name in _RANK_VARS):
+        # No launcher: one process on its own, as Horovod runs a script
+        # started without one (`python train.py`), with a store of its own.
+        return {"rank": 0, "world_size": 1, "master_addr": "127.0.0.1", "master_port": 0}
     addr = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
     if addr and "MASTER_ADDR" not in os.environ:
         kwargs["master_addr"] = addr
@@ -182,6 +215,9 @@ def init(comm=None, process_sets=None):
             world.shutdown()
             world = sub
         _current = _Job(world, process_sets)
+        path = os.environ.get("HOROVOD_TIMELINE", "")
+        if path and path != "DYNAMIC":  # DYNAMIC: started later by start_timeline(), which needs no variable here
+            _current.start_timeline(path, os.environ.get("HOROVOD_TIMELINE_MARK_CYCLES", "0") not in ("", "0"))
 
 
 def job() -> _Job:
@@ -202,6 +238,17 @@ def shutdown():
 
 
 atexit.register(shutdown)
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Starts writing Horovod's timeline (a Chrome trace of every op's
+    negotiation and run) to `file_path`, on rank 0; every rank calls it."""
+    job().start_timeline(str(file_path), bool(mark_cycles))
+
+
+def stop_timeline() -> None:
+    """Stops the timeline and closes its file."""
+    job().stop_timeline()
 
 
 def is_initialized() -> bool:

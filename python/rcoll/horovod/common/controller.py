@@ -6,28 +6,38 @@ ready in different orders on different GPUs): an op runs once every rank
 of its process set has submitted one with its name, and a mismatch (shape,
 dtype, op, root) fails that op on every rank while the job goes on. rcoll's
 communicators run ops in the order they are issued, so each process set has
-a controller that decides that order:
+a controller that decides that order, in rounds over a control communicator
+of the set's own. Every rank takes part in every round and sees what every
+rank contributed, so every rank computes the same answer:
 
-  - every rank's background thread takes part in rounds over a control
-    communicator of its own (TCP: tiny messages, waits that block instead
-    of spinning). In a round each rank contributes the ops submitted since
-    the last one (name and metadata), whether it joined, whether it is
-    shutting down; every rank sees every contribution, so every rank
-    updates the same table and computes the same answer;
-  - an op whose name every rank that has not joined has submitted is ready:
+  - a full round carries the ops submitted since the last one (name and
+    metadata), whether the rank joined, whether it is shutting down. An op
+    whose name every rank that has not joined has submitted is ready:
     checked against every rank's metadata, it is answered "run" or "fail
     with this message", in the order the names first appeared;
-  - the answers run in that order on the data communicator (fused where
-    they can be, by the front end's executor), so the core sees one order.
+  - a cached round is Horovod's response cache: an op that ran before
+    under the same name with the same metadata on every rank has a slot,
+    the same on every rank (the cache changes only when an op runs, and ops
+    run in one order everywhere). The round is one bitwise-and allreduce of
+    a bit per slot, plus a word that every rank leaves all ones unless it has
+    something a cached round cannot carry; then a full round follows at once.
+    Named ops repeated every step (DistributedOptimizer's buckets, a loop's
+    named tensors) thus cost one small allreduce to agree on;
+  - the answers run in that order on the data communicator, so the core
+    sees one order.
 
-A rank starts a round as soon as it has something new, otherwise once per
-cycle: HOROVOD_CYCLE_TIME milliseconds (default 1) while ops are pending
-anywhere, backing off to RCOLL_HOROVOD_IDLE_CYCLE milliseconds (default 20)
-when the job is quiet. Ranks that called join() take part in ready
-allreduces with zeros (the front end's stand-in) until every rank joined.
+Whoever waits for an op drives the rounds: a caller in synchronize() runs
+them on its own thread (no hand-over to another thread for a blocking op),
+and a background thread runs them for ops nobody waits for yet, once per
+cycle (as Horovod's does): HOROVOD_CYCLE_TIME milliseconds (default 1)
+while ops are pending anywhere, backing off to
+RCOLL_HOROVOD_IDLE_CYCLE milliseconds (default 20) when the job is quiet.
+Ranks that called join() take part in ready allreduces with zeros (the
+front end's stand-in) until every rank joined.
 """
 from __future__ import annotations
 
+import collections
 import os
 import pickle
 import threading
@@ -36,32 +46,81 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from ... import _core
-from ..._ops import ALLGATHER
+from ..._ops import ALLGATHER, ALLREDUCE, REDUCE_OPS
 
 
-def _milliseconds(name: str, default: float) -> float:
+def _setting(name: str, default: float, convert=float, unit="milliseconds") -> float:
     value = os.environ.get(name)
     if value in (None, ""):
         return default
     try:
-        ms = float(value)
+        number = convert(value)
     except ValueError:
-        raise _core.ConfigError(f"{name}={value!r} is not a number of milliseconds") from None
-    if ms < 0:
+        raise _core.ConfigError(f"{name}={value!r} is not a number of {unit}") from None
+    if number < 0:
         raise _core.ConfigError(f"{name}={value!r} is negative")
-    return ms
+    return number
 
 
 class Request:
     """One op as this rank submits it. `meta` is what every rank sees (a
     picklable dict with "kind"; checked by `check`), `run(metas, joined)`
-    issues it on the data communicator once agreed and returns its works and
-    finishing step; `fail(error)` ends it with an error."""
+    issues it on the data communicator once agreed; `fail(error)` ends it
+    with an error."""
 
     __slots__ = ("name", "meta", "run", "fail")
 
     def __init__(self, name: str, meta: dict, run: Callable, fail: Callable):
         self.name, self.meta, self.run, self.fail = name, meta, run, fail
+
+
+def cacheable(name: str) -> bool:
+    """Whether an op of this name goes into the response cache: not an unnamed
+    op's ("allreduce.noname.7", new every time), as in Horovod."""
+    return ".noname." not in name
+
+
+class ResponseCache:
+    """The ops that ran before, each in a slot: name -> (slot, every rank's
+    metadata). Least recently run goes first when it is full; the same on
+    every rank because it changes only when an op runs."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._entries: "collections.OrderedDict[str, tuple]" = collections.OrderedDict()
+        self._names: Dict[int, str] = {}  # slot -> name
+
+    def slot(self, name: str, rank: int, meta: dict) -> Optional[int]:
+        """The slot of `name` if this rank's metadata is what it was."""
+        entry = self._entries.get(name)
+        if entry is None or entry[1].get(rank) != meta:
+            return None
+        return entry[0]
+
+    def entry(self, slot: int):
+        """(name, metas) in `slot`."""
+        name = self._names[slot]
+        return name, self._entries[name][1]
+
+    def ran(self, name: str, metas: Dict[int, dict]) -> None:
+        """Records an op that ran (from a full round or the cache)."""
+        entry = self._entries.get(name)
+        if entry is not None:
+            self._entries[name] = (entry[0], metas)
+            self._entries.move_to_end(name)
+            return
+        if len(self._entries) < self.capacity:
+            slot = len(self._entries)
+        else:
+            _, (slot, _) = self._entries.popitem(last=False)
+        self._entries[name] = (slot, metas)
+        self._names[slot] = name
+
+
+_CACHED_ONLY, _NEEDS_FULL = 0xFF, 0  # a cached round's first byte
+_NOBODY = frozenset()  # no rank joined
+_BAND = REDUCE_OPS["band"]
+_INT64, _UINT8 = _core.DTYPES["int64"], _core.DTYPES["uint8"]
 
 
 class Controller:
@@ -72,22 +131,39 @@ class Controller:
         """`control`: an rcoll.Communicator of the set's ranks for the rounds;
         `check(name, metas, joined)` -> an error message or None;
         `stand_in(name, metas)` -> the Request a joined rank runs in place of
-        one it did not submit (or None); `execute(batch)` runs a list of
-        (Request, metas, joined) in order."""
+        one it did not submit (or None); `execute(batch, inline)` runs a list
+        of (Request, metas, joined) in order (`inline`: a caller of wait()
+        drives the round, and may run them on its thread)."""
         self._control = control
         self._rank, self._size, self._label = rank, size, label
         self._check, self._stand_in, self._execute = check, stand_in, execute
-        self._cycle = _milliseconds("HOROVOD_CYCLE_TIME", 1.0) / 1000.0
-        self._idle_cycle = max(self._cycle, _milliseconds("RCOLL_HOROVOD_IDLE_CYCLE", 20.0) / 1000.0)
-        self._lock = threading.Condition()
-        self._new: List[Request] = []  # submitted, not yet sent in a round
-        self._mine: Dict[str, Request] = {}  # sent, not yet answered
+        self._cycle = _setting("HOROVOD_CYCLE_TIME", 1.0) / 1000.0
+        self._idle_cycle = max(self._cycle, _setting("RCOLL_HOROVOD_IDLE_CYCLE", 20.0) / 1000.0)
+        capacity = int(_setting("HOROVOD_CACHE_CAPACITY", 1024, int, "entries"))
+        self._cache = ResponseCache(capacity) if capacity > 0 else None
+        # A cached round's vector: a byte that stays all ones unless a rank
+        # needs a full round, then a bit per slot (little-endian).
+        self._slot_bytes = (capacity + 7) // 8
+        self._offer = np.zeros(1 + self._slot_bytes, dtype=np.uint8)
+        self._agreed = np.zeros_like(self._offer)
+        self._offer_bytes, self._agreed_bytes = memoryview(self._offer), memoryview(self._agreed)
+        self._offer_at, self._agreed_at = self._offer.ctypes.data, self._agreed.ctypes.data
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)  # the background thread's: join, stop
+        self._round_over = threading.Condition(self._lock)  # callers waiting for a round of another thread
+        self._driving = False  # a thread is in a round (rounds of one rank never overlap)
+        self._inline = False  # the round is driven by a caller of wait()
+        self._new: List[Request] = []  # submitted, not yet seen by a round
+        self._pending: Dict[str, Request] = {}  # seen by a round, not yet answered (in submission order)
+        self._announced = set()  # names of _pending sent in a full round (they are in _table)
         self._table: Dict[str, Dict[int, dict]] = {}  # name -> {rank: meta}, in order of first appearance
         self._joined: List[int] = []  # ranks joined, in order
         self._join_waiter: Optional[Callable] = None
         self._joining = False
         self._stopping = False
+        self._finished = False  # every rank stopped: no more rounds
         self._failed: Optional[BaseException] = None
+        self.timeline = None  # Horovod's timeline (timeline.py) while one is written
         self._thread = threading.Thread(target=self._loop, name=f"rcoll-horovod-{label}", daemon=True)
         self._thread.start()
 
@@ -98,8 +174,21 @@ class Controller:
                 raise self._failed
             if self._stopping:
                 raise ValueError(f"rank {self._rank}: {request.meta['kind']}: Horovod is shutting down")
+            # The background thread finds it at its next cycle (as Horovod's
+            # does), unless a caller waits for it first and drives a round.
             self._new.append(request)
-            self._lock.notify()
+
+    def wait(self, answered: Callable[[], bool]) -> None:
+        """Drives rounds on the caller's thread until `answered()` (ops are
+        answered, run or failed, only in rounds), or waits while another thread drives."""
+        while not answered():
+            with self._lock:
+                if self._driving:
+                    self._round_over.wait_for(lambda: answered() or not self._driving)
+                    if answered():
+                        return
+                self._driving = True
+            self._drive(inline=True)
 
     def join(self, done: Callable) -> None:
         """This rank joins; `done(last_rank)` runs once every rank of the set has."""
@@ -108,13 +197,13 @@ class Controller:
                 raise self._failed
             self._joining = True
             self._join_waiter = done
-            self._lock.notify()
+            self._wake.notify()
 
     def stop(self, grace: float) -> None:
         """Leaves the rounds once every rank of the set stops (or after `grace` seconds)."""
         with self._lock:
             self._stopping = True
-            self._lock.notify()
+            self._wake.notify()
         self._thread.join(grace)
         if self._thread.is_alive():
             self._control.abort(f"rank {self._rank}: Horovod shut down while another rank still ran ops")
@@ -123,34 +212,114 @@ class Controller:
     # -- the rounds ----------------------------------------------------------------------
     def _loop(self):
         quiet_rounds = 0
-        try:
-            while True:
-                with self._lock:
-                    wait = self._cycle if quiet_rounds < 3 else min(self._idle_cycle, self._cycle * 2 ** quiet_rounds)
-                    self._lock.wait_for(lambda: self._new or self._stopping or self._joining, timeout=wait)
-                    new, self._new = self._new, []
-                    joining, self._joining = self._joining, False
-                    stopping = self._stopping
-                    for request in new:
-                        self._mine[request.name] = request
-                contributions = self._exchange((
-                    [(r.name, r.meta) for r in new], joining, stopping))
-                busy = self._apply(contributions)
-                if all(stop for _, _, stop in contributions):
+        while True:
+            with self._lock:
+                wait = self._cycle if quiet_rounds < 3 else min(self._idle_cycle, self._cycle * 2 ** quiet_rounds)
+                self._wake.wait_for(lambda: self._stopping or self._joining, timeout=wait)
+                if self._finished or self._failed is not None:
                     return
-                quiet_rounds = 0 if busy else quiet_rounds + 1
+                if self._driving:  # a caller drives
+                    quiet_rounds = 0
+                    continue
+                self._driving = True
+            busy = self._drive()
+            quiet_rounds = 0 if busy else quiet_rounds + 1
+
+    def _drive(self, inline=False) -> bool:
+        """One round on this thread (self._driving is set); True when anything is pending anywhere."""
+        busy = False
+        self._inline = inline
+        try:
+            busy = self._round()
         except BaseException as error:  # noqa: BLE001 - every pending op learns why
             self._fail_all(error)
+        finally:
+            with self._lock:
+                self._driving = False
+                self._round_over.notify_all()
+        return busy
+
+    def _round(self) -> bool:
+        timeline = self.timeline
+        if timeline is not None and timeline.mark_cycles:
+            timeline.cycle()
+        with self._lock:
+            new, self._new = self._new, []
+            joining, self._joining = self._joining, False
+            stopping = self._stopping
+        for request in new:
+            self._pending[request.name] = request
+        # Every rank knows the table and the joined ranks, so every rank
+        # makes the same choice of round.
+        if self._cache is not None and not self._table and not self._joined:
+            agreed = self._cached_round(joining or stopping)
+            if agreed is not None:
+                return agreed
+        return self._full_round(joining, stopping)
+
+    def _cached_round(self, other_news: bool) -> Optional[bool]:
+        """The cached round: True/False (busy) when every rank had only cached
+        ops to offer (those every rank offered ran), None when a full round must follow."""
+        mask = 0
+        for request in self._pending.values():
+            slot = self._cache.slot(request.name, self._rank, request.meta)
+            if slot is None:
+                other_news = True
+                break
+            mask |= 1 << slot
+        self._offer_bytes[0] = _NEEDS_FULL if other_news else _CACHED_ONLY
+        self._offer_bytes[1:] = mask.to_bytes(self._slot_bytes, "little")
+        self._control._comm.collective(ALLREDUCE, self._offer_at, self._agreed_at, self._offer.size, _UINT8, _BAND, 0,
+                                       0.0, True).wait(None)
+        if self._agreed_bytes[0] != _CACHED_ONLY:
+            return None
+        ready = int.from_bytes(self._agreed_bytes[1:], "little")
+        batch = []
+        while ready:  # in slot order: the same on every rank
+            low = ready & -ready
+            ready ^= low
+            name, metas = self._cache.entry(low.bit_length() - 1)
+            batch.append((self._pending.pop(name), metas, _NOBODY))
+        timeline = self.timeline
+        for request, metas, _ in batch:
+            self._cache.ran(request.name, metas)
+            if timeline is not None:
+                timeline.negotiate_start(request.name, request.meta["kind"])
+                timeline.negotiate_end(request.name)
+        self._run(batch)
+        return mask != 0
+
+    def _run(self, batch):
+        timeline = self.timeline
+        if timeline is not None:
+            for request, _, _ in batch:
+                timeline.start(request.name, request.meta["kind"])
+        if batch:
+            self._execute(batch, self._inline)
+
+    def _full_round(self, joining: bool, stopping: bool) -> bool:
+        announce = [(r.name, r.meta) for name, r in self._pending.items() if name not in self._announced]
+        self._announced.update(name for name, _ in announce)
+        contributions = self._exchange((announce, joining, stopping))
+        busy = self._apply(contributions)
+        if all(stop for _, _, stop in contributions):
+            with self._lock:
+                self._finished = True
+                unanswered = list(self._pending.values()) + self._new
+                self._pending, self._new = {}, []
+            for request in unanswered:  # submitted by this rank only
+                request.fail(f"rank {self._rank}: {request.meta['kind']} {request.name!r}: Horovod shut down before "
+                             "every rank of the process set submitted it")
+        return busy
 
     def _exchange(self, contribution) -> list:
-        """Every rank's contribution to this round, in rank order (two core ops:
-        the sizes, then every payload to every rank)."""
+        """Every rank's contribution to a full round, in rank order (two core
+        ops: the sizes, then every payload to every rank)."""
         payload = np.frombuffer(pickle.dumps(contribution, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
         sizes = np.empty(self._size, dtype=np.int64)
         mine = np.array([payload.size], dtype=np.int64)
         comm = self._control._comm
-        comm.collective(ALLGATHER, mine.ctypes.data, sizes.ctypes.data, 1, _core.DTYPES["int64"], 0, 0, 0.0,
-                        True).wait(None)
+        comm.collective(ALLGATHER, mine.ctypes.data, sizes.ctypes.data, 1, _INT64, 0, 0, 0.0, True).wait(None)
         total = int(sizes.sum())
         everything = np.empty(max(total, 1), dtype=np.uint8)
         offsets = [0] * self._size
@@ -161,35 +330,54 @@ class Controller:
         return [pickle.loads(everything[offsets[r]:offsets[r] + int(sizes[r])].tobytes()) for r in range(self._size)]
 
     def _apply(self, contributions) -> bool:
-        """Updates the table with a round's contributions and runs what became
-        ready; True when anything is submitted or pending anywhere."""
+        """Updates the table with a full round's contributions and runs what
+        became ready; True when anything is submitted or pending anywhere."""
         busy = False
+        timeline = self.timeline
         for rank, (requests, joining, _stopping) in enumerate(contributions):
             for name, meta in requests:
+                if timeline is not None:
+                    timeline.negotiate_rank_ready(name, meta["kind"], rank)
                 self._table.setdefault(name, {})[rank] = meta
                 busy = True
             if joining and rank not in self._joined:
                 self._joined.append(rank)
-        joined = set(self._joined)
+        joined = frozenset(self._joined)
         needed = [r for r in range(self._size) if r not in joined]
         batch = []
         for name in list(self._table):
             metas = self._table[name]
             if any(r not in metas for r in needed):
+                # An op that cannot run beside joined ranks fails now: its
+                # other ranks may never submit it under the same name (an
+                # unnamed op's number differs on a rank that joined instead).
+                refusal = joined and refused_while_joined(name, metas, joined)
+                if refusal:
+                    if timeline is not None:
+                        timeline.negotiate_end(name)
+                    del self._table[name]
+                    self._announced.discard(name)
+                    request = self._pending.pop(name, None)
+                    if request is not None:
+                        request.fail(refusal)
                 continue
             del self._table[name]
-            request = self._mine.pop(name, None)
+            self._announced.discard(name)
+            if timeline is not None:
+                timeline.negotiate_end(name)
+            request = self._pending.pop(name, None)
             error = self._check(name, metas, joined)
             if error is not None:
                 if request is not None:
                     request.fail(error)
                 continue
+            if self._cache is not None and not joined and cacheable(name):
+                self._cache.ran(name, metas)
             if request is None and self._rank in joined:
                 request = self._stand_in(name, metas)
             if request is not None:
                 batch.append((request, metas, joined))
-        if batch:
-            self._execute(batch)
+        self._run(batch)
         if self._joined and len(self._joined) == self._size:
             last = self._joined[-1]
             self._joined = []
@@ -197,13 +385,13 @@ class Controller:
                 waiter, self._join_waiter = self._join_waiter, None
             if waiter is not None:
                 waiter(last)
-        return busy or bool(self._table) or bool(self._joined)
+        return busy or bool(self._table) or bool(self._joined) or bool(self._pending)
 
     def _fail_all(self, error: BaseException):
         with self._lock:
             self._failed = error
-            pending = list(self._mine.values()) + self._new
-            self._mine, self._new = {}, []
+            pending = list(self._pending.values()) + self._new
+            self._pending, self._new = {}, []
             waiter, self._join_waiter = self._join_waiter, None
         message = f"rank {self._rank}: Horovod's negotiation of {self._label} failed: {error}"
         for request in pending:
@@ -229,6 +417,8 @@ def check_metas(name: str, metas: Dict[int, dict], joined) -> Optional[str]:
     ranks = sorted(metas)
     first = metas[ranks[0]]
     kind = first["kind"]
+    if kind in _SAME_SHAPE and all(metas[r] == first for r in ranks[1:]):  # the usual case, at once
+        return refused_while_joined(name, metas, joined) if joined else None
 
     def differ(what, get):
         values = {r: get(metas[r]) for r in ranks}
@@ -258,7 +448,14 @@ def check_metas(name: str, metas: Dict[int, dict], joined) -> Optional[str]:
         message = differ(what, get)
         if message:
             return message
-    if joined and kind not in _JOIN_OK:
-        return (f"{kind} {name!r} cannot run while rank(s) {sorted(joined)} have joined (hvd.join): only allreduce "
-                "and barrier can")
-    return None
+    return refused_while_joined(name, metas, joined) if joined else None
+
+
+def refused_while_joined(name: str, metas: Dict[int, dict], joined) -> Optional[str]:
+    """Why an op cannot run while the ranks `joined` have joined (only
+    allreduce and barrier can, as in Horovod), or None."""
+    kind = next(iter(metas.values()))["kind"]
+    if kind in _JOIN_OK:
+        return None
+    return (f"{kind} {name!r} cannot run while rank(s) {sorted(joined)} have joined (hvd.join): only allreduce "
+            "and barrier can")

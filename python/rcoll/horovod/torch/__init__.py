@@ -27,6 +27,8 @@ from ..common.basics import (  # noqa: F401
     rocm_built,
     shutdown,
     size,
+    start_timeline,
+    stop_timeline,
 )
 from ..common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 from ..common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set  # noqa: F401
@@ -62,3 +64,4 @@ from .mpi_ops import (  # noqa: F401
     synchronize,
 )
 from .optimizer import DistributedOptimizer  # noqa: F401
+from .sync_batch_norm import SyncBatchNorm  # noqa: F401

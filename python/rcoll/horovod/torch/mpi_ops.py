@@ -28,8 +28,8 @@ import torch
 
 from ... import _core
 from ..._buffers import displacements
-from ..._ops import ALLREDUCE, BARRIER, BROADCAST, REDUCE_OPS, REDUCE_SCATTER
-from ..._torch_tensors import DTYPE_CODES, check_tensor, placement
+from ..._ops import ADASUM, ALLREDUCE, BARRIER, BROADCAST, REDUCE_OPS, REDUCE_SCATTER
+from ..._torch_tensors import DTYPE_CODES, HOST, check_tensor, placement
 from ..common import basics as _basics
 from ..common.basics import Adasum, Average, Max, Min, Product, Sum
 from ..common.controller import Request
@@ -62,27 +62,32 @@ class _InFlight:
     """One Horovod op: submitted to its process set's controller, then issued
     on the core once every rank agreed (its works and finishing step), or failed."""
 
-    __slots__ = ("label", "ready", "works", "finish", "error", "keep", "release")
+    __slots__ = ("label", "answered", "works", "finish", "error", "keep", "release", "controller", "ended")
 
-    def __init__(self, label, keep=None):
+    def __init__(self, label, controller, keep=None):
         self.label = label  # "rank 1: allreduce" for errors
+        self.controller = controller  # its process set's: synchronize() drives its rounds
         self.keep = keep  # holds the op's tensors (its issuing closure) until synchronize()
-        self.ready = threading.Event()  # issued on the core, or failed
+        self.answered = False  # issued on the core, or failed (set in a round of the controller)
         self.works = ()
         self.release = None  # frees the op's name (set by _submit)
         self.finish = None  # () -> the op's result
         self.error = None
+        self.ended = None  # () -> None: the timeline's end of the op, when one is written
 
     def started(self, works, finish):
         self.works, self.finish = tuple(works), finish
-        self.ready.set()
+        self.answered = True
 
     def failed(self, message):
         self.error = message
-        self.ready.set()
+        self.answered = True
+
+    def is_answered(self) -> bool:
+        return self.answered
 
     def done(self) -> bool:
-        return self.ready.is_set() and (self.error is not None or all(w.is_completed() for w in self.works))
+        return self.answered and (self.error is not None or all(w.is_completed() for w in self.works))
 
 
 # handle -> _InFlight. Horovod's name for it; a handle stays here until synchronize().
@@ -119,11 +124,14 @@ def synchronize(handle):
     if entry is None:
         return None
     try:
-        entry.ready.wait()
+        entry.controller.wait(entry.is_answered)
         if entry.error is not None:
             raise HorovodInternalError(entry.error)
         _wait(entry.works, entry.label)
-        return entry.finish()
+        result = entry.finish()
+        if entry.ended is not None:
+            entry.ended()
+        return result
     finally:
         _handle_map.pop(handle, None)
         entry.release()
@@ -147,15 +155,17 @@ def _meta(kind, tensors, **fields):
     return {"kind": kind, "tensors": [(str(t.dtype), tuple(t.shape), t.device.type) for t in tensors], **fields}
 
 
-def _submit(process_set, controller, label, kind, name, meta, issue, single=False) -> int:
+def _submit(process_set, controller, label, kind, name, meta, issue, single=False, prefix=None) -> int:
     """Hands an op to the controller; `issue(metas)` runs once every rank
-    agreed (on the controller's thread) and returns (works, finish); with
-    `single`, finish() returns a list whose one entry is the result. Returns the handle."""
+    agreed (on the thread that drives the round) and returns (works, finish);
+    with `single`, finish() returns a list whose one entry is the result.
+    The op's name is Horovod's: `prefix` (the call's name, default `kind`)
+    and the caller's name, or a number per prefix. Returns the handle."""
     psid = process_set.process_set_id
-    if name is None:
-        name = f"{kind}.noname.{next(_unnamed[(psid, kind)])}"
+    prefix = prefix or kind
+    name = f"{prefix}.{name}" if name is not None else f"{prefix}.noname.{next(_unnamed[(psid, prefix)])}"
     key = (psid, name)
-    entry = _InFlight(label, issue)
+    entry = _InFlight(label, controller, issue)
     with _names_lock:
         holder = _active_names.get(key)
         if holder is not None and not holder.done():
@@ -175,6 +185,9 @@ def _submit(process_set, controller, label, kind, name, meta, issue, single=Fals
             entry.failed(f"{e}")
             return
         entry.started(works, (lambda: finish()[0]) if single else finish)
+        timeline = controller.timeline
+        if timeline is not None:
+            entry.ended = lambda: timeline.end(name, meta)
 
     def fail(message):
         entry.failed(message)
@@ -204,16 +217,28 @@ def _addr(comm, t):
     return t.data_ptr()
 
 
+class _Issuing(threading.local):
+    """Whether the ops being issued run on this thread: the caller of
+    synchronize() drives the round that answers them and waits for them
+    anyway (host ops only), so they skip the hand-over to the core's progress thread."""
+
+    inline = False
+
+
+_issuing = _Issuing()
+
+
 def _collective(comm, where, kind, send, recv, count, code, op=0, root=0):
     device, stream = where
-    return comm._comm.collective(kind, _addr(comm, send), _addr(comm, recv), count, code, op, root, 0.0, False,
-                                 device, stream)
+    return comm._comm.collective(kind, _addr(comm, send), _addr(comm, recv), count, code, op, root, 0.0,
+                                 _issuing.inline and device < 0, device, stream)
 
 
 def _alltoallv(comm, where, send, recv, send_counts, send_displs, recv_counts, code):
     device, stream = where
     return comm._comm.alltoall(_addr(comm, send), _addr(comm, recv), send_counts, send_displs, recv_counts,
-                               displacements(recv_counts), code, 0.0, False, device, stream)
+                               displacements(recv_counts), code, 0.0, _issuing.inline and device < 0, device,
+                               stream)
 
 
 def _scaled(tensor, factor):
@@ -235,11 +260,13 @@ class _Plan:
     factor before, the factor after, and the divisor of an integer Average
     (a sum divided after, truncating as Horovod)."""
 
-    __slots__ = ("op", "pre", "post", "divisor")
+    __slots__ = ("op", "pre", "post", "divisor", "adasum")
 
     def __init__(self, op, tensor, set_size, prescale, postscale, label):
-        if op == Adasum:
-            raise NotImplementedError(f"{label}: Adasum is not available in rcoll.horovod yet (docs/horovod.md)")
+        self.adasum = op == Adasum  # the core's adasum collective, not an allreduce
+        if self.adasum:
+            self.op, self.pre, self.post, self.divisor = 0, prescale, postscale, 1
+            return
         code = _CORE_OPS.get(op)
         if code is None:
             raise ValueError(f"{label}: unknown reduce op {op!r} (use hvd.Average, Sum, Min, Max or Product)")
@@ -269,8 +296,45 @@ def _split_counts(total, parts):
 # ---------------------------------------------------------------------------------------
 # allreduce (grouped or not): one core op per dtype over a flat copy when grouped
 # ---------------------------------------------------------------------------------------
+def _check_adasum(comm, process_set, tensors, label):
+    """Horovod's conditions for Adasum: the global set, a power-of-two size, float tensors."""
+    if process_set != global_process_set:
+        raise NotImplementedError(f"{label}: Adasum does not support non-global process sets yet.")
+    if comm.size & (comm.size - 1):
+        raise NotImplementedError(f"{label}: Running Adasum with non-power of 2 ranks is not supported yet "
+                                  f"({comm.size} ranks).")
+    for t in tensors:
+        if not t.is_floating_point():
+            raise ValueError(f"{label}: Adasum combines floating-point tensors, not {t.dtype}")
+
+
+def _adasum_issue(comm, tensors, outputs, prescale, postscale):
+    """Adasum of each tensor on its own (Horovod's coefficients are per
+    tensor, fused or not), CUDA tensors through host memory (the core's
+    Adasum runs on the CPU); returns (works, finish)."""
+    works, staged = [], []
+    for tensor, output in zip(tensors, outputs):
+        send = tensor * prescale if prescale != 1.0 else tensor
+        host_in = send.cpu() if send.is_cuda else send
+        host_out = torch.empty_like(host_in) if output.is_cuda else output  # may be the input: in place
+        works.append(_collective(comm, HOST, ADASUM, host_in, host_out, host_in.numel(),
+                                 check_tensor(tensor, comm.rank, "allreduce")))
+        staged.append((host_in, host_out, output))
+
+    def finish():
+        for _, host_out, output in staged:
+            if host_out is not output:
+                output.copy_(host_out)
+            if postscale != 1.0:
+                output.mul_(postscale)
+        return list(outputs)
+    return works, finish
+
+
 def _allreduce_issue(comm, where, tensors, outputs, op, prescale, postscale, label):
     """Issues the allreduce of `tensors` into `outputs`; returns (works, finish)."""
+    if op == Adasum:
+        return _adasum_issue(comm, tensors, outputs, prescale, postscale)
     if len(tensors) == 1:
         tensor, output = tensors[0], outputs[0]
         plan = _Plan(op, tensor, comm.size, prescale, postscale, label)
@@ -315,13 +379,16 @@ def _allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_fact
     for t in tensors:
         _checked(t, label, opname)
     _Plan(op, tensors[0] if tensors else torch.empty(0), comm.size, prescale_factor, postscale_factor, label)
+    if op == Adasum:
+        _check_adasum(comm, process_set, tensors, label)
     where = placement(comm.rank, *tensors)
     meta = _meta("allreduce", tensors, op=op, pre=prescale_factor, post=postscale_factor)
     if not tensors:
-        return _submit(process_set, controller, label, "allreduce", name, meta, lambda metas: ((), lambda: []))
+        return _submit(process_set, controller, label, "allreduce", name, meta, lambda metas: ((), lambda: []),
+                       prefix=opname)
     return _submit(process_set, controller, label, "allreduce", name, meta,
                    lambda metas: _allreduce_issue(comm, where, tensors, outputs, op, prescale_factor,
-                                                  postscale_factor, label), single)
+                                                  postscale_factor, label), single, opname)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -476,7 +543,7 @@ def _allgather_async(tensors, name, process_set, opname, single=False):
         _checked(t, label, opname, moves_only=True)
     where = placement(comm.rank, *tensors)
     return _submit(process_set, controller, label, "allgather", name, _meta("allgather", tensors),
-                   lambda metas: _allgather_issue(comm, where, tensors, metas), single)
+                   lambda metas: _allgather_issue(comm, where, tensors, metas), single, opname)
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
@@ -711,7 +778,7 @@ def _reducescatter_async(tensors, name, op, process_set, prescale_factor, postsc
     meta = _meta("reducescatter", tensors, op=op, pre=prescale_factor, post=postscale_factor)
     return _submit(process_set, controller, label, "reducescatter", name, meta,
                    lambda metas: _reducescatter_issue(comm, where, tensors, op, prescale_factor, postscale_factor,
-                                                      label), single)
+                                                      label), single, opname)
 
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
@@ -786,7 +853,7 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
 # barrier, join
 # ---------------------------------------------------------------------------------------
 def _barrier_issue(comm):
-    return (comm._comm.collective(BARRIER, 0, 0, 0, 0, 0, 0, 0.0, False),), lambda: None
+    return (comm._comm.collective(BARRIER, 0, 0, 0, 0, 0, 0, 0.0, _issuing.inline),), lambda: None
 
 
 def barrier(process_set=global_process_set):
@@ -844,11 +911,16 @@ def _stand_in(comm, name, metas):
 _JOINED_WORK = []
 
 
-def _execute(batch):
-    """Runs agreed ops in the order the controller gives (the same on every rank)."""
+def _execute(batch, inline):
+    """Runs agreed ops in the order the controller gives (the same on every
+    rank); `inline`: on this thread (a round driven by a caller of synchronize())."""
     _JOINED_WORK[:] = [(w, keep) for w, keep in _JOINED_WORK if not w.is_completed()]
-    for request, metas, joined in batch:
-        request.run(metas, joined)
+    _issuing.inline = inline
+    try:
+        for request, metas, joined in batch:
+            request.run(metas, joined)
+    finally:
+        _issuing.inline = False
 
 
 _basics.register_frontend(_execute, _stand_in)

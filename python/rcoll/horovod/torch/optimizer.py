@@ -14,6 +14,7 @@ from ..common.process_sets import global_process_set
 from .compression import Compression
 from .fusion import fusion_threshold, plan_buckets, split_groups
 from .mpi_ops import grouped_allreduce_async_, sparse_allreduce_async, synchronize
+from .optimizer_adasum import _DistributedAdasumOptimizer
 
 
 class _Bucket:
@@ -53,9 +54,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if unnamed:
             raise ValueError("named_parameters was specified, but one or more model parameters were not named. "
                              f"Python object ids: {', '.join(str(i) for i in unnamed)}")
-        if op == Adasum:
-            raise NotImplementedError("DistributedOptimizer(op=hvd.Adasum) is not available in rcoll.horovod yet "
-                                      "(docs/horovod.md)")
         if groups is not None:
             if isinstance(groups, list):
                 seen = set()
@@ -231,7 +229,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     them, skip_synchronize() lets step() skip it after an explicit one.
     `backward_passes_per_step` accumulates that many backward passes locally
     first; `gradient_predivide_factor` divides before the sum and multiplies
-    after (Average only); `sparse_as_dense` reduces sparse gradients densely."""
+    after (Average only); `sparse_as_dense` reduces sparse gradients densely.
+    With op=hvd.Adasum the model updates are combined instead, as Horovod's
+    delta optimizer does (optimizer_adasum.py)."""
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if num_groups != 0:
@@ -239,6 +239,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                       DeprecationWarning, stacklevel=2)
         if groups is None:
             groups = num_groups
+    if backward_passes_per_step <= 0:
+        raise ValueError("backward_passes_per_step must be > 0")
+    if op == Adasum and _basics.size() > 1:
+        if process_set != global_process_set:
+            raise NotImplementedError("Adasum does not support non-global process sets yet.")
+        cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedAdasumOptimizer.__dict__))
+        return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, groups, sparse_as_dense, process_set)
