@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 from support import launch
+from support.emulated_hosts import TwoHosts, needs_netns, torchrun_on_hosts
 
 pytestmark = pytest.mark.slow
 JOBS = Path(__file__).parent
+# torch's TCPStore (torchrun's rendezvous) warns that no name resolves for emulated hosts' addresses.
+TORCH_WARNINGS = (r"\[c10d\] The hostname of the client socket cannot be retrieved",)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
@@ -53,6 +56,55 @@ def test_errors_join_and_process_sets_under_torchrun(tmp_path, world):
                          ids=["fused", "fp16", "groups", "unfused"])
 def test_distributed_optimizer_matches_single_process_training(tmp_path, env):
     launch.torchrun(launch.write_script(tmp_path, (JOBS / "optimizer_job.py").read_text()), 2, tmp_path, env=env)
+
+
+SMALL_RUN = ["--path", "horovod", "--batch-size", "4", "--image", "32", "--width", "8", "--num-warmup-batches", "1",
+             "--num-batches-per-iter", "2", "--num-iters", "2"]
+
+
+def _synthetic(tmp_path, check=""):
+    """A job that runs Horovod's synthetic benchmark loop (bench/horovod_synthetic.py), small,
+    after `check` (lines run once hvd.init() returned)."""
+    bench = Path(__file__).parents[2] / "bench"
+    return launch.write_script(tmp_path, f"""
+        import sys
+        import rcoll.horovod.torch as hvd
+        sys.path.insert(0, {str(bench)!r})
+        import horovod_synthetic
+        hvd.init()
+        {check}
+        horovod_synthetic.main({SMALL_RUN!r})
+        """)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_synthetic_training_under_torchrun(tmp_path, world):
+    """Horovod's training loop: every rank exits 0 with rank 0's parameters (the script checks)."""
+    launch.torchrun(_synthetic(tmp_path), world, tmp_path, timeout=300)
+
+
+@needs_netns()
+@pytest.mark.timeout(400)
+def test_synthetic_training_across_two_emulated_hosts(tmp_path):
+    """`horovodrun -np 4 -H a:2,b:2` as `torchrun --nnodes 2 --nproc-per-node 2` on each host (docs/horovod.md):
+    two ranks per host, Horovod's local and cross ranks from rcoll's topology, the loop's result the same everywhere."""
+    script = _synthetic(tmp_path, check="assert (hvd.size(), hvd.local_size(), hvd.cross_size()) == (4, 2, 2)")
+    with TwoHosts(addrs=("198.18.14.1", "198.18.14.2"), tag="hvd") as hosts:
+        outcomes = torchrun_on_hosts(hosts, script, tmp_path, nproc=2)
+    for node, (code, err) in enumerate(outcomes):
+        logs = sorted((tmp_path / f"node{node}").glob("*/attempt_*/*"))
+        assert code == 0, f"node {node}'s torchrun exited {code}\n{err[-3000:]}"
+        assert len(logs) == 2, logs
+        for rank_dir in logs:
+            launch.check_rank_output(f"node {node} rank {rank_dir.name}", (rank_dir / "stdout.log").read_text(),
+                                     (rank_dir / "stderr.log").read_text(), allow=TORCH_WARNINGS)
+
+
+def test_synthetic_training_under_open_mpi_environment(tmp_path):
+    port = str(launch.free_port())
+    launch.run_ranks(_synthetic(tmp_path), [{"OMPI_COMM_WORLD_RANK": str(r), "OMPI_COMM_WORLD_SIZE": "2",
+                                             "OMPI_COMM_WORLD_LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
+                                             "MASTER_PORT": port} for r in range(2)], timeout=300)
 
 
 def _collectives_with_launcher_environment(tmp_path, world, environment):
