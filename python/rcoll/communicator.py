@@ -537,7 +537,7 @@ class Communicator:
         connections. Safe from any thread."""
         self._comm.shutdown(float(grace or 0))
 
-    def shrink(self, exclude=None, *, timeout: Optional[float] = None) -> "Communicator":
+    def shrink(self, exclude=None, *, timeout: Optional[float] = None, lost=()) -> "Communicator":
         """The communicator of the survivors, after a rank failed: call it on every
         surviving rank (typically on catching rcoll.PeerError). It ends this
         communicator (its pending ops fail, the peers are told) and returns a new
@@ -553,10 +553,12 @@ class Communicator:
         (python/rcoll/shrink.py). The store must outlive the failed ranks: under
         torchrun the agent hosts it; rcoll's own store lives in rank 0's process,
         so without torchrun a failure of rank 0 cannot be shrunk past (pass
-        store= a store hosted elsewhere)."""
+        store= a store hosted elsewhere). `lost`: ranks (of this communicator)
+        whose death this rank saw elsewhere, on a communicator of the same
+        ranks: no one waits for them either."""
         name = f"{self._name}/shrink"
         members = survivors(self._comm, self._store, self._comm.rendezvous_prefix + "shrink", exclude,
-                            float(timeout or self._connect_timeout), "store=")
+                            float(timeout or self._connect_timeout), "store=", lost)
         shrunk = Communicator(members.index(self.rank), len(members), store=self._store, name=name,
                               master_addr=self._master_addr, timeout=self._timeout_arg, settings=self._settings)
         shrunk._server, self._server = self._server, None  # rank 0's store serves the survivors too

@@ -112,13 +112,15 @@ class SurvivorAgreement:
                 f"it published the list") from None
 
 
-def survivors(comm, store, prefix: str, exclude: Optional[Iterable[int]], timeout: float, store_hint: str) -> List[int]:
+def survivors(comm, store, prefix: str, exclude: Optional[Iterable[int]], timeout: float, store_hint: str,
+              lost_elsewhere: Iterable[int] = ()) -> List[int]:
     """The ranks of `comm` (a core communicator) that go on, sorted, agreed with
     the others through `store` (keys under `prefix`, new for each shrink); ends
     `comm`. `exclude`: the ranks to leave out, given alike on every survivor (no
     agreement needed). Raises when this rank is not among them. `store_hint`
     names the argument that gives a store of one's own, for the error when the
-    store died with a rank."""
+    store died with a rank. `lost_elsewhere`: ranks this rank saw die on
+    another communicator of the same ranks, reported as lost too."""
     rank, size = comm.rank, comm.size
 
     def end(reason):  # pending ops fail with `reason`, and the peers are told it
@@ -141,7 +143,7 @@ def survivors(comm, store, prefix: str, exclude: Optional[Iterable[int]], timeou
         end(f"shrinking the communicator, leaving out ranks {sorted(excluded)}")
         return [r for r in range(size) if r not in excluded]
     agreement = SurvivorAgreement(store, prefix, rank, size, timeout)
-    lost = comm.lost_peers
+    lost = sorted(set(comm.lost_peers) | {int(r) for r in lost_elsewhere})
     try:
         agreement.check_in(lost)
     except _core.RcollError as e:  # PeerError from rcoll's store, ConfigError from a caller's that went away

@@ -14,6 +14,8 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -147,6 +149,35 @@ def _leave_one_out(rank, world):
 def test_shrink_with_exclude_leaves_out_the_given_ranks():
     results = rank_threads.run(_leave_one_out, 4, timeout=45)
     assert results[:3] == [[6] * 1000] * 3 and results[3] is None
+
+
+_shrunk = {}
+
+
+def _lost_elsewhere(rank, world, done):
+    comm = rcoll.init(rank, world)
+    comm.allreduce(np.ones(4, np.int32))
+    if rank == 2:  # alive and silent: its connections stay up, only the others' word says it is gone
+        done.wait(60)
+        comm.shutdown()
+        return None
+    start = time.monotonic()
+    comm = comm.shrink(lost=[2], timeout=60)
+    _shrunk[rank] = time.monotonic() - start
+    total = comm.allreduce(np.full(10, rank + 1, np.int64)).tolist()
+    comm.barrier()
+    done.set()
+    comm.shutdown()
+    return total
+
+
+@pytest.mark.timeout(60)
+def test_shrink_takes_ranks_lost_on_another_communicator():
+    """shrink(lost=[2]): rank 2's death was seen on a sibling communicator, so
+    nobody waits the 60 s timeout for it (hvd.elastic's reset relies on this)."""
+    results = rank_threads.run(_lost_elsewhere, 3, threading.Event(), timeout=45)
+    assert results == [[3] * 10, [3] * 10, None]
+    assert max(_shrunk.values()) < 20, _shrunk
 
 
 @pytest.mark.slow

@@ -4,6 +4,9 @@ checking its own results exactly, every rank's exit code and stderr checked.
 Horovod's own test/parallel/test_torch.py is run against it by hand
 (docs/horovod.md gives its counts): it is not in Horovod's sdist."""
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -105,6 +108,28 @@ def test_synthetic_training_under_open_mpi_environment(tmp_path):
     launch.run_ranks(_synthetic(tmp_path), [{"OMPI_COMM_WORLD_RANK": str(r), "OMPI_COMM_WORLD_SIZE": "2",
                                              "OMPI_COMM_WORLD_LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
                                              "MASTER_PORT": port} for r in range(2)], timeout=300)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_elastic_training_goes_on_after_a_rank_is_killed(tmp_path, world):
+    """hvd.elastic.run: the last rank dies (SIGKILL) in the middle of an epoch; the others restore the last
+    commit, shrink to the ranks that are left and finish every epoch with equal parameters (elastic_job.py
+    checks). The ranks are started as a scheduler would (RANK, WORLD_SIZE), so nothing kills the survivors."""
+    script = launch.write_script(tmp_path, (JOBS / "elastic_job.py").read_text())
+    port = str(launch.free_port())
+    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=launch._clean_env({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
+                                                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}))
+             for r in range(world)]
+    try:
+        outputs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        launch.kill_leftovers(procs)
+    assert procs[-1].returncode == -signal.SIGKILL, (procs[-1].returncode, outputs[-1][1][-3000:])
+    for rank, (p, (out, err)) in enumerate(zip(procs[:-1], outputs[:-1])):
+        assert p.returncode == 0, f"rank {rank} exited {p.returncode}:\n{err[-4000:]}"
+        # rcoll says once which op failed because of the dead rank, and that it shrinks.
+        launch.check_rank_output(f"rank {rank}", out, err, allow=(r"\[rcoll \d+ rank \d+\] WARN: rank \d+: ",))
 
 
 def _collectives_with_launcher_environment(tmp_path, world, environment):

@@ -81,7 +81,7 @@ class _Job:
 
         if _frontend is None:
             raise ValueError("rcoll.horovod: import a front end (rcoll.horovod.torch) before hvd.init()")
-        execute, stand_in = _frontend
+        execute, stand_in, _ = _frontend
         control = comm.group(range(comm.size), name="control")
         controller = Controller(control, comm.rank, comm.size, f"process set {process_set_id}", check_metas,
                                 lambda name, metas: stand_in(comm, name, metas), execute)
@@ -153,17 +153,49 @@ class _Job:
         for comm in comms + [self.comm]:
             comm.shutdown()
 
+    def survivors(self) -> "_Job":
+        """After a rank failed: the job of the ranks that are left (rcoll's
+        shrink, agreed through the rendezvous store), without process sets.
+        The controllers' rounds are cut at once (their communicators aborted)."""
+        with self._lock:
+            global_controller = self._controllers.get(0)
+            controllers = [c for c in self._controllers.values() if c is not None]
+            comms = [c for i, c in self._comms.items() if i != 0 and c is not None]
+            self._comms, self._sets, self._controllers = {}, {}, {}
+        # The failure may have shown on the global set's control communicator
+        # (the same ranks as the job's) rather than on the job's own.
+        lost = global_controller.lost_peers() if global_controller is not None else []
+        for controller in controllers:
+            controller.abandon(f"rank {self.rank}: Horovod is resetting after a failure")
+        self.stop_timeline()
+        for comm in comms:
+            comm.abort(f"rank {self.rank}: Horovod is resetting after a failure")
+        return _Job(self.comm.shrink(lost=lost), [])
+
 
 _lock = threading.Lock()
 _current: Optional[_Job] = None
 _SHUTDOWN_GRACE = 10.0  # seconds hvd.shutdown() waits for the other ranks to shut down too
-_frontend = None  # (execute, stand_in) of the framework's ops: controller.py's callbacks
+_frontend = None  # (execute, stand_in, forget) of the framework's ops: controller.py's callbacks
 
 
-def register_frontend(execute, stand_in) -> None:
-    """The framework front end (rcoll.horovod.torch) names how agreed ops run."""
+def register_frontend(execute, stand_in, forget) -> None:
+    """The framework front end (rcoll.horovod.torch) names how agreed ops
+    run; forget() drops its handles and op names when a job ends."""
     global _frontend
-    _frontend = (execute, stand_in)
+    _frontend = (execute, stand_in, forget)
+
+
+def reset_after_failure() -> None:
+    """hvd.elastic's reset: the job goes on with the ranks that are left."""
+    global _current
+    with _lock:
+        current = _current
+        if current is None:
+            raise ValueError("Horovod has not been initialized; use hvd.init().")
+        _frontend[2]()
+        _current = current.survivors()
+        global_process_set.ranks = list(range(_current.size))
 
 
 def _launcher_settings():
@@ -235,6 +267,7 @@ def shutdown():
     if current is not None:
         current.shutdown()
         global_process_set.ranks = []
+        _frontend[2]()
 
 
 atexit.register(shutdown)

@@ -47,6 +47,7 @@ import numpy as np
 
 from ... import _core
 from ..._ops import ALLGATHER, ALLREDUCE, REDUCE_OPS
+from .exceptions import HorovodInternalError
 
 
 def _setting(name: str, default: float, convert=float, unit="milliseconds") -> float:
@@ -168,10 +169,15 @@ class Controller:
         self._thread.start()
 
     # -- the caller's side ------------------------------------------------------------
+    def _refuse(self, what: str):
+        """The error for an op submitted after the negotiation failed (a rank died: hvd.elastic resets on it)."""
+        return HorovodInternalError(f"rank {self._rank}: {what}: Horovod's negotiation of {self._label} failed "
+                                    f"earlier: {self._failed}")
+
     def submit(self, request: Request) -> None:
         with self._lock:
             if self._failed is not None:
-                raise self._failed
+                raise self._refuse(f"{request.meta['kind']} {request.name!r}") from self._failed
             if self._stopping:
                 raise ValueError(f"rank {self._rank}: {request.meta['kind']}: Horovod is shutting down")
             # The background thread finds it at its next cycle (as Horovod's
@@ -194,7 +200,7 @@ class Controller:
         """This rank joins; `done(last_rank)` runs once every rank of the set has."""
         with self._lock:
             if self._failed is not None:
-                raise self._failed
+                raise self._refuse("join") from self._failed
             self._joining = True
             self._join_waiter = done
             self._wake.notify()
@@ -208,6 +214,21 @@ class Controller:
         if self._thread.is_alive():
             self._control.abort(f"rank {self._rank}: Horovod shut down while another rank still ran ops")
             self._thread.join(5.0)
+
+    def lost_peers(self) -> List[int]:
+        """The ranks whose connections the rounds saw die."""
+        return list(self._control._comm.lost_peers)
+
+    def abandon(self, why: str) -> None:
+        """Ends the rounds at once (a rank failed): the control communicator
+        is aborted, whatever is pending fails with `why`."""
+        self._control.abort(why)
+        with self._lock:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join(5.0)
+        self._fail_all(RuntimeError(why))
+        self._control.shutdown()
 
     # -- the rounds ----------------------------------------------------------------------
     def _loop(self):

@@ -32,6 +32,7 @@ from ..common.basics import (  # noqa: F401
 )
 from ..common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 from ..common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set  # noqa: F401
+from . import elastic  # noqa: F401
 from .compression import Compression  # noqa: F401
 from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters  # noqa: F401
 from .mpi_ops import (  # noqa: F401

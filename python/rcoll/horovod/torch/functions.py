@@ -40,21 +40,31 @@ def broadcast_parameters(params, root_rank):
 def _dummy_step(optimizer, model):
     """An optimizer that has not stepped has no state yet: step once on zero
     gradients (sparse where the model's embeddings are) so that every rank has
-    the state tensors the root broadcasts."""
+    the state tensors the root broadcasts. The parameters and gradients are
+    put back as they were: the step only makes the state (a zero-gradient
+    step still moves parameters under weight decay, and after a reset in
+    hvd.elastic the gradients are a failed step's)."""
     from . import optimizer as _optimizer
 
     sparse = {id(p) for m in (model.modules() if model is not None else ())
               if isinstance(m, torch.nn.Embedding) and m.sparse for p in m.parameters()}
+    kept = []
     for group in optimizer.param_groups:
         for p in group["params"]:
-            if p.requires_grad and p.grad is None:
+            if p.requires_grad:
+                kept.append((p, p.data.clone(), p.grad))
                 p.grad = torch.zeros_like(p.data)
                 if isinstance(optimizer, torch.optim.SparseAdam) or id(p) in sparse:
                     p.grad = p.grad.to_sparse()
-    if type(optimizer).__module__ == _optimizer.__name__:
-        super(optimizer.__class__, optimizer).step()  # the wrapped optimizer's step, no allreduce
-    else:
-        optimizer.step()
+    try:
+        if type(optimizer).__module__ == _optimizer.__name__:
+            super(optimizer.__class__, optimizer).step()  # the wrapped optimizer's step, no allreduce
+        else:
+            optimizer.step()
+    finally:
+        for p, data, grad in kept:
+            p.data.copy_(data)
+            p.grad = grad
 
 
 def broadcast_optimizer_state(optimizer, root_rank, model=None):

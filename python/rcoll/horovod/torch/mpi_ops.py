@@ -923,4 +923,14 @@ def _execute(batch, inline):
         _issuing.inline = False
 
 
-_basics.register_frontend(_execute, _stand_in)
+def _forget():
+    """The job ended (shutdown, or a reset after a failure): handles, names
+    and the numbers of unnamed ops start afresh, the same on every rank."""
+    with _names_lock:
+        _active_names.clear()
+    _handle_map.clear()
+    _unnamed.clear()
+    _JOINED_WORK.clear()
+
+
+_basics.register_frontend(_execute, _stand_in, _forget)
