@@ -40,10 +40,10 @@ def broadcast_parameters(params, root_rank):
 def _dummy_step(optimizer, model):
     """An optimizer that has not stepped has no state yet: step once on zero
     gradients (sparse where the model's embeddings are) so that every rank has
-    the state tensors the root broadcasts. The parameters and gradients are
-    put back as they were: the step only makes the state (a zero-gradient
-    step still moves parameters under weight decay, and after a reset in
-    hvd.elastic the gradients are a failed step's)."""
+    the state tensors the root broadcasts. The gradients stay zero, as in
+    Horovod (after a reset in hvd.elastic they were a failed step's); the
+    parameters are put back as they were (a zero-gradient step still moves
+    them under weight decay)."""
     from . import optimizer as _optimizer
 
     sparse = {id(p) for m in (model.modules() if model is not None else ())
@@ -52,7 +52,7 @@ def _dummy_step(optimizer, model):
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.requires_grad:
-                kept.append((p, p.data.clone(), p.grad))
+                kept.append((p, p.data.clone()))
                 p.grad = torch.zeros_like(p.data)
                 if isinstance(optimizer, torch.optim.SparseAdam) or id(p) in sparse:
                     p.grad = p.grad.to_sparse()
@@ -62,9 +62,8 @@ def _dummy_step(optimizer, model):
         else:
             optimizer.step()
     finally:
-        for p, data, grad in kept:
+        for p, data in kept:
             p.data.copy_(data)
-            p.grad = grad
 
 
 def broadcast_optimizer_state(optimizer, root_rank, model=None):

@@ -15,6 +15,7 @@ from .compression import Compression
 from .fusion import fusion_threshold, plan_buckets, split_groups
 from .mpi_ops import grouped_allreduce_async_, sparse_allreduce_async, synchronize
 from .optimizer_adasum import _DistributedAdasumOptimizer
+from .parameter_names import checked_named_parameters
 
 
 class _Bucket:
@@ -37,23 +38,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).__init__(params)
         self._compression = compression
         all_params = [p for group in self.param_groups for p in group["params"]]
-        if named_parameters is not None:
-            named_parameters = list(named_parameters)
-        else:
-            named_parameters = [(f"allreduce.noname.{i}.{j}", v) for i, group in enumerate(self.param_groups)
-                                for j, v in enumerate(group["params"])]
-        if any(not isinstance(p, tuple) for p in named_parameters):
-            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), usually produced "
-                             "by model.named_parameters().")
-        names = [k for k, _ in named_parameters]
-        dups = sorted({k for k in names if names.count(k) > 1})
-        if dups:
-            raise ValueError(f"Parameter names in named_parameters must be unique. Found duplicates: {', '.join(dups)}")
-        named_ids = {id(v) for _, v in named_parameters}
-        unnamed = [id(p) for p in all_params if id(p) not in named_ids]
-        if unnamed:
-            raise ValueError("named_parameters was specified, but one or more model parameters were not named. "
-                             f"Python object ids: {', '.join(str(i) for i in unnamed)}")
+        named_parameters = checked_named_parameters(self.param_groups, named_parameters,
+                                                    lambda i, j: f"allreduce.noname.{i}.{j}")
         if groups is not None:
             if isinstance(groups, list):
                 seen = set()

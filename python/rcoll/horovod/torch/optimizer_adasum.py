@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import torch
 
 from .mpi_ops import Adasum, allreduce_async_, synchronize
+from .parameter_names import checked_named_parameters
 
 
 class _DistributedAdasumOptimizer(torch.optim.Optimizer):
@@ -21,23 +22,9 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).__init__(params)
         self._compression = compression
         all_params = [p for group in self.param_groups for p in group["params"]]
-        if named_parameters is not None:
-            named_parameters = list(named_parameters)
-        else:
-            named_parameters = [(f"allreduce.noname.{i}", v) for group in self.param_groups
-                                for i, v in enumerate(group["params"])]
-        if any(not isinstance(p, tuple) for p in named_parameters):
-            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), usually produced "
-                             "by model.named_parameters().")
-        names = [k for k, _ in named_parameters]
-        dups = sorted({k for k in names if names.count(k) > 1})
-        if dups:
-            raise ValueError(f"Parameter names in named_parameters must be unique. Found duplicates: {', '.join(dups)}")
-        named_ids = {id(v) for _, v in named_parameters}
-        unnamed = [id(p) for p in all_params if id(p) not in named_ids]
-        if unnamed:
-            raise ValueError("named_parameters was specified, but one or more model parameters were not named. "
-                             f"Python object ids: {', '.join(str(i) for i in unnamed)}")
+        # Horovod numbers unnamed parameters within their group only, here as there.
+        named_parameters = checked_named_parameters(self.param_groups, named_parameters,
+                                                    lambda i, j: f"allreduce.noname.{j}")
         self._names = {id(v): k for k, v in named_parameters}
         self.backward_passes_per_step = backward_passes_per_step
         self._delay = {id(p): backward_passes_per_step for p in all_params}
