@@ -14,23 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
-
-def _time(fn, iters, warmup):
-    for _ in range(warmup):
-        fn()
-    samples = []
-    batch = 50  # perf_counter's own cost stays out of the per-call figure
-    for _ in range(max(1, iters // batch)):
-        t0 = time.perf_counter()
-        for _ in range(batch):
-            fn()
-        samples.append((time.perf_counter() - t0) / batch * 1e6)
-    samples.sort()
-    return statistics.median(samples), samples[len(samples) // 10]
+from torch_floor import _time  # the same timing of batches of calls (bench/ is on sys.path when run as a script)
 
 
 def _rank_main(rank, world, sizes, iters, warmup):

@@ -260,11 +260,10 @@ class _Plan:
     factor before, the factor after, and the divisor of an integer Average
     (a sum divided after, truncating as Horovod)."""
 
-    __slots__ = ("op", "pre", "post", "divisor", "adasum")
+    __slots__ = ("op", "pre", "post", "divisor")
 
     def __init__(self, op, tensor, set_size, prescale, postscale, label):
-        self.adasum = op == Adasum  # the core's adasum collective, not an allreduce
-        if self.adasum:
+        if op == Adasum:  # the core's adasum collective (_adasum_issue): only the factors apply
             self.op, self.pre, self.post, self.divisor = 0, prescale, postscale, 1
             return
         code = _CORE_OPS.get(op)
@@ -313,8 +312,9 @@ def _adasum_issue(comm, tensors, outputs, prescale, postscale):
     tensor, fused or not), CUDA tensors through host memory (the core's
     Adasum runs on the CPU); returns (works, finish)."""
     works, staged = [], []
+    plan = _Plan(Adasum, None, comm.size, prescale, postscale, "")
     for tensor, output in zip(tensors, outputs):
-        send = tensor * prescale if prescale != 1.0 else tensor
+        send = plan.before(tensor)
         host_in = send.cpu() if send.is_cuda else send
         host_out = torch.empty_like(host_in) if output.is_cuda else output  # may be the input: in place
         works.append(_collective(comm, HOST, ADASUM, host_in, host_out, host_in.numel(),
@@ -325,8 +325,7 @@ def _adasum_issue(comm, tensors, outputs, prescale, postscale):
         for _, host_out, output in staged:
             if host_out is not output:
                 output.copy_(host_out)
-            if postscale != 1.0:
-                output.mul_(postscale)
+            plan.after(output)
         return list(outputs)
     return works, finish
 
