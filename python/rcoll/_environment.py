@@ -38,12 +38,18 @@ def resolve(rank=None, world_size=None, master_addr=None, master_port=None):
             "torchrun, srun or mpirun (or set RANK and WORLD_SIZE)")
     if not 0 <= rank < world_size:
         raise _core.ConfigError(f"rank {rank} is not in a world of size {world_size}")
+    return (int(rank), int(world_size)) + store_address(master_addr, master_port)
+
+
+def store_address(master_addr=None, master_port=None):
+    """(master_addr, master_port) of the rendezvous store from arguments, then
+    MASTER_ADDR / MASTER_PORT, then 127.0.0.1:29500."""
     if master_addr is None:
         master_addr = os.environ.get("MASTER_ADDR") or "127.0.0.1"
     if master_port is None:
         port, _ = _first_int(("MASTER_PORT",))
         master_port = port if port is not None else DEFAULT_PORT
-    return int(rank), int(world_size), str(master_addr), int(master_port)
+    return str(master_addr), int(master_port)
 
 
 def launcher_store(master_addr: str, master_port: int, timeout: float):

@@ -7,8 +7,9 @@ from typing import Optional
 import numpy as np
 
 from . import _core, _device
+from . import grow as _grow
 from ._buffers import HostBuffer, address, as_array, displacements, dtype_code
-from ._environment import launcher_store, resolve
+from ._environment import launcher_store, resolve, store_address
 from ._in_flight import InFlight
 from ._ops import (
     ADASUM,
@@ -120,6 +121,8 @@ class Communicator:
         # What a shrink needs to build the survivors' communicator like this one.
         self._name, self._timeout_arg, self._settings, self._master_addr = name, timeout, settings, master_addr
         self._connect_timeout = connect_timeout
+        # Ranks joining later (grow.py) find the job under its first communicator's name.
+        self._root, self._admitted = name, 0
         self._registrations = (RegistrationTracker(self._comm.invalidate_memory)
                                if self._comm.caches_registrations else None)
         self._in_flight = InFlight()
@@ -562,7 +565,63 @@ class Communicator:
         shrunk = Communicator(members.index(self.rank), len(members), store=self._store, name=name,
                               master_addr=self._master_addr, timeout=self._timeout_arg, settings=self._settings)
         shrunk._server, self._server = self._server, None  # rank 0's store serves the survivors too
+        shrunk._root, shrunk._admitted = self._root, self._admitted
         return shrunk
+
+    @classmethod
+    def join(cls, name: str = "default", *, master_addr=None, master_port=None, timeout: Optional[float] = None,
+             settings: Optional[dict] = None) -> "Communicator":
+        """Joins a running job as a new rank: for a process started after the
+        job (a scheduler adding capacity), given the job's store address
+        (arguments, else MASTER_ADDR / MASTER_PORT) and the `name` of its first
+        communicator. Waits until the job's ranks take it in (their grow()),
+        at most `timeout` seconds (default RCOLL_TIMEOUT, 30 min), and returns
+        the grown communicator: this rank comes after the job's, in the order
+        the newcomers arrived (python/rcoll/grow.py)."""
+        settings = {str(k): str(v) for k, v in (settings or {}).items()}
+        parsed = _core.settings(settings)
+        master_addr, master_port = store_address(master_addr, master_port)
+        store = launcher_store(master_addr, master_port, parsed["connect_timeout"])
+        if store is None:
+            store = _core.TcpStore(master_addr, master_port, parsed["connect_timeout"])
+        if not isinstance(store, _core.Store):
+            store = _core.PythonStore(store)
+        admission = _grow.wait_for_admission(store, name, float(timeout or parsed["timeout"]),
+                                             f"{master_addr}:{master_port}")
+        comm = cls(admission.rank, admission.size, store=store, name=admission.name, master_addr=master_addr,
+                   timeout=timeout, settings=settings)
+        comm._root, comm._admitted = name, admission.last_ticket
+        return comm
+
+    def joiners_waiting(self) -> int:
+        """The last ticket of the ranks waiting to join (Communicator.join), 0
+        when none waits: a look at the store (one round trip) from this rank
+        alone. Pass the number to grow() on every rank."""
+        ticket = _grow.last_ticket(self._store, self._root)
+        return ticket if ticket > self._admitted else 0
+
+    def grow(self, last_ticket: int) -> "Communicator":
+        """Takes in the ranks waiting to join up to `last_ticket` (as
+        joiners_waiting() read it on one rank; every rank of this communicator
+        calls grow() with the same number). Ends this communicator (call it
+        with no op pending) and returns one of its ranks, with the same rank
+        numbers, followed by the newcomers, with this one's settings and timeout."""
+        last_ticket = operator.index(last_ticket)
+        newcomers = last_ticket - self._admitted
+        if newcomers <= 0:
+            raise _core.InvalidArgumentError(
+                f"rank {self.rank}: grow: ticket {last_ticket} was admitted already (last admitted: {self._admitted})")
+        size = self.size + newcomers
+        name = f"{self._root}/grow{last_ticket}"
+        if self.rank == 0:
+            _grow.admit(self._store, self._root, self._admitted + 1,
+                        [_grow.Admission(self.size + i, size, name, last_ticket) for i in range(newcomers)])
+        self.shutdown()
+        grown = Communicator(self.rank, size, store=self._store, name=name, master_addr=self._master_addr,
+                             timeout=self._timeout_arg, settings=self._settings)
+        grown._server, self._server = self._server, None  # rank 0's store serves the grown job too
+        grown._root, grown._admitted = self._root, last_ticket
+        return grown
 
     def group(self, ranks, *, name: str, settings: Optional[dict] = None) -> Optional["Communicator"]:
         """The communicator of `ranks` (ranks of this one, any order, no

@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,34 @@ def test_elastic_training_goes_on_after_a_rank_is_killed(tmp_path, world):
         assert p.returncode == 0, f"rank {rank} exited {p.returncode}:\n{err[-4000:]}"
         # rcoll says once which op failed because of the dead rank, and that it shrinks.
         launch.check_rank_output(f"rank {rank}", out, err, allow=(r"\[rcoll \d+ rank \d+\] WARN: rank \d+: ",))
+
+
+@pytest.mark.parametrize("first, joiners", [(2, 1), (2, 2)])
+def test_elastic_training_takes_in_ranks_started_later(tmp_path, first, joiners):
+    """hvd.elastic.run: ranks started in the middle of training with RCOLL_ELASTIC_JOIN=1 and the job's store
+    address join at the next commit; the job goes on at the larger size and every rank ends with the same
+    parameters and momentum, every sample of every epoch trained on (elastic_join_job.py checks)."""
+    script = launch.write_script(tmp_path, (JOBS / "elastic_join_job.py").read_text())
+    port, flag = str(launch.free_port()), tmp_path / "training"
+    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "JOINERS": str(joiners), "TRAINING_FLAG": str(flag)}
+
+    def start(env):
+        return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=launch._clean_env({**common, **env}))
+
+    procs = [start({"RANK": str(r), "WORLD_SIZE": str(first), "LOCAL_RANK": str(r)}) for r in range(first)]
+    try:
+        deadline = time.monotonic() + 60
+        while not flag.exists() and all(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        procs += [start({"RCOLL_ELASTIC_JOIN": "1"}) for _ in range(joiners)]
+        outputs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        launch.kill_leftovers(procs)
+    for i, (p, (out, err)) in enumerate(zip(procs, outputs)):
+        who = f"rank {i}" if i < first else f"newcomer {i - first}"
+        assert p.returncode == 0, f"{who} exited {p.returncode}:\n{err[-4000:]}"
+        launch.check_rank_output(who, out, err)
 
 
 def _collectives_with_launcher_environment(tmp_path, world, environment):

@@ -172,6 +172,24 @@ class _Job:
             comm.abort(f"rank {self.rank}: Horovod is resetting after a failure")
         return _Job(self.comm.shrink(lost=lost), [])
 
+    def grown(self, last_ticket: int) -> "_Job":
+        """After every rank agreed that ranks wait to join (up to
+        `last_ticket`): the job of these ranks followed by the newcomers
+        (rcoll's grow), without process sets. Nothing is pending: the
+        agreement was the last op."""
+        with self._lock:
+            controllers = [c for c in self._controllers.values() if c is not None]
+            comms = [c for i, c in self._comms.items() if i != 0 and c is not None]
+            self._comms, self._sets, self._controllers = {}, {}, {}
+        for controller in controllers:
+            controller.stop(_SHUTDOWN_GRACE)
+        for controller in controllers:
+            controller.close()
+        self.stop_timeline()
+        for comm in comms:
+            comm.shutdown()
+        return _Job(self.comm.grow(last_ticket), [])
+
 
 _lock = threading.Lock()
 _current: Optional[_Job] = None
@@ -198,6 +216,28 @@ def reset_after_failure() -> None:
         global_process_set.ranks = list(range(_current.size))
 
 
+def ranks_waiting_to_join(bcast_object) -> int:
+    """hvd.elastic's check for newcomers, on every rank: rank 0 looks at the
+    store, the others learn what it saw through `bcast_object` (Horovod's
+    broadcast_object, so the check is ordered with the job's other ops).
+    Returns the last ticket waiting (0: none), for reset_after_update()."""
+    current = job()
+    return bcast_object(current.comm.joiners_waiting() if current.rank == 0 else 0)
+
+
+def reset_after_update(last_ticket: int) -> None:
+    """hvd.elastic's reset when ranks joined: the job goes on with them
+    (nothing changes when none did: a HostsUpdatedInterrupt raised by hand)."""
+    global _current
+    if not last_ticket:
+        return
+    with _lock:
+        current = job()
+        _frontend[2]()
+        _current = current.grown(last_ticket)
+        global_process_set.ranks = list(range(_current.size))
+
+
 def _launcher_settings():
     """Horovod's own environment (HOROVOD_RANK, HOROVOD_SIZE beside
     MASTER_ADDR/MASTER_PORT or HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT) as rcoll.init() reads a launcher's."""
@@ -209,11 +249,24 @@ def _launcher_settings():
         # No launcher: one process on its own, as Horovod runs a script
         # started without one (`python train.py`), with a store of its own.
         return {"rank": 0, "world_size": 1, "master_addr": "127.0.0.1", "master_port": 0}
+    kwargs.update(_rendezvous_address())
+    return kwargs
+
+
+def _rendezvous_address():
+    """Horovod's HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT where MASTER_ADDR is not set
+    (rcoll reads MASTER_ADDR/MASTER_PORT itself)."""
     addr = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
     if addr and "MASTER_ADDR" not in os.environ:
-        kwargs["master_addr"] = addr
-        kwargs["master_port"] = int(os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT", "29500"))
-    return kwargs
+        return {"master_addr": addr, "master_port": int(os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT", "29500"))}
+    return {}
+
+
+def _join_running_job(communicator):
+    """A rank started later with RCOLL_ELASTIC_JOIN=1 beside the job's store
+    address: it waits for the job's ranks to take it in (docs/horovod.md,
+    "Ranks that join later")."""
+    return communicator.join("horovod", **_rendezvous_address())
 
 
 def init(comm=None, process_sets=None):
@@ -238,7 +291,10 @@ def init(comm=None, process_sets=None):
     with _lock:
         if _current is not None:
             return
-        world = Communicator(name="horovod", **_launcher_settings())
+        if os.environ.get("RCOLL_ELASTIC_JOIN", "0") not in ("", "0"):
+            world = _join_running_job(Communicator)
+        else:
+            world = Communicator(name="horovod", **_launcher_settings())
         if comm is not None and sorted(comm) != list(range(world.size)):
             sub = world.group(comm, name="init")
             if sub is None:

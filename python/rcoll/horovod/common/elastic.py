@@ -6,23 +6,31 @@ then restores the last committed state, resets the job to the ranks that
 are left (rcoll's shrink, basics.reset_after_failure), lets the state's
 reset callbacks adapt (learning rate, ...), synchronizes the state from the
 new rank 0 and calls the training function again.
+
+When ranks wait to join (started with RCOLL_ELASTIC_JOIN=1), every rank's
+next commit() raises HostsUpdatedInterrupt; run() resets the job to these
+ranks followed by the newcomers (rcoll's grow, basics.reset_after_update),
+keeps the state just committed and syncs it to everyone, the newcomers'
+first sync included.
 """
 from __future__ import annotations
 
 import functools
 
+from . import basics
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
 
 class State:
     """What a training function keeps across resets: save() / restore() /
-    sync() are the framework's; commit() saves (and is where Horovod looks
-    for host changes: rcoll's jobs only shrink, after a failure)."""
+    sync() are the framework's; commit() saves and looks for ranks waiting
+    to join."""
 
     def __init__(self, bcast_object, get_rank):
         self._bcast_object = bcast_object
         self._rank = get_rank
         self._reset_callbacks = []
+        self._last_ticket = 0  # of the ranks check_host_updates() saw waiting to join
 
     def register_reset_callbacks(self, callbacks):
         """Functions called after every reset (a rank removed), e.g. to scale the learning rate to the new size."""
@@ -39,8 +47,13 @@ class State:
         self.check_host_updates()
 
     def check_host_updates(self):
-        """Horovod's driver announces hosts to add or remove here; rcoll's jobs
-        learn of a removed rank from the failure itself, so there is nothing to check."""
+        """Raises HostsUpdatedInterrupt on every rank when ranks wait to join
+        (as rank 0 sees the store; the others learn it by a broadcast, as in
+        Horovod). A removed rank shows as a failure instead."""
+        last_ticket = basics.ranks_waiting_to_join(self._bcast_object)
+        if last_ticket:
+            self._last_ticket = last_ticket
+            raise HostsUpdatedInterrupt(skip_sync=False)
 
     def save(self):
         raise NotImplementedError()
@@ -79,7 +92,7 @@ class ObjectState(State):
             setattr(self, name, value)
 
 
-def run_fn(func, reset):
+def run_fn(func):
     """hvd.elastic.run's loop around `func(state, ...)` (module docstring)."""
 
     @functools.wraps(func)
@@ -93,9 +106,10 @@ def run_fn(func, reset):
             except HorovodInternalError:
                 state.restore()
                 skip_sync = False
+                basics.reset_after_failure()
             except HostsUpdatedInterrupt as e:
                 skip_sync = e.skip_sync
-            reset()
+                basics.reset_after_update(state._last_ticket)
             state.on_reset()
 
     return wrapper
