@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from support import launch
-from support.emulated_hosts import TwoHosts, needs_netns, torchrun_on_hosts
+from support.emulated_hosts import TwoHosts, mpirun_on_hosts, needs_netns, torchrun_on_hosts
 
 pytestmark = pytest.mark.slow
 JOBS = Path(__file__).parent
@@ -102,6 +102,29 @@ def test_synthetic_training_across_two_emulated_hosts(tmp_path):
         for rank_dir in logs:
             launch.check_rank_output(f"node {node} rank {rank_dir.name}", (rank_dir / "stdout.log").read_text(),
                                      (rank_dir / "stderr.log").read_text(), allow=TORCH_WARNINGS)
+
+
+@needs_netns()
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("placement", ["-H", "--hostfile"])
+def test_synthetic_training_under_mpirun_across_two_emulated_hosts(tmp_path, placement):
+    """`horovodrun -np 4 -H a:2,b:2` (or `--hostfile`, and `--network-interface eth0`) as
+    `mpirun -np 4 -H a:2,b:2 -x MASTER_ADDR=a -x RCOLL_SOCKET_IFNAME=eth0` (docs/horovod.md): mpirun on
+    host a starts host b's ranks through its remote shell; every rank exits 0 with the loop's result."""
+    script = _synthetic(tmp_path, check="assert (hvd.size(), hvd.local_size(), hvd.cross_size()) == (4, 2, 2)")
+    logs = tmp_path / "ranks"
+    logs.mkdir()
+    with TwoHosts(addrs=("198.18.15.1", "198.18.15.2"), tag="hmpi") as hosts:
+        code, err = mpirun_on_hosts(
+            hosts, [sys.executable, str(script)], logs, slots=2,
+            hostfile=tmp_path / "hosts.txt" if placement == "--hostfile" else None,
+            env={"MASTER_ADDR": hosts.spaces[0], "MASTER_PORT": str(launch.free_port()),
+                 "RCOLL_SOCKET_IFNAME": "eth0"})
+    assert code == 0, f"mpirun exited {code}\n{err[-3000:]}"
+    ranks = sorted((logs / "1").glob("rank.*"))
+    assert [r.name for r in ranks] == [f"rank.{r}" for r in range(4)], ranks
+    for rank_dir in ranks:
+        launch.check_rank_output(rank_dir.name, (rank_dir / "stdout").read_text(), (rank_dir / "stderr").read_text())
 
 
 def test_synthetic_training_under_open_mpi_environment(tmp_path):

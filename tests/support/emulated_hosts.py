@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -232,3 +233,43 @@ def torchrun_on_hosts(hosts, script, log_dir, *, nproc, launcher_args=(), host_a
             if agent.poll() is None:
                 agent.kill()
                 agent.wait()
+
+
+def mpirun_on_hosts(hosts, argv, log_dir, *, slots, hostfile=None, env=None, timeout=300):
+    """Runs `argv` as one Open MPI job, `slots` ranks on each emulated host, as
+    a user runs `mpirun -H a:2,b:2` (or `--hostfile`, written to `hostfile`,
+    `a slots=2` per line) across real hosts: mpirun in host 0's namespace
+    starts an orted on each other host through a remote shell that enters its
+    namespace (ssh's place; Open MPI's out-of-band traffic crosses the link).
+    Each rank's output goes to log_dir/1/rank.N/{stdout,stderr} (Open MPI's
+    --output-filename). `env` is passed with -x, as users pass MASTER_ADDR.
+    Returns (mpirun's exit code, its stderr); fails if it outlives `timeout` s."""
+    agent = Path(log_dir) / "netns-rsh"
+    agent.write_text("#!/bin/sh\n"
+                     "# Open MPI's remote shell between emulated hosts: a host's name is its namespace's.\n"
+                     'while [ "${1#-}" != "$1" ]; do shift; done  # ssh options, if any\n'
+                     'host=$1; shift\n'
+                     'exec ip netns exec "$host" unshare --uts /bin/sh -c "hostname $host && $*"\n')
+    agent.chmod(0o755)
+    if hostfile is not None:
+        Path(hostfile).write_text("".join(f"{name} slots={slots}\n" for name in hosts.spaces))
+        placement = ["--hostfile", str(hostfile)]
+    else:
+        placement = ["-H", ",".join(f"{name}:{slots}" for name in hosts.spaces)]
+    passed = [*(env or {}), "PYTHONPATH"]
+    env = launch._clean_env(env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(os.path.dirname(
+        __import__("rcoll").__file__)), env.get("PYTHONPATH")) if p)
+    cmd = ["mpirun", "--allow-run-as-root", "-np", str(slots * len(hosts.spaces)), *placement,
+           "--mca", "plm_rsh_agent", str(agent), "--mca", "plm_rsh_no_tree_spawn", "1",
+           "--mca", "oob_tcp_if_include", "eth0", "--output-filename", str(log_dir)]
+    for name in passed:
+        cmd += ["-x", name]
+    proc = subprocess.Popen(hosts.in_host(0, cmd + list(argv)), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"mpirun did not end within {timeout} s\n{proc.communicate()[1][-3000:]}") from None
+    return proc.returncode, err
