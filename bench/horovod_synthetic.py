@@ -22,6 +22,12 @@ after another, all in one run):
 
     PYTHONPATH=python python3 bench/horovod_synthetic.py --compare --worlds 2 [--json out.json]
 
+and across emulated hosts (root: bench/netem.py's network namespaces, each
+host's link shaped with tbf; `--worlds 4 --hosts 2` is two ranks per host,
+started as a launcher would, with RANK / WORLD_SIZE / MASTER_ADDR):
+
+    sudo PYTHONPATH=python python3 bench/horovod_synthetic.py --compare --worlds 4 --hosts 2 --rate 1gbit
+
 torchvision is not needed: the model is a small ResNet built from torch.nn
 (`--width`, `--blocks`; default 1.5 M parameters) on `--image`-pixel images,
 so a step takes a fraction of a second on one CPU core.
@@ -130,17 +136,71 @@ def _spawned(rank, world, args):
     return train(args, log=lambda *_: None)
 
 
+def _on_emulated_hosts(args, path, world, cluster, port):
+    """Runs one path with world / args.hosts ranks in each host's namespace (its
+    own hostname too, as on a real host); returns every rank's result."""
+    import subprocess
+    import tempfile
+    import time
+
+    per_host = world // args.hosts
+    argv = [a for a in sys.argv[1:] if a != "--compare"]
+    with tempfile.TemporaryDirectory(prefix="rcoll-hvd-bench-") as tmp:
+        procs = []
+        for r in range(world):
+            host = r // per_host
+            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r % per_host),
+                       LOCAL_WORLD_SIZE=str(per_host), MASTER_ADDR=cluster.addr(0), MASTER_PORT=str(port),
+                       RCOLL_SOCKET_IFNAME="eth0", GLOO_SOCKET_IFNAME="eth0")
+            ns = cluster.ranks[host]
+            procs.append(cluster.popen(host, ["unshare", "--uts", "sh", "-c", f'hostname {ns} && exec "$@"', "sh",
+                                              sys.executable, os.path.abspath(__file__), *argv, "--path", path,
+                                              "--result", os.path.join(tmp, f"rank{r}.json")],
+                                       env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        deadline = time.monotonic() + args.timeout
+        for r, proc in enumerate(procs):
+            try:
+                _, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                cluster.kill_all()
+                raise RuntimeError(f"{path}: rank {r} did not end within {args.timeout} s") from None
+            if proc.returncode != 0:
+                cluster.kill_all()
+                raise RuntimeError(f"{path}: rank {r} exited {proc.returncode}:\n{err[-3000:]}")
+        results = []
+        for r in range(world):
+            with open(os.path.join(tmp, f"rank{r}.json")) as f:
+                results.append(json.load(f))
+        return results
+
+
 def compare(args):
     from rcoll import spawn
 
+    cluster = None
+    if args.hosts > 1:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import netem
+
+        cluster = netem.Cluster(args.hosts, 1500, use_netem=False)
+        cluster.create()
+        cluster.shape(netem.parse_rate(args.rate), 0)
     rows = []
-    for world in [int(w) for w in args.worlds.split(",")]:
-        for path in args.paths.split(","):
-            run_args = argparse.Namespace(**{**vars(args), "path": path})
-            results = spawn.run(_spawned, world, run_args, timeout=args.timeout)
-            total = sum(r["img_sec_mean"] for r in results)
-            rows.append({"world": world, "path": path, "img_sec_total": total, "per_rank": results})
-            print(f"world {world} {path:<10} {total:8.1f} img/sec (sum over ranks)", flush=True)
+    try:
+        for world in [int(w) for w in args.worlds.split(",")]:
+            for n, path in enumerate(args.paths.split(",")):
+                if cluster is not None:
+                    results = _on_emulated_hosts(args, path, world, cluster, 29400 + 10 * world + n)
+                else:
+                    run_args = argparse.Namespace(**{**vars(args), "path": path})
+                    results = spawn.run(_spawned, world, run_args, timeout=args.timeout)
+                total = sum(r["img_sec_mean"] for r in results)
+                rows.append({"world": world, "hosts": args.hosts, "path": path, "img_sec_total": total,
+                             "per_rank": results})
+                print(f"world {world} {path:<10} {total:8.1f} img/sec (sum over ranks)", flush=True)
+    finally:
+        if cluster is not None:
+            cluster.close()
     print(f"\n{'world':>5} {'path':<10} {'img/sec':>9} {'vs ddp-rcoll':>13} {'vs ddp-gloo':>12}")
     for row in rows:
         base = {r["path"]: r["img_sec_total"] for r in rows if r["world"] == row["world"]}
@@ -167,11 +227,17 @@ def main(argv=None):
     p.add_argument("--paths", default=",".join(PATHS))
     p.add_argument("--timeout", type=float, default=1200.0)
     p.add_argument("--json")
+    p.add_argument("--hosts", type=int, default=1, help="with --compare: emulated hosts (root), world / hosts ranks each")
+    p.add_argument("--rate", default="1gbit", help="with --hosts: each host link's rate (tbf)")
+    p.add_argument("--result", help="a training rank writes its result (JSON) here")
     args = p.parse_args(argv)
     if args.compare:
         compare(args)
     else:
-        train(args)
+        result = train(args)
+        if args.result:
+            with open(args.result, "w") as f:
+                json.dump(result, f)
     return 0
 
 
