@@ -227,7 +227,7 @@ def main(argv=None):
     p.add_argument("--paths", default=",".join(PATHS))
     p.add_argument("--timeout", type=float, default=1200.0)
     p.add_argument("--json")
-    p.add_argument("--hosts", type=int, default=1, help="with --compare: emulated hosts (root), world / hosts ranks each")
+    p.add_argument("--hosts", type=int, default=1, help="with --compare: emulated hosts (root), world/hosts ranks each")
     p.add_argument("--rate", default="1gbit", help="with --hosts: each host link's rate (tbf)")
     p.add_argument("--result", help="a training rank writes its result (JSON) here")
     args = p.parse_args(argv)
