@@ -61,8 +61,13 @@ const std::vector<ConfigVar>& configVars() {
        "host memory otherwise (one WARN says why); `1` makes its absence a `ConfigError` at the "
        "first GPU op; `0` always stages. Each rank decides for itself"},
       {"RCOLL_SOCKET_IFNAME", "",
-       "interface whose IPv4 address the data sockets bind to (default: the address that reaches the "
-       "rendezvous store)"},
+       "the interfaces that carry data between hosts, in NCCL's syntax: `eth,ib` (name prefixes), "
+       "`=eth0,eth1` (exact names), `^docker,lo` (all but those). Default: every interface that is up "
+       "with an address but loopback and container or VM bridges (docker*, virbr*, veth*, br-*, cni*, "
+       "flannel*, cali*), when any other is there. A rank listens on all of their addresses; a peer "
+       "dials one on a network both share, else one a route reaches through its own (docs/network.md)"},
+      {"RCOLL_SOCKET_FAMILY", "",
+       "`AF_INET` (`ipv4`) or `AF_INET6` (`ipv6`): only addresses of that family carry data; default both"},
       {"RCOLL_SOCKET_BUFFER_BYTES", "0",
        "`SO_SNDBUF`/`SO_RCVBUF`; 0 keeps the kernel's autotuning, which usually grows larger than a "
        "fixed value can"},
@@ -118,6 +123,11 @@ const std::vector<ConfigVar>& configVars() {
       {"RCOLL_TIMELINE", "",
        "write a Chrome trace of every op to `<value>.rank<N>.json`; a process's later communicators "
        "(torch sub-groups) write `<value>.rank<N>.comm<K>.json` (docs/environment.md, \"The timeline\")"},
+      {"RCOLL_ELASTIC_JOIN", "0",
+       "`1`: this process joins a job that is already running, at the store address (`MASTER_ADDR`, "
+       "`MASTER_PORT`), with no rank of its own: `rcoll.init()` and `hvd.init()` wait (at most "
+       "`RCOLL_TIMEOUT`) until the job's ranks take it in (`Communicator.grow`, `hvd.elastic` at a "
+       "commit); it comes after them (docs/failures.md)"},
       {"RCOLL_SHUTDOWN_TIMEOUT", "10",
        "seconds `shutdown()` (and `destroy_process_group`) lets pending operations finish before "
        "aborting them"},
@@ -273,6 +283,7 @@ Config Config::fromEnvironment(const Settings& overrides) {
         [&](const char* n, S v) { c.sockets_per_peer = static_cast<int>(parseInt(n, v, 1, 16)); });
   ifSet("RCOLL_RUNTIME_CONNECT", [&](const char* n, S v) { c.runtime_connect = parseFlag(n, v); });
   ifSet("RCOLL_SOCKET_IFNAME", [&](const char*, S v) { c.socket_ifname = v; });
+  ifSet("RCOLL_SOCKET_FAMILY", [&](const char*, S v) { c.socket_family = v; });
   ifSet("RCOLL_TRANSPORT", [&](const char* n, S v) { c.transport = parseChoice(n, v, {"auto", "shm", "ib", "tcp"}); });
   ifSet("RCOLL_SHM_DISABLE", [&](const char* n, S v) { c.shm_disable = parseFlag(n, v); });
   ifSet("RCOLL_SHM_RING_BYTES",
@@ -303,15 +314,17 @@ Config Config::fromEnvironment(const Settings& overrides) {
   ifSet("RCOLL_PEER_TIMEOUT", [&](const char* n, S v) { c.peer_timeout = parseSeconds(n, v, true); });
   ifSet("RCOLL_TIMEOUT", [&](const char* n, S v) { c.timeout = parseSeconds(n, v, false); });
   ifSet("RCOLL_SHUTDOWN_TIMEOUT", [&](const char* n, S v) { c.shutdown_timeout = parseSeconds(n, v, true); });
+  ifSet("RCOLL_ELASTIC_JOIN", [&](const char* n, S v) { c.elastic_join = parseFlag(n, v); });
   return c;
 }
 
 std::string Config::describe() const {
   return strFormat(
       "transport=%s chunk_bytes=%zu min_chunk_bytes=%zu pipeline_slots=%d "
-      "socket_buffer_bytes=%zu sockets_per_peer=%d socket_ifname=%s",
+      "socket_buffer_bytes=%zu sockets_per_peer=%d socket_ifname=%s socket_family=%s",
       transport.c_str(), chunk_bytes, min_chunk_bytes, pipeline_slots, socket_buffer_bytes, sockets_per_peer,
-      socket_ifname.empty() ? "(auto)" : socket_ifname.c_str());
+      socket_ifname.empty() ? "(auto)" : socket_ifname.c_str(),
+      socket_family.empty() ? "(both)" : socket_family.c_str());
 }
 
 }  // namespace rcoll

@@ -47,7 +47,8 @@ struct Config {
   std::chrono::milliseconds peer_timeout{std::chrono::seconds(15)};  // RCOLL_PEER_TIMEOUT: 0 = the kernel's
   bool runtime_connect = true;           // RCOLL_RUNTIME_CONNECT: point-to-point connects across hosts on first use
   int sockets_per_peer = 1;              // RCOLL_SOCKETS_PER_PEER: TCP connections per pair (messages striped)
-  std::string socket_ifname;             // RCOLL_SOCKET_IFNAME: interface for data sockets
+  std::string socket_ifname;             // RCOLL_SOCKET_IFNAME: interfaces for data sockets (net_interfaces.h)
+  std::string socket_family;             // RCOLL_SOCKET_FAMILY: "" (both), AF_INET or AF_INET6
   std::string transport = "auto";        // RCOLL_TRANSPORT: auto|shm|ib|tcp
   bool shm_disable = false;              // RCOLL_SHM_DISABLE=1: never shared memory
   size_t shm_ring_bytes = 4 << 20;       // RCOLL_SHM_RING_BYTES: per direction and pair, 4K-aligned
@@ -72,6 +73,7 @@ struct Config {
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(300)};  // RCOLL_CONNECT_TIMEOUT
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};           // RCOLL_TIMEOUT: per op
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(10)};  // RCOLL_SHUTDOWN_TIMEOUT
+  bool elastic_join = false;  // RCOLL_ELASTIC_JOIN: rcoll.init() / hvd.init() join a running job (python/rcoll/grow.py)
 
   // Reads the environment, `overrides` first; throws RcollError(kConfig) naming
   // the variable on a bad value, and on an override that is not a documented

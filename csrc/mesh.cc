@@ -11,6 +11,7 @@
 #include "composite_transport.h"
 #include "error.h"
 #include "log.h"
+#include "net_interfaces.h"
 #include "rdma/ib_device.h"
 #include "rdma/verbs_factory.h"
 #include "shm/shm_setup.h"
@@ -41,6 +42,24 @@ std::string getOrSayWhy(Store& store, const std::string& key, Deadline deadline,
   }
 }
 
+// A rank that refuses a table gathered through the store must not take the
+// store down (rank 0 hosts it) before the others have read it: they would
+// report a lost store instead of the real reason. So it lingers, bounded,
+// until all have read (`read_key` counts them). A store that goes away
+// meanwhile (its host refused too, and lingered first) ends the wait: this
+// rank's own reason is what it reports.
+[[noreturn]] void refuseAfterAllRead(Store& store, const std::string& read_key, int size, Deadline deadline,
+                                     const std::string& message) {
+  const Deadline linger = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  try {
+    while (store.add(read_key, 0) < size && std::chrono::steady_clock::now() < linger) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  } catch (const std::exception&) {
+  }
+  throwError(ErrorKind::kConfig, message);
+}
+
 // Builds one Mesh: the steps of the set-up share the rank, the world size and
 // the settings being agreed.
 class MeshBuilder {
@@ -68,6 +87,13 @@ class MeshBuilder {
 
 void MeshBuilder::build(Store& store, const std::string& bind_hint) {
   const auto deadline = std::chrono::steady_clock::now() + mesh_.config.connect_timeout;
+  // The addresses this rank listens on and dials from (net_interfaces.h),
+  // before the rendezvous: settings that name no usable interface fail on
+  // this rank at once, not after the others waited for it.
+  const DataInterfaces data_interfaces =
+      size_ > 1 ? chooseDataInterfaces(mesh_.config.socket_ifname, mesh_.config.socket_family, interfaceAddresses(),
+                                       bind_hint, rank_)
+                : DataInterfaces{};
   const std::string prefix = freshPrefix(store, "rcoll/" + name_ + "/", deadline);
   mesh_.prefix = prefix;
 
@@ -84,16 +110,8 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
   mesh_.topology = computeTopology(std::vector<HostEntry>(1));
   if (size_ == 1) return;  // nobody to talk to: no sockets at all
 
-  std::string bind_host;
-  if (!mesh_.config.socket_ifname.empty()) {
-    bind_host = interfaceAddress(mesh_.config.socket_ifname);
-    if (bind_host.empty()) {
-      throwError(ErrorKind::kConfig, strFormat("RCOLL_SOCKET_IFNAME=%s: no such interface with an IPv4 address",
-                                               mesh_.config.socket_ifname.c_str()));
-    }
-  } else {
-    bind_host = bind_hint.empty() ? "127.0.0.1" : bind_hint;
-  }
+  RCOLL_INFO("rank %d: %s", rank_, data_interfaces.why.c_str());
+  const std::string bind_host = data_interfaces.bindList();
   const std::vector<HostEntry> hosts = exchangeHosts(store, prefix, deadline);
   mesh_.topology = computeTopology(hosts);
   RCOLL_INFO("rank %d: %s", rank_, mesh_.topology.describe().c_str());
@@ -161,6 +179,23 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
   const std::string mine = listenAddresses(*mesh_.transport) + "\n" + listenAddresses(*p2p_transport);
   const std::vector<std::string> addresses = allGather(store, prefix + "addr", mine, deadline);
 
+  // Every rank checks now that it reaches each peer it talks to over the
+  // network, so that a job without a common network fails at once on every
+  // rank, the accepting ones too, naming both ranks' addresses.
+  const std::string addresses_read = prefix + "addr_read";
+  store.add(addresses_read, 1);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (route[static_cast<size_t>(peer)] != 1) continue;
+    const std::string& both = addresses[static_cast<size_t>(peer)];
+    try {
+      chooseDialAddress(
+          pickAddress(both.substr(0, both.find('\n')), mesh_.peer_transports[static_cast<size_t>(peer)], rank_, peer),
+          data_interfaces, rank_, peer);
+    } catch (const RcollError& e) {
+      refuseAfterAllRead(store, addresses_read, size_, deadline, e.what());
+    }
+  }
+
   // Connect to every lower rank, accept every higher one: lower ranks never wait
   // on higher ones, so the set-up cannot deadlock (composite_transport.h: nor
   // with one listener per transport). With RCOLL_RUNTIME_CONNECT, TCP edges
@@ -172,7 +207,8 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
       const std::string& both = addresses[static_cast<size_t>(peer)];
       const size_t newline = both.find('\n');
       const std::string published = p2p ? both.substr(newline + 1) : both.substr(0, newline);
-      return pickAddress(published, mesh_.peer_transports[static_cast<size_t>(peer)], rank_, peer);
+      return chooseDialAddress(pickAddress(published, mesh_.peer_transports[static_cast<size_t>(peer)], rank_, peer),
+                               data_interfaces, rank_, peer);
     };
     const std::vector<bool> needed =
         p2p ? std::vector<bool>(static_cast<size_t>(size_), false) : collectivePeers(rank_, mesh_.topology);
@@ -309,21 +345,7 @@ std::vector<HostEntry> MeshBuilder::exchangeHosts(Store& store, const std::strin
   const std::string read_key = prefix + "hosts_read";
   store.add(read_key, 1);
   if (mesh_.config.transport != "shm") return hosts;
-  // A rank that refuses the table must not take the store down (rank 0 hosts
-  // it) before the others have read it: they would report a lost store
-  // instead of the real reason. So it lingers, bounded, until all have read.
-  // A store that goes away meanwhile (its host refused too, and lingered
-  // first) ends the wait: this rank's own reason is what it reports.
-  auto refuse = [&](const std::string& message) {
-    const Deadline linger = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(10));
-    try {
-      while (store.add(read_key, 0) < size_ && std::chrono::steady_clock::now() < linger) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-    } catch (const std::exception&) {
-    }
-    throwError(ErrorKind::kConfig, message);
-  };
+  auto refuse = [&](const std::string& message) { refuseAfterAllRead(store, read_key, size_, deadline, message); };
   if (mine.identity.empty()) {
     refuse(
         strFormat("rank %d: RCOLL_TRANSPORT=shm but this rank cannot tell which host it is on (no boot id); set "

@@ -179,27 +179,32 @@ struct PeerListener::PendingHandshake {
 PeerListener::PeerListener(const ConnectInfo& info, const std::string& bind_host, const SocketOptions& options,
                            int lanes)
     : info_(info), options_(options), lanes_(lanes) {
+  // Several addresses (this rank's data interfaces, net_interfaces.h): the
+  // wildcard address takes them all; the peers are told each one.
+  std::vector<std::string> hosts;
+  for (size_t start = 0; start <= bind_host.size();) {
+    const size_t comma = std::min(bind_host.find(',', start), bind_host.size());
+    hosts.push_back(bind_host.substr(start, comma - start));
+    start = comma + 1;
+  }
   sockaddr_storage addr{};
   unsigned len = 0;
-  if (!resolveHost(bind_host, 0, &addr, &len)) {
-    throwError(ErrorKind::kConfig,
-               strFormat("rank %d: cannot resolve the data-socket address '%s'", info.rank, bind_host.c_str()));
+  const std::string why = resolveSocketAddress(hosts.size() > 1 ? "" : hosts[0], 0, /*passive=*/true, &addr, &len);
+  if (!why.empty()) {
+    throwError(ErrorKind::kConfig, strFormat("rank %d: cannot resolve the data-socket address '%s': %s", info.rank,
+                                             bind_host.c_str(), why.c_str()));
   }
-  listen_fd_ = ::socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-      ::listen(listen_fd_, std::max(128, info.size)) != 0) {
-    int err = errno;
-    if (listen_fd_ >= 0) ::close(listen_fd_);
+  listen_fd_ = listenSocket(addr, len, std::max(128, info.size));
+  if (listen_fd_ < 0) {
     throwError(ErrorKind::kConfig, strFormat("rank %d: cannot listen on %s: %s (set RCOLL_SOCKET_IFNAME "
                                              "to an interface with a usable address)",
-                                             info.rank, bind_host.c_str(), errnoText(err).c_str()));
+                                             info.rank, bind_host.c_str(), errnoText(errno).c_str()));
   }
   sockaddr_storage bound{};
   socklen_t bound_len = sizeof(bound);
   getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&bound), &bound_len);
-  int port = bound.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port)
-                                        : ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
-  address_ = joinHostPort(bind_host, port);
+  const int port = portOf(bound);
+  for (const std::string& host : hosts) address_ += (address_.empty() ? "" : ",") + joinHostPort(host, port);
 }
 
 PeerListener::~PeerListener() { close(); }

@@ -31,7 +31,8 @@ class PeerListener {
   PeerListener(const PeerListener&) = delete;
   PeerListener& operator=(const PeerListener&) = delete;
 
-  const std::string& address() const { return address_; }  // "host:port", published in the store
+  // "host:port", or several comma-separated (one per data interface), published in the store
+  const std::string& address() const { return address_; }
 
   // Blocks until a higher rank completes the handshake of a lane that is not
   // yet in `connected` (indexed by rank * lanes + lane); returns its rank, the

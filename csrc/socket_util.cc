@@ -47,16 +47,47 @@ std::string joinHostPort(const std::string& host, int port) {
   return host + ":" + std::to_string(port);
 }
 
-bool resolveHost(const std::string& host, int port, sockaddr_storage* out, unsigned* out_len) {
+static std::string withoutBrackets(const std::string& host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') return host.substr(1, host.size() - 2);
+  return host;
+}
+
+static bool hostHasIPv6() {
+  int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  ::close(fd);
+  return true;
+}
+
+std::string resolveSocketAddress(const std::string& host_in, int port, bool passive, sockaddr_storage* out,
+                                 unsigned* out_len) {
+  const std::string host = withoutBrackets(host_in);
+  std::memset(out, 0, sizeof(*out));
+  if (passive && (host.empty() || host == "0.0.0.0" || host == "::")) {
+    if (host != "0.0.0.0" && hostHasIPv6()) {
+      auto* sin6 = reinterpret_cast<sockaddr_in6*>(out);
+      sin6->sin6_family = AF_INET6;
+      sin6->sin6_addr = in6addr_any;
+      sin6->sin6_port = htons(static_cast<uint16_t>(port));
+      *out_len = sizeof(sockaddr_in6);
+    } else {
+      auto* sin = reinterpret_cast<sockaddr_in*>(out);
+      sin->sin_family = AF_INET;
+      sin->sin_addr.s_addr = htonl(INADDR_ANY);
+      sin->sin_port = htons(static_cast<uint16_t>(port));
+      *out_len = sizeof(sockaddr_in);
+    }
+    return "";
+  }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* result = nullptr;
-  std::string service = std::to_string(port);
-  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &result) != 0 || result == nullptr) {
-    return false;
-  }
-  // Prefer IPv4: it is what MASTER_ADDR usually names and what loopback tests use.
+  const std::string service = std::to_string(port);
+  int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &result);
+  if (rc != 0) return rc == EAI_SYSTEM ? errnoText(errno) : std::string(gai_strerror(rc));
+  if (result == nullptr) return "no address found";
+  // Prefer IPv4: it is what a name that has both usually means in a job (MASTER_ADDR).
   addrinfo* pick = result;
   for (addrinfo* it = result; it != nullptr; it = it->ai_next) {
     if (it->ai_family == AF_INET) {
@@ -67,40 +98,59 @@ bool resolveHost(const std::string& host, int port, sockaddr_storage* out, unsig
   std::memcpy(out, pick->ai_addr, pick->ai_addrlen);
   *out_len = static_cast<unsigned>(pick->ai_addrlen);
   freeaddrinfo(result);
-  return true;
+  return "";
 }
 
-std::string interfaceAddress(const std::string& ifname) {
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return "";
-  std::string found;
-  for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
-    if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != AF_INET) continue;
-    if (ifname != it->ifa_name) continue;
-    char text[INET_ADDRSTRLEN] = {};
-    auto* sin = reinterpret_cast<sockaddr_in*>(it->ifa_addr);
-    if (inet_ntop(AF_INET, &sin->sin_addr, text, sizeof(text)) != nullptr) found = text;
-    break;
+bool resolveHost(const std::string& host, int port, sockaddr_storage* out, unsigned* out_len) {
+  return resolveSocketAddress(host, port, /*passive=*/false, out, out_len).empty();
+}
+
+int listenSocket(const sockaddr_storage& addr, unsigned len, int backlog) {
+  int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  int one = 1, zero = 0;
+  // Lets a restarted job rebind the port while old connections sit in TIME_WAIT.
+  (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (addr.ss_family == AF_INET6 && IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_addr)) {
+    (void)setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));  // IPv4 peers too, whatever bindv6only says
   }
-  freeifaddrs(list);
-  return found;
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), len) != 0 || ::listen(fd, backlog) != 0) {
+    int err = errno;
+    ::close(fd);
+    errno = err;
+    return -1;
+  }
+  return fd;
+}
+
+std::string numericHost(const sockaddr_storage& addr) {
+  char text[NI_MAXHOST] = {};
+  const socklen_t len = addr.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, text, sizeof(text), nullptr, 0, NI_NUMERICHOST) != 0) {
+    return "?";
+  }
+  std::string host = text;
+  // An IPv4 peer of a dual-stack socket shows as ::ffff:a.b.c.d: say a.b.c.d.
+  if (host.compare(0, 7, "::ffff:") == 0 && host.find('.') != std::string::npos) host = host.substr(7);
+  return host;
+}
+
+int portOf(const sockaddr_storage& addr) {
+  return addr.ss_family == AF_INET ? ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port)
+                                   : ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port);
 }
 
 std::string sourceAddressFor(const std::string& host) {
   sockaddr_storage target{};
   unsigned len = 0;
-  if (!resolveHost(host, 9, &target, &len) || target.ss_family != AF_INET) return "";
-  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (!resolveHost(host, 9, &target, &len)) return "";
+  int fd = ::socket(target.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return "";
   std::string found;
   if (::connect(fd, reinterpret_cast<sockaddr*>(&target), len) == 0) {
-    sockaddr_in local{};
+    sockaddr_storage local{};
     socklen_t local_len = sizeof(local);
-    char text[INET_ADDRSTRLEN] = {};
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) == 0 &&
-        inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text)) != nullptr) {
-      found = text;
-    }
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) == 0) found = numericHost(local);
   }
   ::close(fd);
   return found;
@@ -110,15 +160,7 @@ std::string peerName(int fd) {
   sockaddr_storage addr{};
   socklen_t len = sizeof(addr);
   if (getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "?";
-  char text[INET6_ADDRSTRLEN] = {};
-  if (addr.ss_family == AF_INET) {
-    auto* sin = reinterpret_cast<sockaddr_in*>(&addr);
-    inet_ntop(AF_INET, &sin->sin_addr, text, sizeof(text));
-    return joinHostPort(text, ntohs(sin->sin_port));
-  }
-  auto* sin6 = reinterpret_cast<sockaddr_in6*>(&addr);
-  inet_ntop(AF_INET6, &sin6->sin6_addr, text, sizeof(text));
-  return joinHostPort(text, ntohs(sin6->sin6_port));
+  return joinHostPort(numericHost(addr), portOf(addr));
 }
 
 void setNonBlocking(int fd, bool on) {

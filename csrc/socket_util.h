@@ -20,14 +20,26 @@ std::string errnoText(int err);  // "Connection refused (errno 111)"
 bool splitHostPort(const std::string& address, std::string* host, int* port);
 std::string joinHostPort(const std::string& host, int port);
 
-// Resolves `host` (name or literal) to the first IPv4/IPv6 address.
+// Resolves `host` (a name, an IPv4 literal, an IPv6 literal bare or in
+// brackets, with "%scope" for a link-local one) to one address, IPv4 first
+// when a name has both. With `passive` and an empty host (or "0.0.0.0" /
+// "::"): the wildcard address, "::" (both families: see listenSocket) where
+// the host has IPv6, else 0.0.0.0. Returns "" on success, else why not.
+std::string resolveSocketAddress(const std::string& host, int port, bool passive, sockaddr_storage* out,
+                                 unsigned* out_len);
 bool resolveHost(const std::string& host, int port, sockaddr_storage* out, unsigned* out_len);
 
-// IPv4 address of a network interface ("eth0"); "" if it has none.
-std::string interfaceAddress(const std::string& ifname);
+// A non-blocking TCP socket bound to `addr` and listening; an IPv6 wildcard
+// takes IPv4 peers too (IPV6_V6ONLY off). -1 with errno set on failure.
+int listenSocket(const sockaddr_storage& addr, unsigned len, int backlog);
 
-// The local address this host would use to reach `host` (no packet is sent:
-// a UDP socket is connected and asked for its name). "" if unreachable.
+// The numeric host of a socket address: "192.0.2.1", "fd00::1", "fe80::1%eth0".
+std::string numericHost(const sockaddr_storage& addr);
+int portOf(const sockaddr_storage& addr);
+
+// The local address this host would use to reach `host` (IPv4 or IPv6; no
+// packet is sent: a UDP socket is connected and asked for its name). "" if
+// no route leads there.
 std::string sourceAddressFor(const std::string& host);
 
 // Peer address of a connected socket as "ip:port", for log messages.

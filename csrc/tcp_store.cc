@@ -20,6 +20,7 @@
 #include <unordered_map>
 
 #include "error.h"
+#include "socket_util.h"
 
 namespace rcoll {
 namespace {
@@ -56,12 +57,8 @@ int64_t getI64(const uint8_t* p) {
   return static_cast<int64_t>(v);
 }
 
-std::string errnoText(int err) { return std::strerror(err); }
-
-// "host:port", with "0.0.0.0" standing in for an empty host.
-std::string joinAddress(const std::string& host, int port) {
-  return strFormat("%s:%d", host.empty() ? "0.0.0.0" : host.c_str(), port);
-}
+// "host:port" ("[v6]:port"), with "*" standing in for an empty host (every address).
+std::string joinAddress(const std::string& host, int port) { return joinHostPort(host.empty() ? "*" : host, port); }
 
 double toSeconds(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
 
@@ -85,34 +82,6 @@ int pollTimeoutMs(std::chrono::steady_clock::time_point deadline) {
   if (left <= Clock::duration::zero()) return 0;
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(left).count() + 1;
   return static_cast<int>(std::min<int64_t>(ms, INT_MAX));
-}
-
-// Resolves an IPv4 address for host:port. Returns an empty string on success,
-// else the resolver's reason.
-std::string resolveIPv4(const std::string& host, int port, bool passive, sockaddr_in* out) {
-  std::memset(out, 0, sizeof(*out));
-  out->sin_family = AF_INET;
-  out->sin_port = htons(static_cast<uint16_t>(port));
-  if (passive && (host.empty() || host == "0.0.0.0")) {
-    out->sin_addr.s_addr = htonl(INADDR_ANY);
-    return "";
-  }
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  if (passive) hints.ai_flags = AI_PASSIVE;
-  addrinfo* result = nullptr;
-  int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), nullptr, &hints, &result);
-  if (rc != 0) {
-    return rc == EAI_SYSTEM ? errnoText(errno) : std::string(gai_strerror(rc));
-  }
-  if (result == nullptr || result->ai_addr == nullptr) {
-    if (result != nullptr) freeaddrinfo(result);
-    return "no IPv4 address found";
-  }
-  out->sin_addr = reinterpret_cast<const sockaddr_in*>(result->ai_addr)->sin_addr;
-  freeaddrinfo(result);
-  return "";
 }
 
 void setNoDelay(int fd) {
@@ -394,29 +363,22 @@ TcpStoreServer::TcpStoreServer(const std::string& host, int port) : state_(new S
   };
   if (port < 0 || port > 65535) fail(strFormat("port %d is out of range", port));
 
-  sockaddr_in addr{};
-  std::string why = resolveIPv4(host, port, /*passive=*/true, &addr);
+  // "" (or "::"): every address of both families, so that ranks reach the
+  // store over IPv4 or IPv6 alike; a literal or name: that address only.
+  sockaddr_storage addr{};
+  unsigned addr_len = 0;
+  std::string why = resolveSocketAddress(host, port, /*passive=*/true, &addr, &addr_len);
   if (!why.empty()) fail("cannot resolve the host: " + why);
-
-  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (listen_fd_ < 0) fail("socket: " + errnoText(errno));
-  int one = 1;
-  // Lets a restarted job rebind the port while old connections sit in TIME_WAIT.
-  if (::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0) {
-    fail("setsockopt(SO_REUSEADDR): " + errnoText(errno));
-  }
-  if (::bind(listen_fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
-    fail("bind: " + errnoText(errno));
-  }
   // Every rank connects at once at start-up; a short backlog would drop SYNs and
   // cost them a retransmit timeout.
-  if (::listen(listen_fd_, 1024) != 0) fail("listen: " + errnoText(errno));
-  sockaddr_in bound{};
+  listen_fd_ = listenSocket(addr, addr_len, 1024);
+  if (listen_fd_ < 0) fail("bind/listen: " + errnoText(errno));
+  sockaddr_storage bound{};
   socklen_t len = sizeof(bound);
   if (::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
     fail("getsockname: " + errnoText(errno));
   }
-  port_ = ntohs(bound.sin_port);
+  port_ = portOf(bound);
 
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) fail("eventfd: " + errnoText(errno));
@@ -530,19 +492,20 @@ void TcpStoreClient::connectLocked() {
   const auto deadline = deadlineAfter(connect_timeout_);
   std::string last_error = "no attempt was made";
   for (;;) {
-    sockaddr_in addr{};
-    std::string why = resolveIPv4(host_, port_, /*passive=*/false, &addr);
+    sockaddr_storage addr{};
+    unsigned addr_len = 0;
+    std::string why = resolveSocketAddress(host_, port_, /*passive=*/false, &addr, &addr_len);
     if (!why.empty()) {
       last_error = "cannot resolve the host: " + why;
     } else {
       // Non-blocking connect so that an unreachable host costs at most the
       // remaining timeout, not the kernel's SYN retry budget (minutes).
-      int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
       if (fd < 0) {
         last_error = "socket: " + errnoText(errno);
       } else {
         int err = 0;
-        if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+        if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), addr_len) != 0) {
           err = errno;
           if (err == EINPROGRESS || err == EINTR) {
             pollfd pfd{fd, POLLOUT, 0};
@@ -568,13 +531,9 @@ void TcpStoreClient::connectLocked() {
           // Only the first connection sets it: localAddress() reads it without
           // the lock, and a reconnect would reach the same host the same way.
           if (local_address_.empty()) {
-            sockaddr_in local{};
+            sockaddr_storage local{};
             socklen_t len = sizeof(local);
-            char text[INET_ADDRSTRLEN] = {0};
-            if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
-                ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text)) != nullptr) {
-              local_address_ = text;
-            }
+            if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) local_address_ = numericHost(local);
           }
           fd_ = fd;
           return;

@@ -11,6 +11,7 @@
 #include "device_runtime.h"
 #include "edge_plan.h"
 #include "error.h"
+#include "net_interfaces.h"
 #include "rdma/ib_device.h"
 #include "socket_util.h"
 #include "topology.h"
@@ -43,11 +44,13 @@ void bindEnvironment(py::module_& m) {
         d["timeout"] = seconds(config.timeout);
         d["shutdown_timeout"] = seconds(config.shutdown_timeout);
         d["device_runtime"] = config.device_runtime;
+        d["elastic_join"] = config.elastic_join;
         return d;
       },
       py::arg("overrides") = Settings{},
       "The settings the Python layer reads, as the core parses them (`overrides` first, then the environment): "
-      "connect_timeout, timeout, shutdown_timeout (seconds) and device_runtime (a module name). Raises ConfigError "
+      "connect_timeout, timeout, shutdown_timeout (seconds), device_runtime (a module name) and elastic_join. Raises "
+      "ConfigError "
       "on a bad value.");
 
   m.def(
@@ -59,12 +62,30 @@ void bindEnvironment(py::module_& m) {
       "This rank's host identity for the per-edge transport choice, and whether RCOLL_HOSTID set it.");
 
   m.def(
+      "data_interfaces",
+      [](const std::string& preferred, int rank, const Settings& overrides) {
+        const Config config = Config::fromEnvironment(overrides);
+        const DataInterfaces chosen =
+            chooseDataInterfaces(config.socket_ifname, config.socket_family, interfaceAddresses(), preferred, rank);
+        py::list addresses;
+        for (const InterfaceAddress& a : chosen.chosen) addresses.append(a.describe());
+        py::dict d;
+        d["chosen"] = addresses;
+        d["why"] = chosen.why;
+        return d;
+      },
+      py::arg("preferred") = "", py::arg("rank") = 0, py::arg("overrides") = Settings{},
+      "The interfaces this rank's data sockets would use (RCOLL_SOCKET_IFNAME, RCOLL_SOCKET_FAMILY; `preferred`: "
+      "the address that reaches the store, listed first): {chosen: ['eth0 192.0.2.2/24', ...], why: the INFO "
+      "line}. Raises ConfigError as a communicator would.");
+
+  m.def(
       "source_address_for",
       [](const std::string& host) {
         std::string address = sourceAddressFor(host);
         return address.empty() ? std::string("127.0.0.1") : address;
       },
-      "The local IPv4 address that routes to `host` (127.0.0.1 if none does).");
+      "The local address (IPv4 or IPv6) that routes to `host` (127.0.0.1 if none does).");
 
   m.def(
       "rdma_report",

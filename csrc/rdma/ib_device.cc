@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "error.h"
+#include "name_filter.h"
 #include "rdma/ibv_api.h"
 
 namespace rcoll {
@@ -190,34 +191,8 @@ std::string gpuDirectSupport(const IbvApi* api) {
 
 }  // namespace
 
-bool hcaFilterAccepts(const std::string& filter_in, const std::string& device, int port) {
-  if (filter_in.empty()) return true;
-  std::string filter = filter_in;
-  bool exclude = false, exact = false;
-  if (!filter.empty() && filter[0] == '^') {
-    exclude = true;
-    filter.erase(0, 1);
-  }
-  if (!filter.empty() && filter[0] == '=') {
-    exact = true;
-    filter.erase(0, 1);
-  }
-  bool listed = false;
-  std::stringstream items(filter);
-  std::string item;
-  while (std::getline(items, item, ',')) {
-    if (item.empty()) continue;
-    std::string name = item;
-    int want_port = -1;
-    size_t colon = item.find(':');
-    if (colon != std::string::npos) {
-      name = item.substr(0, colon);
-      want_port = std::atoi(item.c_str() + colon + 1);
-    }
-    bool name_ok = exact ? device == name : device.compare(0, name.size(), name) == 0;
-    if (name_ok && (want_port < 0 || want_port == port)) listed = true;
-  }
-  return exclude ? !listed : listed;
+bool hcaFilterAccepts(const std::string& filter, const std::string& device, int port) {
+  return NameFilter(filter).accepts(device, port);
 }
 
 int chooseGid(const std::vector<GidDescription>& gids, int override_index, std::string* reason) {

@@ -51,6 +51,9 @@ def _job(timeout: float) -> int:
     kinds = ["self", "shm", "tcp", "ib"]
     mine = np.array([kinds.index(k) for k in comm.transports] if comm.size > 1 else [0], np.int8)
     edges = comm.allgather(mine)
+    # Each rank's data interfaces (net_interfaces.h), as fixed-size text.
+    text = ", ".join(_data_interfaces(comm.rank)["chosen"]).encode()[:_IFACE_TEXT_BYTES]
+    interfaces = comm.allgather(np.frombuffer(text.ljust(_IFACE_TEXT_BYTES, b"\0"), np.uint8))
     if comm.rank == 0:
         t = comm.topology
         print(f"job: {comm.size} ranks, joined by rank 0 ({comm.transport})")
@@ -61,8 +64,23 @@ def _job(timeout: float) -> int:
         for r in range(comm.size):
             print(f"    rank {r:<5} host {t['host_of'][r]:<4} local {t['local_rank'][r]:<4} "
                   f"{''.join('.sti'[k] for k in edges[r])}")
+        print("  data interfaces (RCOLL_SOCKET_IFNAME, RCOLL_SOCKET_FAMILY)")
+        for r in range(comm.size):
+            print(f"    rank {r:<5} {interfaces[r].tobytes().rstrip(bytes(1)).decode(errors='replace')}")
     comm.shutdown()
     return 0
+
+
+_IFACE_TEXT_BYTES = 256
+
+
+def _data_interfaces(rank: int) -> dict:
+    """The interfaces this process's data sockets would use, the address that
+    reaches the store (MASTER_ADDR) first, as a communicator chooses them."""
+    from rcoll import _core, _environment
+
+    preferred = _core.source_address_for(_environment.store_address()[0]) if os.environ.get("MASTER_ADDR") else ""
+    return _core.data_interfaces(preferred, rank)
 
 
 def _info(args) -> int:
@@ -102,6 +120,10 @@ def _machine() -> None:
     print("host:")
     print(f"  identity    {identity or '(unknown: no boot id; shared memory off)'}"
           f"{' (RCOLL_HOSTID)' if from_env else ' (boot id / network namespace)'}")
+    try:
+        print(f"  network     {_data_interfaces(0)['why']}")
+    except rcoll.ConfigError as e:
+        print(f"  network     {e}")
     print("  rule        per pair of ranks: shared memory when both have this identity (and neither sets")
     print("              RCOLL_SHM_DISABLE=1); between hosts verbs when every rank with a peer on another")
     print("              host has an active RDMA port, else TCP. RCOLL_TRANSPORT=tcp|ib forces one transport")

@@ -43,13 +43,40 @@ def resolve(rank=None, world_size=None, master_addr=None, master_port=None):
 
 def store_address(master_addr=None, master_port=None):
     """(master_addr, master_port) of the rendezvous store from arguments, then
-    MASTER_ADDR / MASTER_PORT, then 127.0.0.1:29500."""
+    MASTER_ADDR / MASTER_PORT, then 127.0.0.1:29500. The address may be a
+    name, an IPv4 or IPv6 literal (bare or in brackets), "[addr]:port",
+    "host:port" or "tcp://..." of either (torch's init_method form): a port
+    written there wins over MASTER_PORT."""
     if master_addr is None:
         master_addr = os.environ.get("MASTER_ADDR") or "127.0.0.1"
+    host, port_in_addr = split_address(str(master_addr))
+    if port_in_addr is not None:
+        return host, port_in_addr
     if master_port is None:
         port, _ = _first_int(("MASTER_PORT",))
         master_port = port if port is not None else DEFAULT_PORT
-    return str(master_addr), int(master_port)
+    return host, int(master_port)
+
+
+def split_address(address: str):
+    """(host, port or None) of "host", "host:port", "[v6]", "[v6]:port", a
+    bare IPv6 literal ("::1", "fe80::1%eth0"), each optionally after tcp://."""
+    text = address.strip()
+    if text.startswith("tcp://"):
+        text = text[len("tcp://"):].rstrip("/")
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        if rest.startswith(":") and rest[1:].isdigit():
+            return host, int(rest[1:])
+        if rest:
+            raise _core.ConfigError(f"rendezvous address {address!r}: expected [IPv6 address] or [IPv6 address]:port")
+        return host, None
+    if text.count(":") == 1:
+        host, _, port = text.partition(":")
+        if not port.isdigit():
+            raise _core.ConfigError(f"rendezvous address {address!r}: the port is not a number")
+        return host, int(port)
+    return text, None  # a name, an IPv4 literal or a bare IPv6 literal
 
 
 def launcher_store(master_addr: str, master_port: int, timeout: float):
@@ -64,7 +91,7 @@ def launcher_store(master_addr: str, master_port: int, timeout: float):
     torchrun's agents count restarts differently on different hosts."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
         return None
-    if str(master_addr) != os.environ.get("MASTER_ADDR") or str(master_port) != os.environ.get("MASTER_PORT"):
+    if (str(master_addr), int(master_port)) != store_address():
         return None  # the caller chose another address: rcoll hosts its own there
     from datetime import timedelta
 

@@ -714,6 +714,12 @@ def init(rank=None, world_size=None, **kwargs) -> Communicator:
 
     Rank 0 hosts rcoll's rendezvous store on MASTER_ADDR:MASTER_PORT (default
     127.0.0.1:29500); the others connect to it. Under torchrun, every rank joins
-    the store torchrun already hosts there instead.
+    the store torchrun already hosts there instead. With RCOLL_ELASTIC_JOIN=1
+    and no rank given, this process joins a running job instead
+    (Communicator.join).
     """
+    settings = kwargs.get("settings")
+    if rank is None and _core.settings({str(k): str(v) for k, v in (settings or {}).items()})["elastic_join"]:
+        kwargs.pop("store", None)
+        return Communicator.join(**kwargs)
     return Communicator(rank, world_size, **kwargs)

@@ -52,16 +52,18 @@ def test_every_variable_is_documented_once():
 
 
 def test_durations_are_seconds_with_fractions(monkeypatch):
-    for name in ("RCOLL_CONNECT_TIMEOUT", "RCOLL_TIMEOUT", "RCOLL_SHUTDOWN_TIMEOUT", "RCOLL_DEVICE_RUNTIME"):
+    for name in ("RCOLL_CONNECT_TIMEOUT", "RCOLL_TIMEOUT", "RCOLL_SHUTDOWN_TIMEOUT", "RCOLL_DEVICE_RUNTIME",
+                 "RCOLL_ELASTIC_JOIN"):
         monkeypatch.delenv(name, raising=False)
     assert _core.settings() == {"connect_timeout": 300.0, "timeout": 1800.0, "shutdown_timeout": 10.0,
-                                "device_runtime": "rcoll._cuda"}
+                                "device_runtime": "rcoll._cuda", "elastic_join": False}
     monkeypatch.setenv("RCOLL_CONNECT_TIMEOUT", "0.5")
     monkeypatch.setenv("RCOLL_TIMEOUT", "90")
     monkeypatch.setenv("RCOLL_SHUTDOWN_TIMEOUT", "0")
     monkeypatch.setenv("RCOLL_DEVICE_RUNTIME", "rcoll_emulated_device")
+    monkeypatch.setenv("RCOLL_ELASTIC_JOIN", "1")
     assert _core.settings() == {"connect_timeout": 0.5, "timeout": 90.0, "shutdown_timeout": 0.0,
-                                "device_runtime": "rcoll_emulated_device"}
+                                "device_runtime": "rcoll_emulated_device", "elastic_join": True}
 
 
 @pytest.mark.parametrize("name,value,says", [

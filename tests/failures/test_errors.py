@@ -131,10 +131,11 @@ def _knock(port, stop):
     store = _core.TcpStore("127.0.0.1", port, 30)
     # A fresh store: the first epoch (csrc/mesh.cc freshPrefix). The table of every
     # rank's addresses (allGather): "<length>:<entry>" per rank; rank 0's entry
-    # is its collective mesh's "kind=host:port ..." line, then its p2p mesh's.
+    # is its collective mesh's "kind=host:port[,host:port...] ..." line, then its p2p mesh's.
     length, table = store.get("rcoll/default/1/addr", 30).decode().split(":", 1)
     published = table[:int(length)].split("\n")[0]
-    host, p = published.split()[0].split("=", 1)[1].rsplit(":", 1)
+    host, p = published.split()[0].split("=", 1)[1].split(",")[0].rsplit(":", 1)  # its first address
+    host = host.strip("[]")  # an IPv6 address is written in brackets
     held = []
 
     def connect():

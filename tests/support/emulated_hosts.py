@@ -101,7 +101,8 @@ class _Namespaces:
         rendezvous gives the ranks socket.getfqdn() of node 0 as MASTER_ADDR)
         find it. A process takes its host's name with in_host()."""
         table = "127.0.0.1 localhost\n::1 localhost ip6-localhost\n"
-        table += "".join(f"{addr} {name}\n" for name, addr in zip(self.spaces, self.addrs))
+        table += "".join(f"{addr} {name}\n" for name, addr in zip(self.spaces, self.addrs)
+                         if not addr.lower().startswith("fe80:"))  # a link-local address needs its scope
         for ns in self.spaces:
             os.makedirs(f"/etc/netns/{ns}", exist_ok=True)
             with open(f"/etc/netns/{ns}/hosts", "w") as f:
@@ -126,12 +127,20 @@ class Hosts(_Namespaces):
     namespace of its own, each host's link shaped to `rate` both ways (tbf on
     eth0 and on its switch port): n hosts on one top-of-rack switch."""
 
-    def __init__(self, n, rate="1gbit", subnet="198.18.12", tag="hosts"):
+    def __init__(self, n, rate="1gbit", subnet="198.18.12", tag="hosts", addresses=None, decoys=False):
+        """`addresses[i]`: host i's addresses on eth0 as CIDRs, IPv4 or IPv6
+        (default f"{subnet}.{i + 1}/24"); no others are made (no automatic
+        link-local one, no duplicate address detection to wait for). `decoys`:
+        every host also gets what container hosts have and a job must never
+        use: docker0 (172.17.0.1/16) and veth5e1f (10.88.0.1/24), the same
+        addresses on every host, up but leading nowhere."""
         prefix = f"rcoll-{tag}-{os.getpid()}"
         self.switch = f"{prefix}-sw"
         self.spaces = [f"{prefix}-{i}" for i in range(n)]
-        self.addrs = [f"{subnet}.{i + 1}" for i in range(n)]
+        self.cidrs = addresses or [[f"{subnet}.{i + 1}/24"] for i in range(n)]
+        self.addrs = [cidrs[0].split("/")[0] for cidrs in self.cidrs]
         self.rate = rate
+        self.decoys = decoys
         self.made = []
 
     def __enter__(self):
@@ -139,12 +148,23 @@ class Hosts(_Namespaces):
             self._add(self.switch)
             sh("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
             sh("ip", "-n", self.switch, "link", "set", "br0", "up")
-            for i, (ns, addr) in enumerate(zip(self.spaces, self.addrs)):
+            for i, (ns, cidrs) in enumerate(zip(self.spaces, self.cidrs)):
                 self._add(ns)
+                sh("ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=0",
+                   "net.ipv6.conf.default.disable_ipv6=0")
                 sh("ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", f"p{i}", "netns",
                    self.switch)
-                sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
+                sh("ip", "-n", ns, "link", "set", "eth0", "addrgenmode", "none")
+                for cidr in cidrs:
+                    sh("ip", "-n", ns, "addr", "add", cidr, "dev", "eth0", *(["nodad"] if ":" in cidr else []))
                 sh("ip", "-n", ns, "link", "set", "eth0", "up")
+                if self.decoys:  # a bridge with no ports; a veth pair with both ends in the host
+                    sh("ip", "-n", ns, "link", "add", "docker0", "type", "bridge")
+                    sh("ip", "-n", ns, "link", "add", "veth5e1f", "type", "veth", "peer", "name", "veth5e1fp")
+                    for dev, cidr in (("docker0", "172.17.0.1/16"), ("veth5e1f", "10.88.0.1/24")):
+                        sh("ip", "-n", ns, "addr", "add", cidr, "dev", dev)
+                        sh("ip", "-n", ns, "link", "set", dev, "up")
+                    sh("ip", "-n", ns, "link", "set", "veth5e1fp", "up")
                 sh("ip", "-n", self.switch, "link", "set", f"p{i}", "master", "br0")
                 sh("ip", "-n", self.switch, "link", "set", f"p{i}", "up")
                 shape(ns, "eth0", self.rate)
@@ -206,10 +226,11 @@ def torchrun_on_hosts(hosts, script, log_dir, *, nproc, launcher_args=(), host_a
         __import__("rcoll").__file__)), env.get("PYTHONPATH")) if p)
     agents = []
     try:
+        endpoint = f"[{hosts.addrs[0]}]" if ":" in hosts.addrs[0] else hosts.addrs[0]  # IPv6: [addr]:port
         for node, addr in enumerate(hosts.addrs):
             cmd = hosts.in_host(node, [
                 torchrun, "--nnodes", str(len(hosts.spaces)), "--nproc-per-node", str(nproc),
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts.addrs[0]}:{port}", "--rdzv-id", f"rcoll-{port}",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{endpoint}:{port}", "--rdzv-id", f"rcoll-{port}",
                 # The endpoint's address is on this namespace's eth0, which torch's
                 # hostname check cannot see: say which node hosts the store.
                 "--rdzv-conf", f"is_host={int(node == 0)}", "--local-addr", addr,

@@ -121,7 +121,8 @@ def knock_after_setup(rank, world):
         table = comm._store.get(comm._comm.rendezvous_prefix + "addr", 30).decode()
         length, rest = table.split(":", 1)
         p2p = rest[:int(length)].split("\n")[1]  # rank 0's entry: collective line, then point-to-point
-        host, port = p2p.split()[0].split("=", 1)[1].rsplit(":", 1)
+        host, port = p2p.split()[0].split("=", 1)[1].split(",")[0].rsplit(":", 1)  # its first address
+        host = host.strip("[]")  # an IPv6 address is written in brackets
         held = []
         for payload in (b"", b"GET / HTTP/1.0\r\n\r\n", struct.pack("<IHH", 0x53484352, 2, 0),
                         # a "dial me" note and a hello with a wrong token

@@ -12,6 +12,7 @@ import os
 import threading
 from typing import Dict, List, Optional
 
+from ... import _core
 from ..._environment import RANK_VARS as _RANK_VARS
 from .process_sets import ProcessSet, global_process_set
 
@@ -291,7 +292,7 @@ def init(comm=None, process_sets=None):
     with _lock:
         if _current is not None:
             return
-        if os.environ.get("RCOLL_ELASTIC_JOIN", "0") not in ("", "0"):
+        if _core.settings()["elastic_join"]:
             world = _join_running_job(Communicator)
         else:
             world = Communicator(name="horovod", **_launcher_settings())

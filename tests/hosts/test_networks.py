@@ -1,0 +1,180 @@
+"""Cluster networks (docs/network.md): which interfaces carry a job's data and
+over which address family, on emulated hosts (network namespaces on one
+bridge, each link shaped with tbf): container and VM bridges left out by
+default, RCOLL_SOCKET_IFNAME in NCCL's syntax, IPv6-only hosts with the store
+at an IPv6 address (bare, bracketed, tcp://), dual-stack hosts whose only
+common network is IPv6, link-local addresses with their scope, and hosts
+with no common network (a ConfigError on every rank, naming both ranks'
+addresses). Two ranks per host: shared memory inside, TCP between. Each
+rank checks its results exactly (network_rank.py) and every rank's exit
+code and stderr are checked."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import launch
+from support.emulated_hosts import Hosts, needs_netns, torchrun_on_hosts
+
+import rcoll
+from rcoll import _core
+
+RANK_SCRIPT = Path(__file__).parent / "network_rank.py"
+INFO = r"\[rcoll \d+ rank \d+\] INFO: "
+
+
+def _run_job(hosts, per_host, master_addr, env=None, per_host_env=None, timeout=120):
+    """network_rank.py on `per_host` ranks in each emulated host; returns
+    [(returncode, stdout, stderr)] in rank order."""
+    port = str(launch.free_port())
+    procs = []
+    for host in range(len(hosts.spaces)):
+        for local in range(per_host):
+            rank = host * per_host + local
+            rank_env = launch._clean_env({"RANK": str(rank), "WORLD_SIZE": str(per_host * len(hosts.spaces)),
+                                          "LOCAL_RANK": str(local), "MASTER_ADDR": master_addr, "MASTER_PORT": port,
+                                          "RCOLL_DEBUG": "INFO", "RCOLL_CONNECT_TIMEOUT": "30", **(env or {}),
+                                          **((per_host_env or {}).get(host, {}))})
+            procs.append(subprocess.Popen(hosts.in_host(host, [sys.executable, str(RANK_SCRIPT)]), env=rank_env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        outputs = [p.communicate(timeout=timeout) for p in procs]
+        return [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs)]
+    finally:
+        launch.kill_leftovers(procs)
+
+
+def _check_job(outcomes, interfaces_of_host):
+    """Every rank exited 0 with exact results, said nothing but INFO lines on
+    stderr, and chose the interfaces of its host (`interfaces_of_host(host)`,
+    per rank in rank order); returns each rank's report."""
+    reports = []
+    for rank, (code, out, err) in enumerate(outcomes):
+        assert code == 0, f"rank {rank} exited {code}\n{err[-3000:]}"
+        launch.check_rank_output(f"rank {rank}", out, err, allow=(INFO,))
+        report = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+        assert report["failures"] == [], report
+        assert report["interfaces"] == interfaces_of_host[rank], (rank, report)
+        said = [line for line in err.splitlines() if f"rank {rank}: data interfaces" in line]
+        assert len(said) == 1, err[-3000:]  # the one INFO line saying what and why
+        reports.append((report, said[0]))
+    return reports
+
+
+@needs_netns()
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("spec", [None, "eth", "=eth0", "^docker,veth,lo"])
+def test_container_bridges_never_carry_the_job(spec):
+    """Each host has docker0 and a veth with the same addresses on every host (as container hosts do): had a
+    rank listened or dialed there, it would have reached itself, not its peer."""
+    with Hosts(2, tag="ifsel", subnet="198.18.30", decoys=True) as hosts:
+        outcomes = _run_job(hosts, 2, hosts.addrs[0], env={"RCOLL_SOCKET_IFNAME": spec} if spec else None)
+    reports = _check_job(outcomes, [[f"eth0 198.18.30.{1 + r // 2}/24"] for r in range(4)])
+    for report, said in reports:
+        assert report["transports"].count("tcp") == 2, report
+        if spec is None:
+            assert "(default); left out: lo (loopback), docker0 (a container or VM bridge), veth5e1f (a container " \
+                   "or VM bridge)" in said, said
+        else:
+            assert f"(RCOLL_SOCKET_IFNAME={spec}); left out: " in said, said
+
+
+IPV6_ONLY = [["2001:2::1/64"], ["2001:2::2/64"]]  # 2001:2::/48: RFC 5180's benchmarking prefix
+
+
+@needs_netns()
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("master_addr", ["2001:2::1", "[2001:2::1]", "tcp://[2001:2::1]"])
+def test_ipv6_only_hosts(master_addr):
+    """No IPv4 on the hosts' link at all; the store (rank 0's) at an IPv6 address, in each way it is written."""
+    with Hosts(2, tag="v6only", addresses=IPV6_ONLY) as hosts:
+        outcomes = _run_job(hosts, 2, master_addr)
+    _check_job(outcomes, [[f"eth0 2001:2::{1 + r // 2}/64"] for r in range(4)])
+
+
+@needs_netns()
+@pytest.mark.timeout(180)
+def test_dual_stack_hosts_that_share_only_ipv6():
+    """Each host has IPv4 too, on a subnet of its own that the other cannot reach: the ranks find the IPv6
+    network they share, whichever address comes first."""
+    with Hosts(2, tag="dual", addresses=[["198.18.31.1/24", "2001:2::1/64"], ["198.18.32.2/24", "2001:2::2/64"]]) \
+            as hosts:
+        outcomes = _run_job(hosts, 2, "2001:2::1")
+    _check_job(outcomes, [["eth0 198.18.31.1/24", "eth0 2001:2::1/64"]] * 2 +
+               [["eth0 198.18.32.2/24", "eth0 2001:2::2/64"]] * 2)
+
+
+@needs_netns()
+@pytest.mark.timeout(180)
+def test_link_local_ipv6_addresses_with_their_scope():
+    """Only fe80:: addresses: the store is reached at fe80::1%eth0 and the peers with this host's eth0 as scope."""
+    with Hosts(2, tag="linklocal", addresses=[["fe80::1/64"], ["fe80::2/64"]]) as hosts:
+        outcomes = _run_job(hosts, 2, "fe80::1%eth0")
+    _check_job(outcomes, [[f"eth0 fe80::{1 + r // 2}/64"] for r in range(4)])
+
+
+@needs_netns()
+@pytest.mark.timeout(120)
+def test_ranks_without_a_common_network_fail_with_a_config_error_on_every_rank():
+    """Host 0 keeps to IPv4, host 1 to IPv6 (RCOLL_SOCKET_FAMILY): the store is reachable, the peers are not."""
+    both = [["198.18.33.1/24", "2001:2::1/64"], ["198.18.33.2/24", "2001:2::2/64"]]
+    with Hosts(2, tag="nocommon", addresses=both) as hosts:
+        outcomes = _run_job(hosts, 1, "198.18.33.1", per_host_env={0: {"RCOLL_SOCKET_FAMILY": "ipv4"},
+                                                                    1: {"RCOLL_SOCKET_FAMILY": "ipv6"}}, timeout=60)
+    for rank, (code, out, err) in enumerate(outcomes):
+        peer = 1 - rank
+        assert code != 0, f"rank {rank} exited 0\n{out}"
+        assert re.search(rf"ConfigError: rank {rank}: no network of this rank reaches rank {peer}: rank {peer} "
+                         r"listens on \S+; this rank's data interfaces eth0 \S+ \(default\)", err), err[-3000:]
+        assert ("2001:2::" in err) and ("198.18.33." in err), err[-3000:]  # both ranks' addresses named
+
+
+def _missing_interface(rank, world, port):
+    store = _core.TcpStore("127.0.0.1", port, 10)  # hosted apart: each rank's error is its own, whoever fails first
+    with pytest.raises(rcoll.ConfigError, match=rf"rank {rank}: RCOLL_SOCKET_IFNAME==eth9: no interface 'eth9' is up "
+                                                r"with an address here \(this host has: lo 127\.0\.0\.1/8"):
+        rcoll.Communicator(rank, world, store=store, settings={"RCOLL_SOCKET_IFNAME": "=eth9",
+                                                              "RCOLL_TRANSPORT": "tcp"})
+
+
+@pytest.mark.timeout(60)
+def test_a_listed_interface_that_is_not_there_is_a_config_error():
+    from support import rank_threads
+
+    server = _core.TcpStoreServer("127.0.0.1", 0)
+    rank_threads.run(_missing_interface, 2, server.port, timeout=30)
+
+
+@needs_netns()
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_torchrun_across_ipv6_only_hosts(tmp_path):
+    """`torchrun --nnodes 2` with the c10d rendezvous at [2001:2::1]:port, a torch.distributed job on rcoll."""
+    pytest.importorskip("torch")
+    script = launch.write_script(tmp_path, """
+        import torch
+        import torch.distributed as dist
+        import rcoll.torch_backend  # noqa: F401
+        dist.init_process_group("rcoll")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        assert world == 4
+        x = torch.arange(100_003, dtype=torch.float64) * (rank + 1)
+        dist.all_reduce(x)
+        assert torch.equal(x, torch.arange(100_003, dtype=torch.float64) * 10), x[:4]
+        gathered = [torch.zeros(3, dtype=torch.int64) for _ in range(world)]
+        dist.all_gather(gathered, torch.full((3,), rank, dtype=torch.int64))
+        assert [int(g[0]) for g in gathered] == list(range(world))
+        dist.destroy_process_group()
+        """)
+    with Hosts(2, tag="v6run", addresses=IPV6_ONLY) as hosts:
+        outcomes = torchrun_on_hosts(hosts, script, tmp_path, nproc=2)
+    for node, (code, err) in enumerate(outcomes):
+        assert code == 0, f"node {node}'s torchrun exited {code}\n{err[-3000:]}"
+        logs = sorted((tmp_path / f"node{node}").glob("*/attempt_*/*"))
+        assert len(logs) == 2, logs
+        for rank_dir in logs:
+            launch.check_rank_output(f"node {node} rank {rank_dir.name}", (rank_dir / "stdout.log").read_text(),
+                                     (rank_dir / "stderr.log").read_text(),
+                                     allow=(r"\[c10d\] The hostname of the client socket cannot be retrieved",))
