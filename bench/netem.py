@@ -186,8 +186,12 @@ class Cluster:
     """H host namespaces, each with a veth port to a bridge in a switch namespace; removed by close().
     (`ranks` names the host namespaces: with --worlds each holds one rank.)"""
 
-    def __init__(self, hosts, mtu, use_netem):
+    def __init__(self, hosts, mtu, use_netem, links=1, extra_rate=None):
+        """`links`: NICs per host, eth0 .. eth<links-1>, link j on bridge br<j> and
+        subnet 198.18.<j>.0/24; links after the first are shaped to `extra_rate`
+        (bits/s) when given, else to the run's rate."""
         self.mtu, self.use_netem = mtu, use_netem
+        self.links, self.extra_rate = links, extra_rate
         self.tag = f"{PREFIX}{os.getpid()}"
         self.switch = f"{self.tag}-sw"
         self.ranks = [f"{self.tag}-r{i}" for i in range(hosts)]
@@ -197,52 +201,68 @@ class Cluster:
     def addr(self, i):
         return f"{SUBNET}.{i + 1}"
 
+    def devices(self, i):
+        """[(dev, switch port, link index)] of host i's links."""
+        return [(f"eth{j}", f"v{i}" if j == 0 else f"v{i}l{j}", j) for j in range(self.links)]
+
     def create(self):
         sh("ip", "netns", "add", self.switch)
         self.created.append(self.switch)
-        sh("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
-        sh("ip", "-n", self.switch, "link", "set", "br0", "up")
+        for j in range(self.links):
+            sh("ip", "-n", self.switch, "link", "add", f"br{j}", "type", "bridge")
+            sh("ip", "-n", self.switch, "link", "set", f"br{j}", "up")
         for i, ns in enumerate(self.ranks):
             sh("ip", "netns", "add", ns)
             self.created.append(ns)
             sh("ip", "-n", ns, "link", "set", "lo", "up")
-            # created inside the rank's namespace, its peer moved straight to the switch's
-            sh("ip", "-n", ns, "link", "add", "eth0", "mtu", str(self.mtu), "type", "veth",
-               "peer", "name", f"v{i}", "mtu", str(self.mtu), "netns", self.switch)
-            sh("ip", "-n", ns, "addr", "add", f"{self.addr(i)}/24", "dev", "eth0")
-            sh("ip", "-n", ns, "link", "set", "eth0", "up")
-            sh("ip", "-n", self.switch, "link", "set", f"v{i}", "master", "br0")
-            sh("ip", "-n", self.switch, "link", "set", f"v{i}", "up")
+            for dev, port, j in self.devices(i):
+                # created inside the rank's namespace, its peer moved straight to the switch's
+                sh("ip", "-n", ns, "link", "add", dev, "mtu", str(self.mtu), "type", "veth",
+                   "peer", "name", port, "mtu", str(self.mtu), "netns", self.switch)
+                sh("ip", "-n", ns, "addr", "add", f"198.18.{j}.{i + 1}/24", "dev", dev)
+                sh("ip", "-n", ns, "link", "set", dev, "up")
+                sh("ip", "-n", self.switch, "link", "set", port, "master", f"br{j}")
+                sh("ip", "-n", self.switch, "link", "set", port, "up")
 
     def shape(self, rate_bps, delay_us):
-        """tbf at rate_bps on both ends of every link (+ netem delay if asked and available); 0 = unshaped."""
+        """tbf at rate_bps on both ends of every link (+ netem delay if asked and available); 0 = unshaped.
+        Links after eth0 take `extra_rate` when it was given."""
         for i, ns in enumerate(self.ranks):
-            for where, dev in ((ns, "eth0"), (self.switch, f"v{i}")):
-                subprocess.run(["tc", "-n", where, "qdisc", "del", "dev", dev, "root"], capture_output=True)
-                if not rate_bps and not (delay_us and self.use_netem):
-                    continue
-                parent = ["root"]
-                if delay_us and self.use_netem:
-                    sh("tc", "-n", where, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem",
-                       "delay", f"{delay_us:g}us", "limit", "100000")
-                    parent = ["parent", "1:1"]
-                if rate_bps:
-                    # burst: ~200 us at the rate (at least 256 KiB: several 64 KiB GSO segments);
-                    # latency: the queue may hold 5 ms at the rate before tbf drops
-                    burst = max(256 << 10, int(rate_bps / 8 * 200e-6))
-                    sh("tc", "-n", where, "qdisc", "add", "dev", dev, *parent, "handle", "10:", "tbf",
-                       "rate", f"{int(rate_bps)}bit", "burst", str(burst), "latency", "5ms")
+            for dev_here, port, j in self.devices(i):
+                rate = self.extra_rate if j > 0 and self.extra_rate else rate_bps
+                for where, dev in ((ns, dev_here), (self.switch, port)):
+                    self._shape_one(where, dev, rate, delay_us)
+
+    def _shape_one(self, where, dev, rate_bps, delay_us):
+        subprocess.run(["tc", "-n", where, "qdisc", "del", "dev", dev, "root"], capture_output=True)
+        if not rate_bps and not (delay_us and self.use_netem):
+            return
+        parent = ["root"]
+        if delay_us and self.use_netem:
+            sh("tc", "-n", where, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem",
+               "delay", f"{delay_us:g}us", "limit", "100000")
+            parent = ["parent", "1:1"]
+        if rate_bps:
+            # burst: ~200 us at the rate (at least 256 KiB: several 64 KiB GSO segments);
+            # latency: the queue may hold 5 ms at the rate before tbf drops
+            burst = max(256 << 10, int(rate_bps / 8 * 200e-6))
+            sh("tc", "-n", where, "qdisc", "add", "dev", dev, *parent, "handle", "10:", "tbf",
+               "rate", f"{int(rate_bps)}bit", "burst", str(burst), "latency", "5ms")
 
     def qdiscs(self):
         return {ns: sh("tc", "-n", ns, "qdisc", "show", "dev", "eth0").strip() for ns in self.ranks}
 
     def counters(self):
-        """{host: (tx_bytes, rx_bytes)} of each host's eth0."""
+        """{host: (tx_bytes, rx_bytes, [tx_bytes per link])} of each host's links together."""
         out = {}
         for i, ns in enumerate(self.ranks):
-            doc = json.loads(sh("ip", "-n", ns, "-s", "-j", "link", "show", "eth0", quiet=True))[0]
-            st = doc.get("stats64") or doc.get("stats")
-            out[i] = (st["tx"]["bytes"], st["rx"]["bytes"])
+            tx, rx, per_link = 0, 0, []
+            for dev, _, _ in self.devices(i):
+                doc = json.loads(sh("ip", "-n", ns, "-s", "-j", "link", "show", dev, quiet=True))[0]
+                st = doc.get("stats64") or doc.get("stats")
+                tx, rx = tx + st["tx"]["bytes"], rx + st["rx"]["bytes"]
+                per_link.append(st["tx"]["bytes"])
+            out[i] = (tx, rx, per_link)
         return out
 
     def popen(self, i, argv, env, **kw):
@@ -363,7 +383,8 @@ def run_backend(cluster, backend, layout, cfg, timeout, base_env, port):
                 env = dict(base_env, **BACKEND_ENV.get(backend, {}))
                 env.update(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(layout[:r].count(host)),
                            LOCAL_WORLD_SIZE=str(layout.count(host)), MASTER_ADDR=cluster.addr(layout[0]),
-                           MASTER_PORT=str(port), RCOLL_SOCKET_IFNAME="eth0", GLOO_SOCKET_IFNAME="eth0")
+                           MASTER_PORT=str(port), RCOLL_SOCKET_IFNAME="eth", GLOO_SOCKET_IFNAME="eth0",
+                           RCOLL_SOCKET_STRIPE="1" if cluster.links > 1 else "0")
                 procs.append(cluster.popen(host, [sys.executable, "-m", "rcoll.bench.launched_rank", "--cfg", cfg_path,
                                                "--out", tmp, "--backend", backend.split("-")[0], "--launcher", "env"],
                                            env))
@@ -386,7 +407,8 @@ def run_backend(cluster, backend, layout, cfg, timeout, base_env, port):
                 raise LauncherFailed(
                     f"{backend} world {world} did not finish within {timeout} s\n{exc}") from None
             raise
-    moved = {h: (after[h][0] - before[h][0], after[h][1] - before[h][1]) for h in sorted(set(layout))}
+    moved = {h: (after[h][0] - before[h][0], after[h][1] - before[h][1],
+                 [a - b for a, b in zip(after[h][2], before[h][2])]) for h in sorted(set(layout))}
     return merge(per_rank, world), moved
 
 
@@ -399,7 +421,8 @@ def mpi_command(cluster, layout, cfg_path, out_dir):
                  "--backend", "mpi", "--launcher", "mpi"]
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
            "--mca", "plm_rsh_agent", cluster.remote_shell(out_dir), "--mca", "plm_rsh_no_tree_spawn", "1",
-           "--mca", "oob_tcp_if_include", "eth0", "--mca", "btl_tcp_if_include", "eth0",
+           "--mca", "oob_tcp_if_include", "eth0",
+           "--mca", "btl_tcp_if_include", ",".join(dev for dev, _, _ in cluster.devices(0)),
            "--mca", "pml", "ob1", "--mca", "btl", "self,vader,tcp"]
     for r, host in enumerate(layout):
         cmd += ([":"] if r else []) + ["-np", "1", "--host", cluster.addr(host)] + rank_argv
@@ -477,7 +500,12 @@ def print_table(records, backends):
             m = rec.get("wire", {}).get(b)
             if m:
                 what = "hierarchical" if hierarchical_hosts(rec["layout"], b) else "ring edge"
-                parts.append(f"{b} sent {m['sent_max'] / 1e6:.0f} MB/host link ({what} payload "
+                per_link = ""
+                moved = rec.get("per_host_wire_bytes", {}).get(b, {})
+                busiest = max(moved.values(), key=lambda v: v[0], default=None)
+                if busiest is not None and len(busiest) > 2 and len(busiest[2]) > 1:
+                    per_link = " = " + " + ".join(f"eth{j} {n / 1e6:.0f}" for j, n in enumerate(busiest[2]))
+                parts.append(f"{b} sent {m['sent_max'] / 1e6:.0f} MB/host{per_link} ({what} payload "
                              f"{m['payload'] / 1e6:.0f} MB)")
         lines.append("#   " + "; ".join(parts))
     for rec in records:
@@ -495,6 +523,10 @@ def main(argv=None):
     p.add_argument("--rates", default="10gbit,25gbit", help="link rates as tc writes them, or `none` for unshaped")
     p.add_argument("--delay", default="50us", help="one-way delay per hop with netem, if the kernel has it (0: none)")
     p.add_argument("--mtu", type=int, default=1500)
+    p.add_argument("--links", type=int, default=1,
+                   help="NICs per host (eth0.., each on a network of its own); rcoll (RCOLL_SOCKET_STRIPE=1) and "
+                        "Open MPI use all of them, Gloo eth0 (it takes one)")
+    p.add_argument("--extra-link-rate", default="", help="rate of the links after eth0 (default: the run's rate)")
     p.add_argument("--backends", default="rcoll,gloo")
     p.add_argument("--ops", default="allreduce", help="subset of allreduce,allgather,broadcast,reduce_scatter")
     p.add_argument("--min-bytes", default="1M")
@@ -589,7 +621,8 @@ def main(argv=None):
     base_env.setdefault("RCOLL_CONNECT_TIMEOUT", "60")
     cfg = {"ops": ops, "sizes": sizes, "iters": args.iters, "warmup": args.warmup, "dtype": args.dtype,
            "async": False, "op_timeout": args.op_timeout}
-    cluster = Cluster(max(max(layout) + 1 for _, layout in placements), args.mtu, use_netem)
+    cluster = Cluster(max(max(layout) + 1 for _, layout in placements), args.mtu, use_netem, args.links,
+                      parse_rate(args.extra_link_rate) if args.extra_link_rate else None)
     records = []
     port = 29600
     t_start = time.monotonic()

@@ -51,6 +51,9 @@ const AgreedSetting kAgreedSettings[kAgreedSettingCount] = {
     // Both ends of a pair must open the same number of sockets.
     {"RCOLL_SOCKETS_PER_PEER", [](const Config& c) -> uint64_t { return static_cast<uint64_t>(c.sockets_per_peer); },
      [](Config& c, uint64_t v) { c.sockets_per_peer = static_cast<int>(v); }},
+    // Both ends of a pair must open sockets on the same networks.
+    {"RCOLL_SOCKET_STRIPE", [](const Config& c) -> uint64_t { return c.socket_stripe ? 1 : 0; },
+     [](Config& c, uint64_t v) { c.socket_stripe = v != 0; }},
     // A rank that connects at start-up would wait for a peer that connects on first use.
     {"RCOLL_RUNTIME_CONNECT", [](const Config& c) -> uint64_t { return c.runtime_connect ? 1 : 0; },
      [](Config& c, uint64_t v) { c.runtime_connect = v != 0; }},

@@ -15,7 +15,7 @@
 
 namespace rcoll {
 
-constexpr int kAgreedSettingCount = 11;
+constexpr int kAgreedSettingCount = 12;
 
 #pragma pack(push, 1)
 struct JobInfo {

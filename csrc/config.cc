@@ -66,6 +66,12 @@ const std::vector<ConfigVar>& configVars() {
        "with an address but loopback and container or VM bridges (docker*, virbr*, veth*, br-*, cni*, "
        "flannel*, cali*), when any other is there. A rank listens on all of their addresses; a peer "
        "dials one on a network both share, else one a route reaches through its own (docs/network.md)"},
+      {"RCOLL_SOCKET_STRIPE", "0",
+       "`1`: where every host has data interfaces on the same two or more networks (several NICs), each "
+       "pair of ranks on different hosts opens `RCOLL_SOCKETS_PER_PEER` sockets on each network and a "
+       "collective's segments take turns on them, in equal shares: for NICs of equal rate (shares in "
+       "proportion to measured rates are not there yet, so a slower NIC would hold the faster back). "
+       "Rank 0's value holds for every rank"},
       {"RCOLL_SOCKET_FAMILY", "",
        "`AF_INET` (`ipv4`) or `AF_INET6` (`ipv6`): only addresses of that family carry data; default both"},
       {"RCOLL_SOCKET_BUFFER_BYTES", "0",
@@ -284,6 +290,7 @@ Config Config::fromEnvironment(const Settings& overrides) {
   ifSet("RCOLL_RUNTIME_CONNECT", [&](const char* n, S v) { c.runtime_connect = parseFlag(n, v); });
   ifSet("RCOLL_SOCKET_IFNAME", [&](const char*, S v) { c.socket_ifname = v; });
   ifSet("RCOLL_SOCKET_FAMILY", [&](const char*, S v) { c.socket_family = v; });
+  ifSet("RCOLL_SOCKET_STRIPE", [&](const char* n, S v) { c.socket_stripe = parseFlag(n, v); });
   ifSet("RCOLL_TRANSPORT", [&](const char* n, S v) { c.transport = parseChoice(n, v, {"auto", "shm", "ib", "tcp"}); });
   ifSet("RCOLL_SHM_DISABLE", [&](const char* n, S v) { c.shm_disable = parseFlag(n, v); });
   ifSet("RCOLL_SHM_RING_BYTES",

@@ -49,6 +49,7 @@ struct Config {
   int sockets_per_peer = 1;              // RCOLL_SOCKETS_PER_PEER: TCP connections per pair (messages striped)
   std::string socket_ifname;             // RCOLL_SOCKET_IFNAME: interfaces for data sockets (net_interfaces.h)
   std::string socket_family;             // RCOLL_SOCKET_FAMILY: "" (both), AF_INET or AF_INET6
+  bool socket_stripe = false;            // RCOLL_SOCKET_STRIPE: sockets on every shared network, turns between them
   std::string transport = "auto";        // RCOLL_TRANSPORT: auto|shm|ib|tcp
   bool shm_disable = false;              // RCOLL_SHM_DISABLE=1: never shared memory
   size_t shm_ring_bytes = 4 << 20;       // RCOLL_SHM_RING_BYTES: per direction and pair, 4K-aligned

@@ -1,5 +1,7 @@
 #include "edge_plan.h"
 
+#include <algorithm>
+
 #include "shm/shm_setup.h"
 
 namespace rcoll {
@@ -16,14 +18,27 @@ HostEntry thisHost(const Config& config) {
   return entry;
 }
 
-// "<0|1> <identity>": the flag first, since an identity may hold any byte.
-std::string encodeHostEntry(const HostEntry& entry) { return std::string(entry.shm_ok ? "1 " : "0 ") + entry.identity; }
+// "<0|1> <subnets> <identity>": the flag first, then the subnets
+// comma-separated ("-": none), since an identity may hold any byte.
+std::string encodeHostEntry(const HostEntry& entry) {
+  std::string subnets;
+  for (const std::string& s : entry.subnets) subnets += (subnets.empty() ? "" : ",") + s;
+  return std::string(entry.shm_ok ? "1 " : "0 ") + (subnets.empty() ? "-" : subnets) + " " + entry.identity;
+}
 
 HostEntry decodeHostEntry(const std::string& bytes) {
   HostEntry entry;
   if (bytes.size() < 2 || (bytes[0] != '0' && bytes[0] != '1') || bytes[1] != ' ') return entry;
+  const size_t space = bytes.find(' ', 2);
+  if (space == std::string::npos) return entry;
   entry.shm_ok = bytes[0] == '1';
-  entry.identity = bytes.substr(2);
+  const std::string subnets = bytes.substr(2, space - 2);
+  for (size_t start = 0; subnets != "-" && start < subnets.size();) {
+    const size_t comma = std::min(subnets.find(',', start), subnets.size());
+    entry.subnets.push_back(subnets.substr(start, comma - start));
+    start = comma + 1;
+  }
+  entry.identity = bytes.substr(space + 1);
   return entry;
 }
 

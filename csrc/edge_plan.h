@@ -15,8 +15,9 @@ namespace rcoll {
 
 // What one rank publishes about its host.
 struct HostEntry {
-  std::string identity;  // hostIdentity(); "" when unknown (never shares memory)
-  bool shm_ok = false;   // RCOLL_TRANSPORT auto or shm, and not RCOLL_SHM_DISABLE=1
+  std::string identity;              // hostIdentity(); "" when unknown (never shares memory)
+  bool shm_ok = false;               // RCOLL_TRANSPORT auto or shm, and not RCOLL_SHM_DISABLE=1
+  std::vector<std::string> subnets;  // of the rank's data interfaces (net_interfaces.h subnetsOf)
 };
 
 // This rank's host identity: "hostid:<RCOLL_HOSTID>" when set (like

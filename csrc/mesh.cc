@@ -75,7 +75,8 @@ class MeshBuilder {
  private:
   std::string freshPrefix(Store& store, const std::string& base, Deadline deadline);
   std::vector<std::string> allGather(Store& store, const std::string& key, const std::string& mine, Deadline deadline);
-  std::vector<HostEntry> exchangeHosts(Store& store, const std::string& prefix, Deadline deadline);
+  std::vector<HostEntry> exchangeHosts(Store& store, const std::string& prefix, Deadline deadline,
+                                       const std::vector<std::string>& subnets);
   bool agreeOnVerbs(Store& store, const std::string& prefix, Deadline deadline, const std::vector<HostEntry>& hosts,
                     IbPortChoice* port);
 
@@ -112,7 +113,7 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
 
   RCOLL_INFO("rank %d: %s", rank_, data_interfaces.why.c_str());
   const std::string bind_host = data_interfaces.bindList();
-  const std::vector<HostEntry> hosts = exchangeHosts(store, prefix, deadline);
+  const std::vector<HostEntry> hosts = exchangeHosts(store, prefix, deadline, subnetsOf(data_interfaces));
   mesh_.topology = computeTopology(hosts);
   RCOLL_INFO("rank %d: %s", rank_, mesh_.topology.describe().c_str());
   const bool need_network = needsNetwork(rank_, hosts);
@@ -132,6 +133,28 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
     route[static_cast<size_t>(p)] = shm ? 0 : 1;
     mesh_.peer_transports[static_cast<size_t>(p)] = shm ? "shm" : network;
     shm_peers += shm ? 1 : 0;
+  }
+  // Several NICs (TCP, RCOLL_SOCKET_STRIPE=1): the networks that every rank
+  // with a peer on another host has an address on, the same list on every
+  // rank. With two or more, each pair of ranks opens RCOLL_SOCKETS_PER_PEER
+  // sockets on each, and a collective's segments take turns on them
+  // (tcp_transport.h): equal shares.
+  std::vector<std::string> stripes;
+  if (mesh_.config.socket_stripe && !use_verbs && need_network) {
+    std::vector<std::vector<std::string>> networked;
+    for (int r = 0; r < size_; ++r) {
+      if (needsNetwork(r, hosts)) networked.push_back(hosts[static_cast<size_t>(r)].subnets);
+    }
+    stripes = commonSubnets(networked);
+    if (stripes.size() < 2) stripes.clear();
+  }
+  Config network_config = mesh_.config;
+  if (!stripes.empty()) {
+    network_config.sockets_per_peer *= static_cast<int>(stripes.size());
+    std::string names;
+    for (const std::string& s : stripes) names += (names.empty() ? "" : ", ") + s;
+    RCOLL_INFO("rank %d: %zu networks shared by every host (%s): %d sockets per peer, taking turns", rank_,
+               stripes.size(), names.c_str(), network_config.sockets_per_peer);
   }
   auto makeNetwork = [&](const ConnectInfo& connect_info, const Config& settings) -> std::unique_ptr<Transport> {
     if (use_verbs) return makeVerbsTransport(connect_info, settings, bind_host, ib_port);
@@ -160,7 +183,7 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
   Config collective_shm_config = mesh_.config;
   if (need_network) collective_shm_config.shm_coll_slot_bytes = kHostGroupSlotBytes;
   ShmTransport* collective_shm = nullptr;
-  mesh_.transport = makeTransport(mesh_.info, collective_shm_config, mesh_.config, &collective_shm);
+  mesh_.transport = makeTransport(mesh_.info, collective_shm_config, network_config, &collective_shm);
   RCOLL_INFO("rank %d: transport %s; %s", rank_, mesh_.transport->name(), describeEdges(mesh_.peer_transports).c_str());
   // Point-to-point traffic gets its own connections (p2p_engine.h): sockets or
   // queue pairs. Their handshakes and headers carry a different id, so a stray
@@ -207,8 +230,10 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
       const std::string& both = addresses[static_cast<size_t>(peer)];
       const size_t newline = both.find('\n');
       const std::string published = p2p ? both.substr(newline + 1) : both.substr(0, newline);
-      return chooseDialAddress(pickAddress(published, mesh_.peer_transports[static_cast<size_t>(peer)], rank_, peer),
-                               data_interfaces, rank_, peer);
+      const std::string theirs = pickAddress(published, mesh_.peer_transports[static_cast<size_t>(peer)], rank_, peer);
+      if (!stripes.empty() && route[static_cast<size_t>(peer)] == 1)
+        return dialAddressesOn(stripes, theirs, rank_, peer);
+      return chooseDialAddress(theirs, data_interfaces, rank_, peer);
     };
     const std::vector<bool> needed =
         p2p ? std::vector<bool>(static_cast<size_t>(size_), false) : collectivePeers(rank_, mesh_.topology);
@@ -336,8 +361,10 @@ std::vector<std::string> MeshBuilder::allGather(Store& store, const std::string&
 // and so choose alike for every edge. RCOLL_TRANSPORT=shm asks for shared
 // memory on every edge: a rank elsewhere (or one that will not) is a
 // ConfigError naming it, never a silent fallback.
-std::vector<HostEntry> MeshBuilder::exchangeHosts(Store& store, const std::string& prefix, Deadline deadline) {
-  const HostEntry mine = thisHost(mesh_.config);
+std::vector<HostEntry> MeshBuilder::exchangeHosts(Store& store, const std::string& prefix, Deadline deadline,
+                                                  const std::vector<std::string>& subnets) {
+  HostEntry mine = thisHost(mesh_.config);
+  mine.subnets = subnets;
   std::vector<HostEntry> hosts;
   for (const std::string& entry : allGather(store, prefix + "host", encodeHostEntry(mine), deadline)) {
     hosts.push_back(decodeHostEntry(entry));

@@ -7,7 +7,9 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <iterator>
 
 #include "error.h"
 #include "name_filter.h"
@@ -201,6 +203,61 @@ DataInterfaces chooseDataInterfaces(const std::string& spec, const std::string& 
   out.why = "data interfaces " + describeAll(out.chosen) +
             (spec.empty() ? " (default)" : " (RCOLL_SOCKET_IFNAME=" + spec + ")");
   if (!reasons.empty()) out.why += "; left out: " + reasons;
+  return out;
+}
+
+std::vector<std::string> subnetsOf(const DataInterfaces& interfaces) {
+  std::vector<std::string> out;
+  for (const InterfaceAddress& a : interfaces.chosen) {
+    unsigned char bytes[16] = {};
+    int family = 0;
+    if (a.link_local || a.loopback || !addressBytes(a.address, &family, bytes)) continue;
+    const int total = family == AF_INET ? 32 : 128;
+    const int bits = std::min(a.prefix_len, total);
+    for (int i = bits; i < total; ++i) bytes[i / 8] &= static_cast<unsigned char>(~(0x80 >> (i % 8)));
+    char text[INET6_ADDRSTRLEN] = {};
+    if (inet_ntop(family, bytes, text, sizeof(text)) == nullptr) continue;
+    out.push_back(std::string(text) + "/" + std::to_string(bits));
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+std::vector<std::string> commonSubnets(const std::vector<std::vector<std::string>>& lists) {
+  if (lists.empty()) return {};
+  std::vector<std::string> common = lists[0];
+  for (const auto& list : lists) {
+    std::vector<std::string> both;
+    std::set_intersection(common.begin(), common.end(), list.begin(), list.end(), std::back_inserter(both));
+    common.swap(both);
+  }
+  return common;
+}
+
+std::string dialAddressesOn(const std::vector<std::string>& subnets, const std::string& published, int rank, int peer) {
+  std::string out;
+  for (const std::string& subnet : subnets) {
+    InterfaceAddress network;
+    network.address = subnet.substr(0, subnet.find('/'));
+    network.prefix_len = std::atoi(subnet.c_str() + subnet.find('/') + 1);
+    std::string found;
+    for (size_t start = 0; start < published.size() && found.empty();) {
+      const size_t comma = std::min(published.find(',', start), published.size());
+      std::string host;
+      int port = 0;
+      if (splitHostPort(published.substr(start, comma - start), &host, &port) && sameSubnet(network, host)) {
+        found = joinHostPort(host, port);
+      }
+      start = comma + 1;
+    }
+    if (found.empty()) {
+      throwError(ErrorKind::kConfig, strFormat("rank %d: rank %d has no address on network %s (it listens on %s), "
+                                               "which every rank's data interfaces were to share",
+                                               rank, peer, subnet.c_str(), published.c_str()));
+    }
+    out += (out.empty() ? "" : ",") + found;
+  }
   return out;
 }
 

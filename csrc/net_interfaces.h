@@ -52,4 +52,13 @@ DataInterfaces chooseDataInterfaces(const std::string& spec, const std::string& 
 // ranks' addresses, when none is.
 std::string chooseDialAddress(const std::string& published, const DataInterfaces& mine, int rank, int peer);
 
+// Several NICs: the subnets ("198.18.40.0/24", "2001:2::/64") of the chosen
+// addresses, link-local and loopback ones left out, sorted; those every one
+// of `lists` has, sorted; and, for each of `subnets`, the peer's published
+// address on it, comma-separated, in that order (lane k of a peer dials the
+// (k mod n)-th). ConfigError when the peer has none on one of them.
+std::vector<std::string> subnetsOf(const DataInterfaces& interfaces);
+std::vector<std::string> commonSubnets(const std::vector<std::vector<std::string>>& lists);
+std::string dialAddressesOn(const std::vector<std::string>& subnets, const std::string& published, int rank, int peer);
+
 }  // namespace rcoll

@@ -228,8 +228,8 @@ void OnDemandConnector::connectWanted() {
       RCOLL_INFO("rank %d: connecting to rank %d on first use (%s)", info_.rank, peer, address.c_str());
       state_[static_cast<size_t>(peer)] = PeerState::kDialing;
       for (int k = 0; k < lanes_; ++k) {
-        dials_.push_back(
-            std::make_unique<PendingDial>(info_, peer, address, options_, k, lanes_, false, now + dial_timeout_));
+        dials_.push_back(std::make_unique<PendingDial>(info_, peer, laneAddress(address, k), options_, k, lanes_, false,
+                                                       now + dial_timeout_));
       }
       continue;
     }
@@ -259,8 +259,8 @@ void OnDemandConnector::connectWanted() {
     }
     if (now >= next_note_[p]) {
       next_note_[p] = now + kNoteInterval;
-      dials_.push_back(std::make_unique<PendingDial>(info_, peer, addresses_[p], options_, 0, lanes_, true,
-                                                     std::min(asked_until_[p], now + kNoteInterval)));
+      dials_.push_back(std::make_unique<PendingDial>(info_, peer, laneAddress(addresses_[p], 0), options_, 0, lanes_,
+                                                     true, std::min(asked_until_[p], now + kNoteInterval)));
     }
     ++i;
   }

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <vector>
 
 #include "error.h"
 
@@ -45,6 +46,16 @@ bool splitHostPort(const std::string& address, std::string* host, int* port) {
 std::string joinHostPort(const std::string& host, int port) {
   if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
   return host + ":" + std::to_string(port);
+}
+
+std::string laneAddress(const std::string& addresses, int k) {
+  std::vector<std::string> list;
+  for (size_t start = 0; start <= addresses.size();) {
+    const size_t comma = std::min(addresses.find(',', start), addresses.size());
+    list.push_back(addresses.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return list[static_cast<size_t>(k) % list.size()];
 }
 
 static std::string withoutBrackets(const std::string& host) {

@@ -20,6 +20,10 @@ std::string errnoText(int err);  // "Connection refused (errno 111)"
 bool splitHostPort(const std::string& address, std::string* host, int* port);
 std::string joinHostPort(const std::string& host, int port);
 
+// Entry k mod n of a comma-separated list of n addresses ("host:port,..."):
+// where a peer is dialed on several networks, lane k takes the k-th.
+std::string laneAddress(const std::string& addresses, int k);
+
 // Resolves `host` (a name, an IPv4 literal, an IPv6 literal bare or in
 // brackets, with "%scope" for a link-local one) to one address, IPv4 first
 // when a name has both. With `passive` and an empty host (or "0.0.0.0" /

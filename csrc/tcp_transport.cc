@@ -124,7 +124,7 @@ void TcpTransport::adoptConnectedSocket(int peer, int fd) {
 
 void TcpTransport::connect(int peer, const std::string& address, Deadline deadline) {
   for (int k = 0; k < lanes_; ++k) {
-    adopt(peer, k, dialPeer(info_, peer, address, deadline, config_.socketOptions(), k, lanes_));
+    adopt(peer, k, dialPeer(info_, peer, laneAddress(address, k), deadline, config_.socketOptions(), k, lanes_));
   }
 }
 

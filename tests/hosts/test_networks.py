@@ -131,6 +131,41 @@ def test_ranks_without_a_common_network_fail_with_a_config_error_on_every_rank()
         assert ("2001:2::" in err) and ("198.18.33." in err), err[-3000:]  # both ranks' addresses named
 
 
+@needs_netns()
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("per_host, second_rate", [(2, "1gbit"), (4, "1gbit"), (2, "250mbit")])
+def test_two_nics_per_host_carry_one_collective_together(per_host, second_rate):
+    """Each host has eth0 and eth1 on networks of their own; with RCOLL_SOCKET_STRIPE=1 every pair of ranks on
+    different hosts connects on both, a collective's segments take turns on them, and each link carries its
+    share of the bytes (equal shares: with links of unequal rate, results stay exact)."""
+    with Hosts(2, tag="twonics", subnet="198.18.40", more_links=[("198.18.41", second_rate)]) as hosts:
+        before = [[hosts.sent_bytes(h, dev) for dev in ("eth0", "eth1")] for h in range(2)]
+        outcomes = _run_job(hosts, per_host, hosts.addrs[0], env={"RCOLL_SOCKET_STRIPE": "1"}, timeout=200)
+        sent = [[hosts.sent_bytes(h, dev) - before[h][d] for d, dev in enumerate(("eth0", "eth1"))] for h in range(2)]
+    reports = _check_job(outcomes, [[f"eth0 198.18.40.{1 + r // per_host}/24", f"eth1 198.18.41.{1 + r // per_host}/24"]
+                                    for r in range(2 * per_host)])
+    for rank, (code, out, err) in enumerate(outcomes):
+        assert "2 networks shared by every host (198.18.40.0/24, 198.18.41.0/24): 2 sockets per peer" in err, \
+            err[-2000:]
+    for host, (eth0, eth1) in enumerate(sent):
+        # The allreduce alone moves tens of MB across: each link carries close to half of it.
+        assert min(eth0, eth1) > 0.4 * (eth0 + eth1) and eth0 + eth1 > 20e6, (host, sent)
+    assert len(reports) == 2 * per_host
+
+
+@needs_netns()
+@pytest.mark.timeout(120)
+def test_without_striping_one_network_carries_the_job():
+    """Two NICs per host, RCOLL_SOCKET_STRIPE unset: the ranks listen on both and dial one network (the first
+    they share), so the other link carries nothing of the job's."""
+    with Hosts(2, tag="onenic", subnet="198.18.42", more_links=[("198.18.43", "1gbit")]) as hosts:
+        before = [hosts.sent_bytes(h, "eth1") for h in range(2)]
+        outcomes = _run_job(hosts, 1, hosts.addrs[0])
+        eth1 = [hosts.sent_bytes(h, "eth1") - before[h] for h in range(2)]
+    _check_job(outcomes, [["eth0 198.18.42.1/24", "eth1 198.18.43.1/24"], ["eth0 198.18.42.2/24", "eth1 198.18.43.2/24"]])
+    assert max(eth1) < 1e6, eth1  # neighbour discovery and such, not the job's tens of MB
+
+
 def _missing_interface(rank, world, port):
     store = _core.TcpStore("127.0.0.1", port, 10)  # hosted apart: each rank's error is its own, whoever fails first
     with pytest.raises(rcoll.ConfigError, match=rf"rank {rank}: RCOLL_SOCKET_IFNAME==eth9: no interface 'eth9' is up "

@@ -5,6 +5,7 @@ namespace share memory (one host identity); ranks in different ones talk over
 the shaped link. TwoHosts joins two by one veth pair; Hosts(n) gives each of n
 a link to a bridge (the switch) in a namespace of its own. Either can take a
 host's link down (`link`) or keep it up and drop every packet (`drop`)."""
+import json
 import os
 import shutil
 import subprocess
@@ -127,13 +128,17 @@ class Hosts(_Namespaces):
     namespace of its own, each host's link shaped to `rate` both ways (tbf on
     eth0 and on its switch port): n hosts on one top-of-rack switch."""
 
-    def __init__(self, n, rate="1gbit", subnet="198.18.12", tag="hosts", addresses=None, decoys=False):
+    def __init__(self, n, rate="1gbit", subnet="198.18.12", tag="hosts", addresses=None, decoys=False,
+                 more_links=()):
         """`addresses[i]`: host i's addresses on eth0 as CIDRs, IPv4 or IPv6
         (default f"{subnet}.{i + 1}/24"); no others are made (no automatic
         link-local one, no duplicate address detection to wait for). `decoys`:
         every host also gets what container hosts have and a job must never
         use: docker0 (172.17.0.1/16) and veth5e1f (10.88.0.1/24), the same
-        addresses on every host, up but leading nowhere."""
+        addresses on every host, up but leading nowhere. `more_links`: a
+        (subnet, rate) per further NIC: host i's eth1, eth2, ... at
+        f"{subnet}.{i + 1}/24" on a bridge (a switch) of their own, shaped to
+        that rate: hosts with several NICs on several networks."""
         prefix = f"rcoll-{tag}-{os.getpid()}"
         self.switch = f"{prefix}-sw"
         self.spaces = [f"{prefix}-{i}" for i in range(n)]
@@ -141,6 +146,7 @@ class Hosts(_Namespaces):
         self.addrs = [cidrs[0].split("/")[0] for cidrs in self.cidrs]
         self.rate = rate
         self.decoys = decoys
+        self.more_links = list(more_links)
         self.made = []
 
     def __enter__(self):
@@ -169,6 +175,19 @@ class Hosts(_Namespaces):
                 sh("ip", "-n", self.switch, "link", "set", f"p{i}", "up")
                 shape(ns, "eth0", self.rate)
                 shape(self.switch, f"p{i}", self.rate)
+                for j, (link_subnet, link_rate) in enumerate(self.more_links, 1):
+                    dev, port, bridge = f"eth{j}", f"p{i}l{j}", f"br{j}"
+                    if i == 0:
+                        sh("ip", "-n", self.switch, "link", "add", bridge, "type", "bridge")
+                        sh("ip", "-n", self.switch, "link", "set", bridge, "up")
+                    sh("ip", "-n", ns, "link", "add", dev, "type", "veth", "peer", "name", port, "netns", self.switch)
+                    sh("ip", "-n", ns, "link", "set", dev, "addrgenmode", "none")
+                    sh("ip", "-n", ns, "addr", "add", f"{link_subnet}.{i + 1}/24", "dev", dev)
+                    sh("ip", "-n", ns, "link", "set", dev, "up")
+                    sh("ip", "-n", self.switch, "link", "set", port, "master", bridge)
+                    sh("ip", "-n", self.switch, "link", "set", port, "up")
+                    shape(ns, dev, link_rate)
+                    shape(self.switch, port, link_rate)
             self._name_hosts()
         except BaseException:
             self.__exit__()
@@ -178,6 +197,13 @@ class Hosts(_Namespaces):
     def far_end(self, host):
         """(namespace, device) of the other end of host `host`'s link: its switch port."""
         return self.switch, f"p{host}"
+
+    def sent_bytes(self, host, dev="eth0"):
+        """Bytes host `host` has sent on `dev` so far (the kernel's counter)."""
+        out = subprocess.run(["ip", "-n", self.spaces[host], "-s", "-j", "link", "show", dev], capture_output=True,
+                             text=True, check=True).stdout
+        doc = json.loads(out)[0]
+        return (doc.get("stats64") or doc["stats"])["tx"]["bytes"]
 
 
 class TwoHosts(_Namespaces):
