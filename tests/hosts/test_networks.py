@@ -144,7 +144,7 @@ def test_two_nics_per_host_carry_one_collective_together(per_host, second_rate):
         sent = [[hosts.sent_bytes(h, dev) - before[h][d] for d, dev in enumerate(("eth0", "eth1"))] for h in range(2)]
     reports = _check_job(outcomes, [[f"eth0 198.18.40.{1 + r // per_host}/24", f"eth1 198.18.41.{1 + r // per_host}/24"]
                                     for r in range(2 * per_host)])
-    for rank, (code, out, err) in enumerate(outcomes):
+    for _, _, err in outcomes:
         assert "2 networks shared by every host (198.18.40.0/24, 198.18.41.0/24): 2 sockets per peer" in err, \
             err[-2000:]
     for host, (eth0, eth1) in enumerate(sent):
@@ -162,7 +162,8 @@ def test_without_striping_one_network_carries_the_job():
         before = [hosts.sent_bytes(h, "eth1") for h in range(2)]
         outcomes = _run_job(hosts, 1, hosts.addrs[0])
         eth1 = [hosts.sent_bytes(h, "eth1") - before[h] for h in range(2)]
-    _check_job(outcomes, [["eth0 198.18.42.1/24", "eth1 198.18.43.1/24"], ["eth0 198.18.42.2/24", "eth1 198.18.43.2/24"]])
+    _check_job(outcomes, [["eth0 198.18.42.1/24", "eth1 198.18.43.1/24"],
+                          ["eth0 198.18.42.2/24", "eth1 198.18.43.2/24"]])
     assert max(eth1) < 1e6, eth1  # neighbour discovery and such, not the job's tens of MB
 
 
