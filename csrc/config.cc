@@ -69,9 +69,8 @@ const std::vector<ConfigVar>& configVars() {
       {"RCOLL_SOCKET_STRIPE", "0",
        "`1`: where every host has data interfaces on the same two or more networks (several NICs), each "
        "pair of ranks on different hosts opens `RCOLL_SOCKETS_PER_PEER` sockets on each network and a "
-       "collective's segments take turns on them, in equal shares: for NICs of equal rate (shares in "
-       "proportion to measured rates are not there yet, so a slower NIC would hold the faster back). "
-       "Rank 0's value holds for every rank"},
+       "collective's segments are spread over them in proportion to what each carried when the pair "
+       "connected (measured, docs/network.md). Rank 0's value holds for every rank"},
       {"RCOLL_SOCKET_FAMILY", "",
        "`AF_INET` (`ipv4`) or `AF_INET6` (`ipv6`): only addresses of that family carry data; default both"},
       {"RCOLL_SOCKET_BUFFER_BYTES", "0",

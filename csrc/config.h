@@ -45,16 +45,17 @@ struct Config {
   std::chrono::microseconds spin{50};  // RCOLL_SPIN_US: busy-poll this long before sleeping
   size_t socket_buffer_bytes = 0;      // RCOLL_SOCKET_BUFFER_BYTES: 0 = kernel autotuning
   std::chrono::milliseconds peer_timeout{std::chrono::seconds(15)};  // RCOLL_PEER_TIMEOUT: 0 = the kernel's
-  bool runtime_connect = true;           // RCOLL_RUNTIME_CONNECT: point-to-point connects across hosts on first use
-  int sockets_per_peer = 1;              // RCOLL_SOCKETS_PER_PEER: TCP connections per pair (messages striped)
-  std::string socket_ifname;             // RCOLL_SOCKET_IFNAME: interfaces for data sockets (net_interfaces.h)
-  std::string socket_family;             // RCOLL_SOCKET_FAMILY: "" (both), AF_INET or AF_INET6
-  bool socket_stripe = false;            // RCOLL_SOCKET_STRIPE: sockets on every shared network, turns between them
-  std::string transport = "auto";        // RCOLL_TRANSPORT: auto|shm|ib|tcp
-  bool shm_disable = false;              // RCOLL_SHM_DISABLE=1: never shared memory
-  size_t shm_ring_bytes = 4 << 20;       // RCOLL_SHM_RING_BYTES: per direction and pair, 4K-aligned
-  bool shm_coll = true;                  // RCOLL_SHM_COLL: collectives through shared windows (all ranks on one host)
-  size_t shm_coll_slot_bytes = 1 << 20;  // RCOLL_SHM_COLL_SLOT_BYTES: each window slot (two per rank)
+  bool runtime_connect = true;      // RCOLL_RUNTIME_CONNECT: point-to-point connects across hosts on first use
+  int sockets_per_peer = 1;         // RCOLL_SOCKETS_PER_PEER: TCP connections per pair (messages striped)
+  std::string socket_ifname;        // RCOLL_SOCKET_IFNAME: interfaces for data sockets (net_interfaces.h)
+  std::string socket_family;        // RCOLL_SOCKET_FAMILY: "" (both), AF_INET or AF_INET6
+  bool socket_stripe = false;       // RCOLL_SOCKET_STRIPE: sockets on every shared network, turns between them
+  int socket_networks = 1;          // not a variable: the networks the mesh spreads each pair's sockets over (mesh.cc)
+  std::string transport = "auto";   // RCOLL_TRANSPORT: auto|shm|ib|tcp
+  bool shm_disable = false;         // RCOLL_SHM_DISABLE=1: never shared memory
+  size_t shm_ring_bytes = 4 << 20;  // RCOLL_SHM_RING_BYTES: per direction and pair, 4K-aligned
+  bool shm_coll = true;             // RCOLL_SHM_COLL: collectives through shared windows (all ranks on one host)
+  size_t shm_coll_slot_bytes = 1 << 20;         // RCOLL_SHM_COLL_SLOT_BYTES: each window slot (two per rank)
   size_t shm_coll_direct_bytes = 256 << 10;     // RCOLL_SHM_COLL_DIRECT_BYTES: see configVars()
   bool cuda_ipc = true;                         // RCOLL_CUDA_IPC: device buffers through CUDA IPC windows (one host)
   size_t cuda_ipc_slot_bytes = 16 << 20;        // RCOLL_CUDA_IPC_SLOT_BYTES: each device window slot (two per rank)

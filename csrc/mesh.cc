@@ -151,10 +151,11 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
   Config network_config = mesh_.config;
   if (!stripes.empty()) {
     network_config.sockets_per_peer *= static_cast<int>(stripes.size());
+    network_config.socket_networks = static_cast<int>(stripes.size());
     std::string names;
     for (const std::string& s : stripes) names += (names.empty() ? "" : ", ") + s;
-    RCOLL_INFO("rank %d: %zu networks shared by every host (%s): %d sockets per peer, taking turns", rank_,
-               stripes.size(), names.c_str(), network_config.sockets_per_peer);
+    RCOLL_INFO("rank %d: %zu networks shared by every host (%s): %d sockets per peer, in shares measured per pair",
+               rank_, stripes.size(), names.c_str(), network_config.sockets_per_peer);
   }
   auto makeNetwork = [&](const ConnectInfo& connect_info, const Config& settings) -> std::unique_ptr<Transport> {
     if (use_verbs) return makeVerbsTransport(connect_info, settings, bind_host, ib_port);

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "lane_probe.h"
 #include "log.h"
 #include "peer_listener.h"
 
@@ -74,7 +75,8 @@ TcpTransport::TcpTransport(const ConnectInfo& info, const Config& config, const 
       lanes_(std::max(1, config.sockets_per_peer)),
       listener_(std::make_unique<PeerListener>(info, bind_host, config.socketOptions(), lanes_)),
       connections_(static_cast<size_t>(info.size) * static_cast<size_t>(lanes_)),
-      posted_(static_cast<size_t>(info.size)) {
+      schedules_(static_cast<size_t>(info.size), Lanes{LaneSchedule(lanes_), LaneSchedule(lanes_)}),
+      networks_(std::max(1, config.socket_networks)) {
   listen_address_ = listener_->address();
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   RCOLL_INFO("tcp transport listening on %s (%d socket(s) per peer)", listen_address_.c_str(), lanes_);
@@ -126,6 +128,28 @@ void TcpTransport::connect(int peer, const std::string& address, Deadline deadli
   for (int k = 0; k < lanes_; ++k) {
     adopt(peer, k, dialPeer(info_, peer, laneAddress(address, k), deadline, config_.socketOptions(), k, lanes_));
   }
+  weighLanes(peer, /*dialer=*/true, deadline);
+}
+
+// Peers connected at set-up over several networks: both ends measure the
+// lanes once, before the pair's first message. Peers connected on first use
+// keep equal shares at both ends.
+void TcpTransport::weighLanes(int peer, bool dialer, Deadline deadline) {
+  if (networks_ < 2) return;
+  std::vector<int> fds;
+  for (int k = 0; k < lanes_; ++k) fds.push_back(laneTo(peer, k)->fd);
+  std::vector<double> rates;
+  const std::vector<int> weights = dialer ? probeLanesAsDialer(fds, deadline, info_.rank, peer)
+                                          : probeLanesAsAcceptor(fds, deadline, info_.rank, peer, &rates);
+  Lanes& lanes = schedules_[static_cast<size_t>(peer)];
+  lanes.sends.setWeights(weights);
+  lanes.recvs.setWeights(weights);
+  std::string said;
+  for (size_t k = 0; k < weights.size(); ++k) {
+    said += strFormat("%s%d", k ? ", " : "", weights[k]);
+    if (!rates.empty()) said += strFormat(" (%.0f MB/s)", rates[k] / 1e6);
+  }
+  RCOLL_INFO("rank %d: the sockets to rank %d take shares %s", info_.rank, peer, said.c_str());
 }
 
 // Lanes of different peers may come in any order: returns the first peer
@@ -136,7 +160,9 @@ int TcpTransport::accept(Deadline deadline) {
       bool failed = false;
       adoptOutcome(o, &failed);
     };
-    return on_demand_.acceptSetupPeer(*this, info_, deadline, adopt);
+    const int peer = on_demand_.acceptSetupPeer(*this, info_, deadline, adopt);
+    weighLanes(peer, /*dialer=*/false, deadline);
+    return peer;
   }
   for (;;) {
     std::vector<bool> taken(connections_.size());
@@ -147,7 +173,10 @@ int TcpTransport::accept(Deadline deadline) {
     int k = 0;
     int peer = listener_->accept(deadline, taken, &fd, &k);
     adopt(peer, k, fd);
-    if (connected(peer)) return peer;
+    if (connected(peer)) {
+      weighLanes(peer, /*dialer=*/false, deadline);
+      return peer;
+    }
   }
 }
 
@@ -171,7 +200,7 @@ Request* TcpTransport::irecv(int peer, const WireHeader& expected, void* data, s
 // receive or not; the next receive will read the lane its number picks.
 bool TcpTransport::peekIncoming(int peer, WireHeader* header) {
   if (peer < 0 || peer >= info_.size || peer == info_.rank) return false;
-  const Connection* c = laneTo(peer, static_cast<int>(posted_[static_cast<size_t>(peer)].recvs % lanes_));
+  const Connection* c = laneTo(peer, schedules_[static_cast<size_t>(peer)].recvs.peek());
   if (c == nullptr || c->failed || c->in_header_got < sizeof(WireHeader)) return false;
   *header = c->in_header;
   return true;
@@ -214,10 +243,8 @@ Request* TcpTransport::post(TcpRequest* r) {
   // connection's cause, so the caller sees why without waiting.
   Connection* c = nullptr;
   if (connected(r->peer)) {
-    Posted& posted = posted_[static_cast<size_t>(r->peer)];
-    uint64_t& n = r->is_send ? posted.sends : posted.recvs;
-    c = laneTo(r->peer, static_cast<int>(n % static_cast<uint64_t>(lanes_)));
-    ++n;
+    Lanes& lanes = schedules_[static_cast<size_t>(r->peer)];
+    c = laneTo(r->peer, (r->is_send ? lanes.sends : lanes.recvs).next());
   }
   if (c != nullptr && c->closed_by_peer && !r->is_send) failConnection(*c, ErrorKind::kPeer, closedText(c->peer));
   if (c == nullptr || c->failed || aborted_) {

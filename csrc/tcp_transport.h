@@ -1,8 +1,11 @@
 // TCP implementation of the transport interface.
 //
-// One full-duplex socket per peer, or several (RCOLL_SOCKETS_PER_PEER, "lanes"):
-// the k-th message to a peer goes out on lane k mod N and the k-th receive
-// posted for it reads lane k mod N, so both ends agree without a word and the
+// One full-duplex socket per peer, or several (RCOLL_SOCKETS_PER_PEER, "lanes";
+// RCOLL_SOCKET_STRIPE: on several networks): the k-th message to a peer goes
+// out on the lane the pair's schedule picks (lane_schedule.h: k mod N, or in
+// proportion to what each lane carried when the pair connected, measured by
+// lane_probe.h where the lanes span several NICs) and the k-th receive posted
+// for it reads that same lane, so both ends agree without a word and the
 // per-pair order that the interface promises holds (completions may come out
 // of order across lanes; callers test each request). Several streams let a
 // fast NIC carry more than one core's copies, and keep one slow segment from
@@ -23,6 +26,7 @@
 #include <vector>
 
 #include "config.h"
+#include "lane_schedule.h"
 #include "on_demand_peers.h"
 #include "peer_listener.h"
 #include "request_lifecycle.h"
@@ -73,11 +77,13 @@ class TcpTransport : public Transport {
   struct TcpRequest;
   struct Connection;
 
-  // Per peer: messages posted so far each way, which pick the next lane.
-  struct Posted {
-    uint64_t sends = 0;
-    uint64_t recvs = 0;
+  // Per peer, each way: which lane the next message takes (lane_schedule.h).
+  struct Lanes {
+    LaneSchedule sends;
+    LaneSchedule recvs;
   };
+  // Several NICs: measures the peer's lanes (lane_probe.h) and weighs its schedules.
+  void weighLanes(int peer, bool dialer, Deadline deadline);
 
   Request* post(TcpRequest* r);  // queues r on its lane, or fails it at once
   // Adopts what the connector finished; true if a request failed. From
@@ -108,7 +114,8 @@ class TcpTransport : public Transport {
   int wake_fd_ = -1;
   std::string listen_address_;
   std::vector<std::unique_ptr<Connection>> connections_;  // indexed by peer * lanes_ + lane
-  std::vector<Posted> posted_;                            // indexed by peer
+  std::vector<Lanes> schedules_;                          // indexed by peer
+  int networks_;  // networks the lanes to a peer spread over (Config::socket_networks)
   RequestLifecycle<TcpRequest> requests_;
   std::vector<pollfd> poll_fds_;  // progress() scratch
   bool aborted_ = false;

@@ -257,7 +257,7 @@ bool interpret(std::vector<Schedule>& schedules, const Topology& t, const Execut
 
 std::vector<HostEntry> hostsOf(const std::string& layout) {  // "AABB": rank r on host layout[r]
   std::vector<HostEntry> hosts;
-  for (char c : layout) hosts.push_back(HostEntry{std::string(1, c), true});
+  for (char c : layout) hosts.push_back(HostEntry{std::string(1, c), true, {}});
   return hosts;
 }
 

@@ -2,19 +2,29 @@
 // peers: the topology every rank computes from the published hosts
 // (csrc/topology.cc), the rings the algorithms build in its host order
 // (csrc/algorithms.cc), the agreed settings (csrc/agreed_settings.cc), the op
-// table's checks (csrc/op_table.cc) and the route chooser (csrc/op_route.cc).
+// table's checks (csrc/op_table.cc), the route chooser (csrc/op_route.cc) and
+// the network choices: interfaces, dial addresses, subnets shared by all, the
+// lane schedule (csrc/net_interfaces.cc, name_filter.cc, lane_schedule.cc).
 // Built and run by tests/native/test_cpp.py under ASan + UBSan. Exit status is
 // nonzero on any failure.
 
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include "agreed_settings.h"
 #include "algorithms.h"
+#include "edge_plan.h"
 #include "error.h"
+#include "lane_schedule.h"
+#include "name_filter.h"
+#include "net_interfaces.h"
 #include "op_route.h"
 #include "op_table.h"
 #include "topology.h"
@@ -28,7 +38,7 @@ using unit::check;
 
 std::vector<HostEntry> hostsOf(const std::vector<std::string>& identities) {
   std::vector<HostEntry> hosts;
-  for (const std::string& id : identities) hosts.push_back(HostEntry{id, true});
+  for (const std::string& id : identities) hosts.push_back(HostEntry{id, true, {}});
   return hosts;
 }
 
@@ -260,6 +270,100 @@ void testRoutes() {
   check(chooseRoute(op(OpKind::kAllreduce, 1), true, hosts).path == OpPath::kStaging, "not hierarchical: staging");
 }
 
+InterfaceAddress address(const std::string& ifname, const std::string& addr, int prefix, bool loopback = false) {
+  InterfaceAddress a;
+  a.ifname = ifname;
+  a.address = addr;
+  a.family = addr.find(':') == std::string::npos ? AF_INET : AF_INET6;
+  a.prefix_len = prefix;
+  a.loopback = loopback;
+  a.link_local = addr.compare(0, 5, "fe80:") == 0;
+  return a;
+}
+
+std::string chosen(const DataInterfaces& d) {
+  std::string out;
+  for (const InterfaceAddress& a : d.chosen) out += (out.empty() ? "" : " ") + a.ifname + "=" + a.address;
+  return out;
+}
+
+bool throwsConfig(const std::function<void()>& fn, const std::string& says) {
+  try {
+    fn();
+  } catch (const RcollError& e) {
+    return e.kind() == ErrorKind::kConfig && std::string(e.what()).find(says) != std::string::npos;
+  }
+  return false;
+}
+
+void testNetworkChoices() {
+  check(
+      NameFilter("eth,ib").accepts("eth1") && NameFilter("eth,ib").accepts("ib0") && !NameFilter("eth").accepts("en0"),
+      "prefixes");
+  check(NameFilter("=eth0").accepts("eth0") && !NameFilter("=eth0").accepts("eth01"), "=exact");
+  check(!NameFilter("^docker,lo").accepts("docker0") && NameFilter("^docker,lo").accepts("eth0"), "^exclude");
+  check(!NameFilter("^=eth0").accepts("eth0") && NameFilter("^=eth0").accepts("eth01"), "^=exclude exactly");
+  check(NameFilter("mlx5_0:1").accepts("mlx5_0", 1) && !NameFilter("mlx5_0:1").accepts("mlx5_0", 2), "ports");
+
+  const std::vector<InterfaceAddress> host = {address("lo", "127.0.0.1", 8, true),  address("eth0", "198.18.1.1", 24),
+                                              address("docker0", "172.17.0.1", 16), address("eth0", "2001:2::1", 64),
+                                              address("eth0", "fe80::1%eth0", 64),  address("veth9", "10.88.0.1", 24),
+                                              address("eth1", "198.18.2.1", 24)};
+  check(chosen(chooseDataInterfaces("", "", host, "", 0)) ==
+            "eth0=198.18.1.1 eth1=198.18.2.1 eth0=2001:2::1 eth0=fe80::1%eth0",
+        "default: bridges and loopback out; IPv4, IPv6, link-local");
+  check(chosen(chooseDataInterfaces("", "", host, "198.18.2.1", 0)).compare(0, 15, "eth1=198.18.2.1") == 0,
+        "the address that reaches the store first");
+  check(chosen(chooseDataInterfaces("", "ipv6", host, "", 0)) == "eth0=2001:2::1 eth0=fe80::1%eth0", "ipv6 only");
+  check(chosen(chooseDataInterfaces("=eth1", "", host, "", 0)) == "eth1=198.18.2.1", "=eth1");
+  check(chosen(chooseDataInterfaces("^eth", "", host, "", 0)) == "lo=127.0.0.1 docker0=172.17.0.1 veth9=10.88.0.1",
+        "^eth: what is left, bridges too, when asked");
+  check(chosen(chooseDataInterfaces("", "", {host[0], host[2]}, "", 0)) == "lo=127.0.0.1", "nothing else: loopback");
+  check(throwsConfig([&] { chooseDataInterfaces("=eth9", "", host, "", 3); },
+                     "rank 3: RCOLL_SOCKET_IFNAME==eth9: no interface 'eth9' is up"),
+        "a missing exact name");
+  check(throwsConfig([&] { chooseDataInterfaces("ib", "", host, "", 0); }, "matches no interface"), "no match");
+  check(throwsConfig([&] { chooseDataInterfaces("", "ipv5", host, "", 0); }, "RCOLL_SOCKET_FAMILY=ipv5"), "family");
+
+  const DataInterfaces mine = chooseDataInterfaces("", "", host, "", 0);
+  check(chooseDialAddress("198.18.9.9:5,[2001:2::7]:5", mine, 0, 1) == "[2001:2::7]:5", "the shared subnet, IPv6");
+  check(chooseDialAddress("198.18.2.7:5,[2001:2::7]:5", mine, 0, 1) == "198.18.2.7:5", "the first shared subnet");
+  check(chooseDialAddress("[fe80::7]:5", mine, 0, 1) == "[fe80::7%eth0]:5", "link-local: this rank's scope");
+  check(throwsConfig([&] { chooseDialAddress("203.0.113.9:5", mine, 0, 1); },
+                     "rank 0: no network of this rank reaches rank 1: rank 1 listens on 203.0.113.9:5"),
+        "no common network (and no route)");
+
+  check(subnetsOf(mine) == std::vector<std::string>{"198.18.1.0/24", "198.18.2.0/24", "2001:2::/64"},
+        "subnets: no link-local, sorted");
+  check(commonSubnets({{"a", "b", "c"}, {"b", "c"}, {"c", "d"}}) == std::vector<std::string>{"c"}, "common subnets");
+  check(dialAddressesOn({"198.18.1.0/24", "198.18.2.0/24"}, "198.18.2.7:5,198.18.1.7:5", 0, 1) ==
+            "198.18.1.7:5,198.18.2.7:5",
+        "one address per shared network, in the networks' order");
+  check(laneAddress("a:1,b:2", 3) == "b:2" && laneAddress("a:1", 5) == "a:1", "lane k takes address k mod n");
+
+  HostEntry entry{"boot/ns", true, {"198.18.1.0/24", "2001:2::/64"}};
+  const HostEntry back = decodeHostEntry(encodeHostEntry(entry));
+  check(back.identity == "boot/ns" && back.shm_ok && back.subnets == entry.subnets, "host entry with subnets");
+  check(decodeHostEntry(encodeHostEntry(HostEntry{"id with spaces", false, {}})).identity == "id with spaces",
+        "host entry: any identity, no subnets");
+
+  LaneSchedule even(3), sender(2), receiver(2);
+  std::vector<int> lanes;
+  for (int i = 0; i < 6; ++i) lanes.push_back(even.next());
+  check(lanes == std::vector<int>{0, 1, 2, 0, 1, 2}, "equal weights: k mod n");
+  sender.setWeights({16, 4});
+  receiver.setWeights({16, 4});
+  int first = 0, agree = 0;
+  for (int i = 0; i < 100; ++i) {
+    const int peeked = receiver.peek();
+    const int s = sender.next(), r = receiver.next();
+    agree += s == r && peeked == r ? 1 : 0;
+    first += s == 0 ? 1 : 0;
+  }
+  check(agree == 100, "both ends pick the same lane, and peek() tells it");
+  check(first == 80, "weights 16:4: four messages of every five on the first lane");
+}
+
 }  // namespace
 
 int main() {
@@ -269,6 +373,7 @@ int main() {
     testAgreedSettings();
     testOpChecks();
     testRoutes();
+    testNetworkChoices();
   } catch (const std::exception& e) {
     check(false, std::string("unexpected exception: ") + e.what());
   }
