@@ -143,7 +143,8 @@ def test_elastic_training_goes_on_after_a_rank_is_killed(tmp_path, world):
     port = str(launch.free_port())
     procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=launch._clean_env({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
-                                                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}))
+                                                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                                                     "ELASTIC_CHANGE": "kill"}))
              for r in range(world)]
     try:
         outputs = [p.communicate(timeout=120) for p in procs]
@@ -160,10 +161,11 @@ def test_elastic_training_goes_on_after_a_rank_is_killed(tmp_path, world):
 def test_elastic_training_takes_in_ranks_started_later(tmp_path, first, joiners):
     """hvd.elastic.run: ranks started in the middle of training with RCOLL_ELASTIC_JOIN=1 and the job's store
     address join at the next commit; the job goes on at the larger size and every rank ends with the same
-    parameters and momentum, every sample of every epoch trained on (elastic_join_job.py checks)."""
-    script = launch.write_script(tmp_path, (JOBS / "elastic_join_job.py").read_text())
+    parameters and momentum, every sample of every epoch trained on (elastic_job.py checks)."""
+    script = launch.write_script(tmp_path, (JOBS / "elastic_job.py").read_text())
     port, flag = str(launch.free_port()), tmp_path / "training"
-    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "JOINERS": str(joiners), "TRAINING_FLAG": str(flag)}
+    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "JOINERS": str(joiners), "TRAINING_FLAG": str(flag),
+              "ELASTIC_CHANGE": "join"}
 
     def start(env):
         return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -141,28 +141,36 @@ class _Job:
                              f"(ranks {ranks})")
         return comm, self._controllers[process_set_id]
 
-    def shutdown(self):
+    def _take_parts(self):
+        """(controllers, process sets' communicators), leaving the job with none."""
         with self._lock:
             controllers = [c for c in self._controllers.values() if c is not None]
             comms = [c for i, c in self._comms.items() if i != 0 and c is not None]
             self._comms, self._sets, self._controllers = {}, {}, {}
+        return controllers, comms
+
+    def _close_parts(self):
+        """Lets every controller leave its rounds (every rank does the same),
+        then closes them and the process sets' communicators."""
+        controllers, comms = self._take_parts()
         for controller in controllers:
             controller.stop(_SHUTDOWN_GRACE)
         for controller in controllers:
             controller.close()
         self.stop_timeline()
-        for comm in comms + [self.comm]:
+        for comm in comms:
             comm.shutdown()
+
+    def shutdown(self):
+        self._close_parts()
+        self.comm.shutdown()
 
     def survivors(self) -> "_Job":
         """After a rank failed: the job of the ranks that are left (rcoll's
         shrink, agreed through the rendezvous store), without process sets.
         The controllers' rounds are cut at once (their communicators aborted)."""
-        with self._lock:
-            global_controller = self._controllers.get(0)
-            controllers = [c for c in self._controllers.values() if c is not None]
-            comms = [c for i, c in self._comms.items() if i != 0 and c is not None]
-            self._comms, self._sets, self._controllers = {}, {}, {}
+        global_controller = self._controllers.get(0)
+        controllers, comms = self._take_parts()
         # The failure may have shown on the global set's control communicator
         # (the same ranks as the job's) rather than on the job's own.
         lost = global_controller.lost_peers() if global_controller is not None else []
@@ -178,17 +186,7 @@ class _Job:
         `last_ticket`): the job of these ranks followed by the newcomers
         (rcoll's grow), without process sets. Nothing is pending: the
         agreement was the last op."""
-        with self._lock:
-            controllers = [c for c in self._controllers.values() if c is not None]
-            comms = [c for i, c in self._comms.items() if i != 0 and c is not None]
-            self._comms, self._sets, self._controllers = {}, {}, {}
-        for controller in controllers:
-            controller.stop(_SHUTDOWN_GRACE)
-        for controller in controllers:
-            controller.close()
-        self.stop_timeline()
-        for comm in comms:
-            comm.shutdown()
+        self._close_parts()
         return _Job(self.comm.grow(last_ticket), [])
 
 
