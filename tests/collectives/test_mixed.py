@@ -7,6 +7,7 @@ threads of this process (rank_threads.py: each rank's RCOLL_HOSTID reaches its
 communicator as a setting), except where a rank is killed or runs torch."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -416,6 +417,9 @@ def test_info_prints_this_hosts_identity_and_the_rule():
     assert out.returncode == 0, out.stderr
     assert "identity    hostid:rack7-node3 (RCOLL_HOSTID)" in out.stdout, out.stdout
     assert "per pair of ranks: shared memory when both have this identity" in out.stdout, out.stdout
+    # The data interfaces a communicator would take here, and why (docs/network.md).
+    assert re.search(r"network     data interfaces \S+ \S+/\d+.* \((default|RCOLL_SOCKET_IFNAME=.*)\)",
+                     out.stdout), out.stdout
 
 
 def test_info_under_a_launcher_prints_the_jobs_topology():
@@ -446,3 +450,6 @@ def test_info_under_a_launcher_prints_the_jobs_topology():
         assert f"rank {rank:<5} host {'AB'.index(host):<4} local {local:<4} {edges}" in report, report
     assert "identity    hostid:B (RCOLL_HOSTID)" in outs[1][0] and "job:" not in outs[1][0], outs[1][0]
     assert outs[2][0] == "" and outs[3][0] == "", outs[2:]
+    assert "data interfaces (RCOLL_SOCKET_IFNAME, RCOLL_SOCKET_FAMILY)" in report, report
+    for rank in range(4):  # each rank's own choice, gathered
+        assert re.search(rf"\n    rank {rank:<5} \S+ \S+/\d+", report), report
