@@ -133,6 +133,10 @@ const std::vector<ConfigVar>& configVars() {
        "`MASTER_PORT`), with no rank of its own: `rcoll.init()` and `hvd.init()` wait (at most "
        "`RCOLL_TIMEOUT`) until the job's ranks take it in (`Communicator.grow`, `hvd.elastic` at a "
        "commit); it comes after them (docs/failures.md)"},
+      {"RCOLL_HOROVOD_IDLE_CYCLE", "20",
+       "rcoll.horovod: milliseconds between negotiation rounds, at most, after three quiet rounds (no op "
+       "submitted or pending anywhere): an op submitted then waits up to this long for the other ranks "
+       "(docs/horovod.md)"},
       {"RCOLL_SHUTDOWN_TIMEOUT", "10",
        "seconds `shutdown()` (and `destroy_process_group`) lets pending operations finish before "
        "aborting them"},
@@ -321,6 +325,8 @@ Config Config::fromEnvironment(const Settings& overrides) {
   ifSet("RCOLL_TIMEOUT", [&](const char* n, S v) { c.timeout = parseSeconds(n, v, false); });
   ifSet("RCOLL_SHUTDOWN_TIMEOUT", [&](const char* n, S v) { c.shutdown_timeout = parseSeconds(n, v, true); });
   ifSet("RCOLL_ELASTIC_JOIN", [&](const char* n, S v) { c.elastic_join = parseFlag(n, v); });
+  ifSet("RCOLL_HOROVOD_IDLE_CYCLE",
+        [&](const char* n, S v) { c.horovod_idle_cycle = std::chrono::milliseconds(parseInt(n, v, 0, 60000)); });
   return c;
 }
 

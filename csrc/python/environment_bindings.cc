@@ -45,11 +45,13 @@ void bindEnvironment(py::module_& m) {
         d["shutdown_timeout"] = seconds(config.shutdown_timeout);
         d["device_runtime"] = config.device_runtime;
         d["elastic_join"] = config.elastic_join;
+        d["horovod_idle_cycle"] = seconds(config.horovod_idle_cycle);
         return d;
       },
       py::arg("overrides") = Settings{},
       "The settings the Python layer reads, as the core parses them (`overrides` first, then the environment): "
-      "connect_timeout, timeout, shutdown_timeout (seconds), device_runtime (a module name) and elastic_join. Raises "
+      "connect_timeout, timeout, shutdown_timeout (seconds), device_runtime (a module name), elastic_join and "
+      "horovod_idle_cycle (seconds). Raises "
       "ConfigError "
       "on a bad value.");
 

@@ -37,11 +37,13 @@ def test_the_core_alone_reads_the_environment():
                     if "getenv(" in f.read():
                         offenders.append(path)
     package = os.path.join(ROOT, "python", "rcoll")
-    for name in os.listdir(package):
-        if name.endswith(".py"):
-            with open(os.path.join(package, name)) as f:
-                for var in re.findall(r"environ(?:\.get)?[\[(]\s*\"(RCOLL_[A-Z0-9_]+)", f.read()):
-                    offenders.append(f"{name} reads {var}")
+    for directory, _, files in os.walk(package):  # the front ends too (rcoll.horovod)
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(directory, name)) as f:
+                    text = f.read()
+                for var in re.findall(r"(?:environ(?:\.get)?[\[(]|_setting\()\s*\"(RCOLL_[A-Z0-9_]+)", text):
+                    offenders.append(f"{os.path.relpath(os.path.join(directory, name), package)} reads {var}")
     assert offenders == []
 
 
@@ -56,14 +58,15 @@ def test_durations_are_seconds_with_fractions(monkeypatch):
                  "RCOLL_ELASTIC_JOIN"):
         monkeypatch.delenv(name, raising=False)
     assert _core.settings() == {"connect_timeout": 300.0, "timeout": 1800.0, "shutdown_timeout": 10.0,
-                                "device_runtime": "rcoll._cuda", "elastic_join": False}
+                                "device_runtime": "rcoll._cuda", "elastic_join": False, "horovod_idle_cycle": 0.02}
     monkeypatch.setenv("RCOLL_CONNECT_TIMEOUT", "0.5")
     monkeypatch.setenv("RCOLL_TIMEOUT", "90")
     monkeypatch.setenv("RCOLL_SHUTDOWN_TIMEOUT", "0")
     monkeypatch.setenv("RCOLL_DEVICE_RUNTIME", "rcoll_emulated_device")
     monkeypatch.setenv("RCOLL_ELASTIC_JOIN", "1")
     assert _core.settings() == {"connect_timeout": 0.5, "timeout": 90.0, "shutdown_timeout": 0.0,
-                                "device_runtime": "rcoll_emulated_device", "elastic_join": True}
+                                "device_runtime": "rcoll_emulated_device", "elastic_join": True,
+                                "horovod_idle_cycle": 0.02}
 
 
 @pytest.mark.parametrize("name,value,says", [

@@ -139,7 +139,7 @@ class Controller:
         self._rank, self._size, self._label = rank, size, label
         self._check, self._stand_in, self._execute = check, stand_in, execute
         self._cycle = _setting("HOROVOD_CYCLE_TIME", 1.0) / 1000.0
-        self._idle_cycle = max(self._cycle, _setting("RCOLL_HOROVOD_IDLE_CYCLE", 20.0) / 1000.0)
+        self._idle_cycle = max(self._cycle, _core.settings()["horovod_idle_cycle"])  # RCOLL_HOROVOD_IDLE_CYCLE
         capacity = int(_setting("HOROVOD_CACHE_CAPACITY", 1024, int, "entries"))
         self._cache = ResponseCache(capacity) if capacity > 0 else None
         # A cached round's vector: a byte that stays all ones unless a rank
