@@ -1,8 +1,7 @@
 #include "edge_plan.h"
 
-#include <algorithm>
-
 #include "shm/shm_setup.h"
+#include "socket_util.h"
 
 namespace rcoll {
 
@@ -33,11 +32,7 @@ HostEntry decodeHostEntry(const std::string& bytes) {
   if (space == std::string::npos) return entry;
   entry.shm_ok = bytes[0] == '1';
   const std::string subnets = bytes.substr(2, space - 2);
-  for (size_t start = 0; subnets != "-" && start < subnets.size();) {
-    const size_t comma = std::min(subnets.find(',', start), subnets.size());
-    entry.subnets.push_back(subnets.substr(start, comma - start));
-    start = comma + 1;
-  }
+  if (subnets != "-") entry.subnets = splitCommas(subnets);
   entry.identity = bytes.substr(space + 1);
   return entry;
 }

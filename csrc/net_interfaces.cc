@@ -85,6 +85,17 @@ std::string describeAll(const std::vector<InterfaceAddress>& list) {
   return out.empty() ? "none" : out;
 }
 
+// A published list's "host:port" entries as (host, port); malformed ones are skipped.
+std::vector<std::pair<std::string, int>> hostPorts(const std::string& published) {
+  std::vector<std::pair<std::string, int>> out;
+  for (const std::string& entry : splitCommas(published)) {
+    std::string host;
+    int port = 0;
+    if (splitHostPort(entry, &host, &port)) out.emplace_back(host, port);
+  }
+  return out;
+}
+
 int familyOf(const std::string& setting, int rank) {
   if (setting.empty()) return AF_UNSPEC;
   if (setting == "AF_INET" || setting == "ipv4" || setting == "4") return AF_INET;
@@ -242,14 +253,11 @@ std::string dialAddressesOn(const std::vector<std::string>& subnets, const std::
     network.address = subnet.substr(0, subnet.find('/'));
     network.prefix_len = std::atoi(subnet.c_str() + subnet.find('/') + 1);
     std::string found;
-    for (size_t start = 0; start < published.size() && found.empty();) {
-      const size_t comma = std::min(published.find(',', start), published.size());
-      std::string host;
-      int port = 0;
-      if (splitHostPort(published.substr(start, comma - start), &host, &port) && sameSubnet(network, host)) {
+    for (const auto& [host, port] : hostPorts(published)) {
+      if (sameSubnet(network, host)) {
         found = joinHostPort(host, port);
+        break;
       }
-      start = comma + 1;
     }
     if (found.empty()) {
       throwError(ErrorKind::kConfig, strFormat("rank %d: rank %d has no address on network %s (it listens on %s), "
@@ -262,14 +270,7 @@ std::string dialAddressesOn(const std::vector<std::string>& subnets, const std::
 }
 
 std::string chooseDialAddress(const std::string& published, const DataInterfaces& mine, int rank, int peer) {
-  std::vector<std::pair<std::string, int>> theirs;  // host, port
-  for (size_t start = 0; start < published.size();) {
-    const size_t comma = std::min(published.find(',', start), published.size());
-    std::string host;
-    int port = 0;
-    if (splitHostPort(published.substr(start, comma - start), &host, &port)) theirs.emplace_back(host, port);
-    start = comma + 1;
-  }
+  const std::vector<std::pair<std::string, int>> theirs = hostPorts(published);
   // 1. A network both ranks are on.
   for (const auto& [host, port] : theirs) {
     if (isLinkLocal(host)) continue;

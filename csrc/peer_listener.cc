@@ -181,12 +181,7 @@ PeerListener::PeerListener(const ConnectInfo& info, const std::string& bind_host
     : info_(info), options_(options), lanes_(lanes) {
   // Several addresses (this rank's data interfaces, net_interfaces.h): the
   // wildcard address takes them all; the peers are told each one.
-  std::vector<std::string> hosts;
-  for (size_t start = 0; start <= bind_host.size();) {
-    const size_t comma = std::min(bind_host.find(',', start), bind_host.size());
-    hosts.push_back(bind_host.substr(start, comma - start));
-    start = comma + 1;
-  }
+  const std::vector<std::string> hosts = splitCommas(bind_host);
   sockaddr_storage addr{};
   unsigned len = 0;
   const std::string why = resolveSocketAddress(hosts.size() > 1 ? "" : hosts[0], 0, /*passive=*/true, &addr, &len);

@@ -48,13 +48,18 @@ std::string joinHostPort(const std::string& host, int port) {
   return host + ":" + std::to_string(port);
 }
 
-std::string laneAddress(const std::string& addresses, int k) {
-  std::vector<std::string> list;
-  for (size_t start = 0; start <= addresses.size();) {
-    const size_t comma = std::min(addresses.find(',', start), addresses.size());
-    list.push_back(addresses.substr(start, comma - start));
+std::vector<std::string> splitCommas(const std::string& list) {
+  std::vector<std::string> out;
+  for (size_t start = 0; start <= list.size();) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    out.push_back(list.substr(start, comma - start));
     start = comma + 1;
   }
+  return out;
+}
+
+std::string laneAddress(const std::string& addresses, int k) {
+  const std::vector<std::string> list = splitCommas(addresses);
   return list[static_cast<size_t>(k) % list.size()];
 }
 

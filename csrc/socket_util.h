@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 struct sockaddr_storage;
 
@@ -19,6 +20,10 @@ std::string errnoText(int err);  // "Connection refused (errno 111)"
 // "host:port" <-> parts. IPv6 literals are written "[addr]:port".
 bool splitHostPort(const std::string& address, std::string* host, int* port);
 std::string joinHostPort(const std::string& host, int port);
+
+// The entries of a comma-separated list ("" gives one empty entry), e.g. a
+// rank's published addresses.
+std::vector<std::string> splitCommas(const std::string& list);
 
 // Entry k mod n of a comma-separated list of n addresses ("host:port,..."):
 // where a peer is dialed on several networks, lane k takes the k-th.
