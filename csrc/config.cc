@@ -70,7 +70,8 @@ const std::vector<ConfigVar>& configVars() {
        "`1`: where every host has data interfaces on the same two or more networks (several NICs), each "
        "pair of ranks on different hosts opens `RCOLL_SOCKETS_PER_PEER` sockets on each network and a "
        "collective's segments are spread over them in proportion to what each carried when the pair "
-       "connected (measured, docs/network.md). Rank 0's value holds for every rank"},
+       "connected (measured, docs/network.md); a socket whose link fails hands its messages to the others "
+       "and the job goes on (after `RCOLL_PEER_TIMEOUT`). Rank 0's value holds for every rank"},
       {"RCOLL_SOCKET_FAMILY", "",
        "`AF_INET` (`ipv4`) or `AF_INET6` (`ipv6`): only addresses of that family carry data; default both"},
       {"RCOLL_SOCKET_BUFFER_BYTES", "0",
@@ -111,7 +112,8 @@ const std::vector<ConfigVar>& configVars() {
       {"RCOLL_PEER_TIMEOUT", "15",
        "seconds after which a peer whose host acknowledges nothing (a cut link, a host gone without closing "
        "its sockets) is declared dead: every socket to a peer gets `TCP_USER_TIMEOUT` and keepalive probes, "
-       "so the op fails with a `PeerError` naming it within this bound, idle or not. A slow process is not "
+       "so the op fails with a `PeerError` naming it within this bound, idle or not (with "
+       "`RCOLL_SOCKET_STRIPE`, one link of several failing: its messages go on over the others). A slow process is not "
        "dead (its kernel still acknowledges); an outage shorter than about half of this is survived. `0`: "
        "the kernel's defaults (about 15 minutes with data in flight, never on an idle connection)"},
       {"RCOLL_TIMEOUT", "1800", "default per-operation timeout in seconds (`rcoll.init(timeout=...)` overrides)"},

@@ -300,4 +300,20 @@ std::string chooseDialAddress(const std::string& published, const DataInterfaces
                        rank, peer, peer, published.c_str(), mine.why.c_str()));
 }
 
+std::string socketRoute(int fd) {
+  sockaddr_storage local{};
+  socklen_t len = sizeof(local);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) return peerName(fd);
+  std::string host = numericHost(local);
+  const std::string bare = host.substr(0, host.find('%'));
+  // An IPv4 peer on a dual-stack socket shows as ::ffff:a.b.c.d.
+  const std::string v4 = bare.rfind("::ffff:", 0) == 0 ? bare.substr(7) : bare;
+  std::string ifname;
+  for (const InterfaceAddress& a : interfaceAddresses()) {
+    const std::string mine = a.address.substr(0, a.address.find('%'));
+    if (mine == bare || mine == v4) ifname = a.ifname;
+  }
+  return (ifname.empty() ? "" : ifname + " ") + v4 + " -> " + peerName(fd);
+}
+
 }  // namespace rcoll

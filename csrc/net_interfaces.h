@@ -61,4 +61,8 @@ std::vector<std::string> subnetsOf(const DataInterfaces& interfaces);
 std::vector<std::string> commonSubnets(const std::vector<std::vector<std::string>>& lists);
 std::string dialAddressesOn(const std::vector<std::string>& subnets, const std::string& published, int rank, int peer);
 
+// "eth1 198.18.1.2 -> 198.18.1.3:41234": a connected socket's interface,
+// local address and peer, for messages about it.
+std::string socketRoute(int fd);
+
 }  // namespace rcoll

@@ -14,7 +14,10 @@
 #include <cerrno>
 #include <cstring>
 
+#include "lane_control.h"
 #include "lane_probe.h"
+#include "net_interfaces.h"
+#include "tcp_connection.h"
 #include "log.h"
 #include "peer_listener.h"
 
@@ -24,50 +27,12 @@ namespace {
 
 constexpr size_t kMaxAbortMessage = 4096;
 constexpr auto kAbortLinger = std::chrono::seconds(2);
-// Headers are read into a per-connection inbox with whatever follows them,
-// up to this much, then copied out: a small message costs one system call
-// instead of two, and messages that queued up (a root streaming broadcasts)
-// come together in one (a system call costs more than copying a few KiB that
-// are hot in cache). The rest of a larger payload goes straight to its
-// destination.
-constexpr size_t kInboxBytes = sizeof(WireHeader) + 8192;
 
 std::string closedText(int peer) {
   return strFormat("rank %d closed its connection (its process exited, crashed or was killed)", peer);
 }
 
 }  // namespace
-
-struct TcpTransport::TcpRequest : MessageRequest {
-  size_t done = 0;  // send: header + payload bytes written; recv: payload bytes read
-};
-
-struct TcpTransport::Connection {
-  int fd = -1;
-  int peer = -1;
-  std::deque<TcpRequest*> sends;
-  std::deque<TcpRequest*> recvs;
-  WireHeader in_header{};
-  size_t in_header_got = 0;  // bytes of the incoming header read so far
-  bool in_header_checked = false;
-  std::string abort_text;  // payload of an incoming abort message
-  // Bytes read from the socket but not yet consumed (see kInboxBytes):
-  // every read of the stream takes from here first.
-  std::unique_ptr<char[]> inbox{new char[kInboxBytes]};
-  size_t inbox_pos = 0;
-  size_t inbox_end = 0;
-  // A send that was partly written when the lane failed: an abort message may
-  // only follow the rest of it (finishPartialSend), and the queue is gone.
-  TcpRequest unfinished;
-  // The peer closed this lane at a message boundary while nothing was posted
-  // on it, and other lanes to it were still open: their messages may still be
-  // on the way (a peer that finished its last op and exited), so the peer
-  // fails only once a receive is posted here or every lane is closed.
-  bool closed_by_peer = false;
-  bool failed = false;         // no more requests on this connection
-  bool socket_broken = false;  // EOF or I/O error: nothing more can be sent either
-  TransportFailure failure;
-};
 
 TcpTransport::TcpTransport(const ConnectInfo& info, const Config& config, const std::string& bind_host)
     : info_(info),
@@ -76,7 +41,9 @@ TcpTransport::TcpTransport(const ConnectInfo& info, const Config& config, const 
       listener_(std::make_unique<PeerListener>(info, bind_host, config.socketOptions(), lanes_)),
       connections_(static_cast<size_t>(info.size) * static_cast<size_t>(lanes_)),
       schedules_(static_cast<size_t>(info.size), Lanes{LaneSchedule(lanes_), LaneSchedule(lanes_)}),
-      networks_(std::max(1, config.socket_networks)) {
+      networks_(std::max(1, config.socket_networks)),
+      numbered_(networks_ > 1 && lanes_ > 1),
+      pairs_(numbered_ ? static_cast<size_t>(info.size) : 0) {
   listen_address_ = listener_->address();
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   RCOLL_INFO("tcp transport listening on %s (%d socket(s) per peer)", listen_address_.c_str(), lanes_);
@@ -108,6 +75,8 @@ void TcpTransport::adopt(int peer, int lane, int fd) {
   auto conn = std::make_unique<Connection>();
   conn->fd = fd;
   conn->peer = peer;
+  conn->lane = lane;
+  if (numbered_) conn->route = socketRoute(fd);
   connections_[static_cast<size_t>(peer * lanes_ + lane)] = std::move(conn);
   RCOLL_TRACE("connected to rank %d, socket %d of %d (%s)", peer, lane, lanes_, peerName(fd).c_str());
 }
@@ -200,6 +169,7 @@ Request* TcpTransport::irecv(int peer, const WireHeader& expected, void* data, s
 // receive or not; the next receive will read the lane its number picks.
 bool TcpTransport::peekIncoming(int peer, WireHeader* header) {
   if (peer < 0 || peer >= info_.size || peer == info_.rank) return false;
+  if (numbered_ && connected(peer)) return peekNumbered(peer, header);
   const Connection* c = laneTo(peer, schedules_[static_cast<size_t>(peer)].recvs.peek());
   if (c == nullptr || c->failed || c->in_header_got < sizeof(WireHeader)) return false;
   *header = c->in_header;
@@ -243,6 +213,10 @@ Request* TcpTransport::post(TcpRequest* r) {
   // connection's cause, so the caller sees why without waiting.
   Connection* c = nullptr;
   if (connected(r->peer)) {
+    if (numbered_ && !aborted_ && !laneTo(r->peer, 0)->failed) {
+      postNumbered(r, laneTo(r->peer, 0));
+      return r;
+    }
     Lanes& lanes = schedules_[static_cast<size_t>(r->peer)];
     c = laneTo(r->peer, (r->is_send ? lanes.sends : lanes.recvs).next());
   }
@@ -270,6 +244,7 @@ void TcpTransport::failConnection(Connection& c, ErrorKind kind, const std::stri
   for (int k = 0; k < lanes_; ++k) {
     if (Connection* l = laneTo(c.peer, k)) failLane(*l, failure);
   }
+  if (numbered_) failNumbered(c.peer, failure);
   RCOLL_INFO("connection to rank %d failed: %s", c.peer, message.c_str());
 }
 
@@ -280,13 +255,20 @@ void TcpTransport::failLane(Connection& c, const TransportFailure& failure) {
   if (!c.sends.empty() && c.sends.front()->done > 0) c.unfinished = *c.sends.front();
   for (TcpRequest* r : c.sends) finish(r, Request::State::kFailed, &c.failure);
   for (TcpRequest* r : c.recvs) finish(r, Request::State::kFailed, &c.failure);
+  for (TcpRequest* r : c.unacked) finish(r, Request::State::kFailed, &c.failure);
+  if (c.current != nullptr) finish(c.current, Request::State::kFailed, &c.failure);
   c.sends.clear();
   c.recvs.clear();
+  c.unacked.clear();
+  c.current = nullptr;
 }
 
 bool TcpTransport::driveSends(Connection& c) {
   bool completed = false;
-  while (!c.sends.empty()) {
+  for (;;) {
+    // Control frames go between messages (several networks).
+    if (c.hasControl() && (c.sends.empty() || c.sends.front()->done == 0) && !writeControl(c, &completed)) break;
+    if (c.sends.empty() || c.failed || c.down) break;
     TcpRequest* r = c.sends.front();
     constexpr size_t kHeader = sizeof(WireHeader);
     iovec iov[2];
@@ -306,17 +288,23 @@ bool TcpTransport::driveSends(Connection& c) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       int err = errno;
       // A peer that failed usually said why before closing: read that first, so
-      // the error names the original cause rather than a broken pipe.
-      driveRecvs(c);
-      failConnection(c, ErrorKind::kPeer,
-                     strFormat("lost the connection to rank %d while sending: %s (the peer process "
-                               "probably exited or was killed)",
-                               c.peer, errnoText(err).c_str()));
+      // the error names the original cause rather than a broken pipe. (Not
+      // where the link failed: that socket is closed now, and would read as
+      // closed by the peer.)
+      if (!numbered_ || !isLinkFailure(err)) driveRecvs(c);
+      loseSocket(c, err,
+                 strFormat("lost the connection to rank %d while sending: %s (the peer process "
+                           "probably exited or was killed)",
+                           c.peer, errnoText(err).c_str()));
       return true;
     }
     r->done += static_cast<size_t>(n);
     if (r->done == kHeader + r->bytes) {
       c.sends.pop_front();
+      if (numbered_) {
+        sentWhole(c, r);  // done once the peer acknowledges it
+        continue;
+      }
       finish(r, Request::State::kDone, nullptr);
       completed = true;
     }
@@ -351,7 +339,7 @@ bool TcpTransport::driveRecvs(Connection& c) {
       ssize_t n =
           readStream(c, reinterpret_cast<char*>(&c.in_header) + c.in_header_got, sizeof(WireHeader) - c.in_header_got);
       if (n == 0) {
-        if (c.in_header_got == 0 && c.recvs.empty() && !lastOpenLane(c)) {
+        if (c.in_header_got == 0 && (numbered_ || c.recvs.empty()) && !lastOpenLane(c)) {
           c.closed_by_peer = true;  // see Connection::closed_by_peer
           return completed;
         }
@@ -361,8 +349,8 @@ bool TcpTransport::driveRecvs(Connection& c) {
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return completed;
-        failConnection(c, ErrorKind::kPeer,
-                       strFormat("lost the connection to rank %d: %s", c.peer, errnoText(errno).c_str()));
+        const int err = errno;
+        loseSocket(c, err, strFormat("lost the connection to rank %d: %s", c.peer, errnoText(err).c_str()));
         return true;
       }
       c.in_header_got += static_cast<size_t>(n);
@@ -389,6 +377,14 @@ bool TcpTransport::driveRecvs(Connection& c) {
                      strFormat("rank %d failed: %s", c.peer, validUtf8(c.abort_text).c_str()), true);
       return true;
     }
+    // 3. Several networks: a control frame, or a message matched by its number.
+    if (numbered_) {
+      bool finished = false;
+      const bool more = readNumbered(c, &finished);
+      completed |= finished;
+      if (!more) return completed;
+      continue;
+    }
     // 3. A data message: it must match the oldest posted receive.
     if (c.recvs.empty()) return completed;
     TcpRequest* r = c.recvs.front();
@@ -411,11 +407,12 @@ bool TcpTransport::driveRecvs(Connection& c) {
       }
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return completed;
-      failConnection(c, ErrorKind::kPeer,
-                     n == 0 ? strFormat("rank %d closed its connection in the middle of a message (its "
-                                        "process exited, crashed or was killed)",
-                                        c.peer)
-                            : strFormat("lost the connection to rank %d: %s", c.peer, errnoText(errno).c_str()));
+      const int err = n == 0 ? 0 : errno;
+      loseSocket(c, err,
+                 n == 0 ? strFormat("rank %d closed its connection in the middle of a message (its "
+                                    "process exited, crashed or was killed)",
+                                    c.peer)
+                        : strFormat("lost the connection to rank %d: %s", c.peer, errnoText(err).c_str()));
       return true;
     }
     c.recvs.pop_front();
@@ -432,26 +429,30 @@ bool TcpTransport::driveRecvs(Connection& c) {
 bool TcpTransport::lastOpenLane(const Connection& c) const {
   for (int k = 0; k < lanes_; ++k) {
     const Connection* other = laneTo(c.peer, k);
-    if (other != &c && other != nullptr && !other->failed && !other->closed_by_peer) return false;
+    if (other != &c && other != nullptr && !other->failed && !other->down && !other->closed_by_peer) return false;
   }
   return true;
 }
 
 bool TcpTransport::wantsRead(const Connection& c) const {
-  if (c.failed || c.closed_by_peer) return false;
+  if (c.failed || c.down || c.closed_by_peer) return false;
   if (c.in_header_got < sizeof(WireHeader)) return true;
   // The same test as driveRecvs' step 2: a header that only looks like an abort
   // (wrong magic) waits for a receive to fail it; polling for it would spin.
   if (c.in_header.magic == kWireMagic && c.in_header.kind == static_cast<uint8_t>(OpKind::kAbort)) return true;
+  if (numbered_) return wantsNumbered(c);
   return !c.recvs.empty();
 }
 
 bool TcpTransport::driveAll() {
   bool completed = on_demand_.started() && adoptOnDemand();
   for (auto& c : connections_) {
-    if (!c || c->failed) continue;
-    if (!c->sends.empty()) completed |= driveSends(*c);
+    if (!c || c->failed || c->down) continue;
+    if (!c->sends.empty() || c->hasControl()) completed |= driveSends(*c);
     if (!c->failed && wantsRead(*c)) completed |= driveRecvs(*c);
+    // Several networks: what was just read is acknowledged at once, so that a
+    // sender waits no longer than the wire takes.
+    if (c->ack_due && !c->failed && !c->down) completed |= driveSends(*c);
   }
   return completed;
 }
@@ -494,10 +495,10 @@ bool TcpTransport::prepareSleep(std::vector<pollfd>* fds) {
   bool may_sleep = true;
   if (on_demand_.started()) fds->push_back({on_demand_.readyFd(), POLLIN, 0});
   for (auto& c : connections_) {
-    if (!c || c->failed) continue;
+    if (!c || c->failed || c->down) continue;
     if (c->inbox_pos < c->inbox_end && wantsRead(*c)) may_sleep = false;
     short events = 0;
-    if (!c->sends.empty()) events |= POLLOUT;
+    if (!c->sends.empty() || c->hasControl()) events |= POLLOUT;
     if (wantsRead(*c)) events |= POLLIN;
     if (events != 0) fds->push_back({c->fd, events, 0});
   }
@@ -512,6 +513,14 @@ void TcpTransport::interrupt() { signalEventfd(wake_fd_); }
 // The buffer of a partly written send is still alive here: abortPeers() runs
 // before the failed op is reported to its caller.
 bool TcpTransport::finishPartialSend(Connection& c, Deadline deadline) {
+  std::string why;
+  if (c.control_sent > 0 && c.control_sent < c.control.size()) {  // a control frame half written
+    if (!sendAll(c.fd, c.control.data() + c.control_sent, c.control.size() - c.control_sent, deadline, &why)) {
+      return false;
+    }
+    c.control.clear();
+    c.control_sent = 0;
+  }
   TcpRequest* r = nullptr;
   if (!c.sends.empty() && c.sends.front()->done > 0) {
     r = c.sends.front();
@@ -520,7 +529,6 @@ bool TcpTransport::finishPartialSend(Connection& c, Deadline deadline) {
   }
   if (r == nullptr) return true;
   constexpr size_t kHeader = sizeof(WireHeader);
-  std::string why;
   if (r->done < kHeader &&
       !sendAll(c.fd, reinterpret_cast<char*>(&r->header) + r->done, kHeader - r->done, deadline, &why)) {
     return false;

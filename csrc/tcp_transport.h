@@ -9,8 +9,10 @@
 // per-pair order that the interface promises holds (completions may come out
 // of order across lanes; callers test each request). Several streams let a
 // fast NIC carry more than one core's copies, and keep one slow segment from
-// holding up the next. A failure on any lane fails the whole peer; an abort
-// goes out on every lane. Sends go straight from the caller's buffer
+// holding up the next. On one network a failure on any lane fails the whole
+// peer; over several, a lane whose link fails hands its messages to the
+// others (tcp_failover.cc), and only the last one's failure fails the peer.
+// An abort goes out on every lane. Sends go straight from the caller's buffer
 // (sendmsg of header + payload). Receives read a header into the connection's
 // inbox together with whatever follows it, up to 8 KiB: a small message costs
 // one recv() and is copied out after its header is checked; the rest of a
@@ -27,6 +29,7 @@
 
 #include "config.h"
 #include "lane_schedule.h"
+#include "message_stash.h"
 #include "on_demand_peers.h"
 #include "peer_listener.h"
 #include "request_lifecycle.h"
@@ -76,6 +79,7 @@ class TcpTransport : public Transport {
  private:
   struct TcpRequest;
   struct Connection;
+  struct PairMessages;
 
   // Per peer, each way: which lane the next message takes (lane_schedule.h).
   struct Lanes {
@@ -86,6 +90,27 @@ class TcpTransport : public Transport {
   void weighLanes(int peer, bool dialer, Deadline deadline);
 
   Request* post(TcpRequest* r);  // queues r on its lane, or fails it at once
+
+  // Several networks (tcp_failover.cc): messages numbered per pair, sends
+  // complete when the peer acknowledges them, receives are matched by number
+  // on whichever socket their message comes, and a socket whose link fails
+  // hands its messages to the others.
+  void postNumbered(TcpRequest* r, Connection* any_lane);
+  void deliverStashed(TcpRequest* r, const MessageStash::Message& m, Connection& any_lane);
+  bool readNumbered(Connection& c, bool* finished);  // after a header: false to stop reading c for now
+  bool wantsNumbered(const Connection& c) const;     // wantsRead() past a whole header
+  bool peekNumbered(int peer, WireHeader* header) const;
+  bool writeControl(Connection& c, bool* finished);  // at a message boundary: false to stop writing c for now
+  void sentWhole(Connection& c, TcpRequest* r);
+  void takeControl(Connection& c, bool* finished);
+  // A socket error: the link under one of several sockets failed (laneDown),
+  // or the peer is gone (failConnection).
+  void loseSocket(Connection& c, int err, const std::string& message);
+  void laneDown(Connection& c, const std::string& why);
+  void sendAgain(Connection& d, uint64_t peer_holds);
+  Connection* liveSendLane(int peer);
+  int liveLanes(int peer, const Connection* besides) const;
+  void failNumbered(int peer, const TransportFailure& failure);
   // Adopts what the connector finished; true if a request failed. From
   // set-up's accept() (`setup_peer`): at most one peer of set-up, returned
   // there, the others kept for the next call.
@@ -115,7 +140,9 @@ class TcpTransport : public Transport {
   std::string listen_address_;
   std::vector<std::unique_ptr<Connection>> connections_;  // indexed by peer * lanes_ + lane
   std::vector<Lanes> schedules_;                          // indexed by peer
-  int networks_;  // networks the lanes to a peer spread over (Config::socket_networks)
+  int networks_;                     // networks the lanes to a peer spread over (Config::socket_networks)
+  bool numbered_;                    // several networks and lanes: tcp_failover.cc's rules
+  std::vector<PairMessages> pairs_;  // indexed by peer, where numbered_
   RequestLifecycle<TcpRequest> requests_;
   std::vector<pollfd> poll_fds_;  // progress() scratch
   bool aborted_ = false;

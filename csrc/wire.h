@@ -17,7 +17,10 @@ namespace rcoll {
 constexpr uint32_t kWireMagic = 0x4c4f4352;  // "RCOL" in little-endian byte order
 // 2: the connection handshake names its socket (lane) and the sockets per
 //    pair (RCOLL_SOCKETS_PER_PEER), 44 bytes instead of 40.
-constexpr uint16_t kWireVersion = 2;
+// 3: `message` numbers a pair's messages where they are spread over several
+//    networks (tcp_failover.cc), and control frames (lane_control.h) travel
+//    between them.
+constexpr uint16_t kWireVersion = 3;
 
 #pragma pack(push, 1)
 struct WireHeader {
@@ -35,7 +38,7 @@ struct WireHeader {
   uint64_t count;     // the op's element count as the caller passed it (alltoall: see below)
   uint64_t offset;    // element offset of this segment within the op's buffer (alltoall: see below)
   uint64_t bytes;     // payload bytes that follow the header
-  uint32_t padding;   // keeps the header at 64 bytes; sent as 0
+  uint32_t message;   // the TCP transport over several networks: the message's number on its pair, mod 2^32; else 0
 };
 #pragma pack(pop)
 static_assert(sizeof(WireHeader) == 64, "the wire header is 64 bytes");

@@ -146,8 +146,8 @@ def _knock(port, stop):
     connect()                                   # says nothing at all (slow loris)
     connect().sendall(b"GET / HTTP/1.0\r\n\r\n" * 4)  # garbage
     connect().sendall(struct.pack("<IHH", 0x53484352, 2, 0))  # half a handshake, then silence
-    # A full handshake (wire version 2: 44 bytes) with a wrong token, then one of another wire version.
-    connect().sendall(struct.pack("<IHHIIQ16sHH", 0x53484352, 2, 0, 1, 0, 12345, bytes(16), 0, 1))
+    # A full handshake (wire version 3: 44 bytes) with a wrong token, then one of another wire version.
+    connect().sendall(struct.pack("<IHHIIQ16sHH", 0x53484352, 3, 0, 1, 0, 12345, bytes(16), 0, 1))
     connect().sendall(struct.pack("<IHHIIQ16s", 0x53484352, 1, 0, 1, 0, 12345, bytes(16)))
     s = connect()
     s.sendall(b"\xff" * 44)

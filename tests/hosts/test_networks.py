@@ -10,13 +10,11 @@ rank checks its results exactly (network_rank.py) and every rank's exit
 code and stderr are checked."""
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from support import launch
-from support.emulated_hosts import Hosts, needs_netns, torchrun_on_hosts
+from support.emulated_hosts import Hosts, finish_ranks, needs_netns, start_ranks, torchrun_on_hosts
 
 import rcoll
 from rcoll import _core
@@ -28,22 +26,10 @@ INFO = r"\[rcoll \d+ rank \d+\] INFO: "
 def _run_job(hosts, per_host, master_addr, env=None, per_host_env=None, timeout=120):
     """network_rank.py on `per_host` ranks in each emulated host; returns
     [(returncode, stdout, stderr)] in rank order."""
-    port = str(launch.free_port())
-    procs = []
-    for host in range(len(hosts.spaces)):
-        for local in range(per_host):
-            rank = host * per_host + local
-            rank_env = launch._clean_env({"RANK": str(rank), "WORLD_SIZE": str(per_host * len(hosts.spaces)),
-                                          "LOCAL_RANK": str(local), "MASTER_ADDR": master_addr, "MASTER_PORT": port,
-                                          "RCOLL_DEBUG": "INFO", "RCOLL_CONNECT_TIMEOUT": "30", **(env or {}),
-                                          **((per_host_env or {}).get(host, {}))})
-            procs.append(subprocess.Popen(hosts.in_host(host, [sys.executable, str(RANK_SCRIPT)]), env=rank_env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    try:
-        outputs = [p.communicate(timeout=timeout) for p in procs]
-        return [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs)]
-    finally:
-        launch.kill_leftovers(procs)
+    procs = start_ranks(hosts, per_host, RANK_SCRIPT, master_addr,
+                        env={"RCOLL_DEBUG": "INFO", "RCOLL_CONNECT_TIMEOUT": "30", **(env or {})},
+                        per_host_env=per_host_env)
+    return finish_ranks(procs, timeout)
 
 
 def _check_job(outcomes, interfaces_of_host):

@@ -67,12 +67,12 @@ class _Namespaces:
     spaces: list
     made: list
 
-    def link(self, host, up):
-        """Takes host `host`'s end of the link down (or up again): its packets stop both ways."""
-        sh("ip", "-n", self.spaces[host], "link", "set", "eth0", "up" if up else "down")
+    def link(self, host, up, dev="eth0"):
+        """Takes host `host`'s end of link `dev` down (or up again): its packets stop both ways."""
+        sh("ip", "-n", self.spaces[host], "link", "set", dev, "up" if up else "down")
 
-    def drop(self, host, on):
-        """Host `host`'s link stays up, but every packet to or from it is dropped
+    def drop(self, host, on, dev="eth0"):
+        """Host `host`'s link `dev` stays up, but every packet to or from it is dropped
         (or no longer): a vanished host, a black-holing switch. Dropped where it
         arrives: on the host's eth0 and on the link's far end (`far_end`), each
         ingress. Not on the host's egress: a packet its own qdisc drops is local
@@ -80,14 +80,14 @@ class _Namespaces:
         as it does a loss. This kernel has neither the matchall classifier nor
         the gact (drop) action: a match-all u32 filter redirects everything to
         an ifb device left down, which mirred drops."""
-        for ns, dev in ((self.spaces[host], "eth0"), self.far_end(host)):
+        for ns, end in ((self.spaces[host], dev), self.far_end(host, dev)):
             if not on:
-                sh("tc", "-n", ns, "qdisc", "del", "dev", dev, "ingress")
+                sh("tc", "-n", ns, "qdisc", "del", "dev", end, "ingress")
                 continue
             if subprocess.run(["ip", "-n", ns, "link", "show", "blackhole"], capture_output=True).returncode != 0:
                 sh("ip", "-n", ns, "link", "add", "blackhole", "type", "ifb")  # never set up
-            sh("tc", "-n", ns, "qdisc", "add", "dev", dev, "ingress")
-            sh("tc", "-n", ns, "filter", "add", "dev", dev, "parent", "ffff:", "protocol", "all", "u32", "match", "u32",
+            sh("tc", "-n", ns, "qdisc", "add", "dev", end, "ingress")
+            sh("tc", "-n", ns, "filter", "add", "dev", end, "parent", "ffff:", "protocol", "all", "u32", "match", "u32",
                "0", "0", "action", "mirred", "egress", "redirect", "dev", "blackhole")
 
     def _add(self, ns):
@@ -194,9 +194,9 @@ class Hosts(_Namespaces):
             raise
         return self
 
-    def far_end(self, host):
-        """(namespace, device) of the other end of host `host`'s link: its switch port."""
-        return self.switch, f"p{host}"
+    def far_end(self, host, dev="eth0"):
+        """(namespace, device) of the other end of host `host`'s link `dev`: its switch port."""
+        return self.switch, f"p{host}" if dev == "eth0" else f"p{host}l{dev[3:]}"
 
     def sent_bytes(self, host, dev="eth0"):
         """Bytes host `host` has sent on `dev` so far (the kernel's counter)."""
@@ -233,9 +233,38 @@ class TwoHosts(_Namespaces):
             raise
         return self
 
-    def far_end(self, host):
+    def far_end(self, host, dev="eth0"):
         """(namespace, device) of the other end of host `host`'s link: the other host's eth0."""
+        assert dev == "eth0", "two hosts have one link"
         return self.spaces[1 - host], "eth0"
+
+
+def start_ranks(hosts, per_host, script, master_addr, env=None, per_host_env=None):
+    """`script` as `per_host` ranks in each emulated host (RANK, WORLD_SIZE,
+    LOCAL_RANK, MASTER_ADDR, MASTER_PORT set as a launcher would), `env` for
+    all and `per_host_env[i]` for host i's on top; the processes in rank order."""
+    port = str(launch.free_port())
+    procs = []
+    for host in range(len(hosts.spaces)):
+        for local in range(per_host):
+            rank = host * per_host + local
+            rank_env = launch._clean_env({"RANK": str(rank), "WORLD_SIZE": str(per_host * len(hosts.spaces)),
+                                          "LOCAL_RANK": str(local), "MASTER_ADDR": master_addr, "MASTER_PORT": port,
+                                          **(env or {}), **((per_host_env or {}).get(host, {}))})
+            procs.append(subprocess.Popen(hosts.in_host(host, [sys.executable, str(script)]), env=rank_env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def finish_ranks(procs, timeout):
+    """Waits for start_ranks()' processes (killing what is left past `timeout`);
+    [(returncode, stdout, stderr)] in rank order."""
+    try:
+        deadline = time.monotonic() + timeout
+        outputs = [p.communicate(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+        return [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs)]
+    finally:
+        launch.kill_leftovers(procs)
 
 
 def torchrun_on_hosts(hosts, script, log_dir, *, nproc, launcher_args=(), host_args=None, timeout=300, env=None):

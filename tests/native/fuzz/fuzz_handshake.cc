@@ -67,7 +67,7 @@ constexpr uint32_t kHelloMagic = 0x53484352;  // "RCHS"
 Hello validHello() {
   Hello h{};
   h.magic = kHelloMagic;
-  h.version = 2;
+  h.version = kWireVersion;
   h.is_ack = 0;
   h.src_rank = 1;
   h.dst_rank = 0;
@@ -243,7 +243,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::string why;
     FUZZ_CHECK(recvAll(acked, &ack, sizeof(ack), std::chrono::steady_clock::now() + std::chrono::seconds(5), &why),
                "no ack for an accepted handshake: %s", why.c_str());
-    FUZZ_CHECK(ack.magic == kHelloMagic && ack.version == 2 && ack.is_ack == 1 && ack.src_rank == 0 &&
+    FUZZ_CHECK(ack.magic == kHelloMagic && ack.version == kWireVersion && ack.is_ack == 1 && ack.src_rank == 0 &&
                    ack.dst_rank == 1 && ack.comm_id == rcoll_fuzz::kCommId &&
                    std::memcmp(ack.token, rcoll_fuzz::kToken, sizeof(ack.token)) == 0 && ack.lane == 0 &&
                    ack.lanes == 1,

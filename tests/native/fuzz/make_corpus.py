@@ -11,7 +11,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 COMM_ID = 0x0123456789ABCDEF
 TOKEN = bytes([0x10, 0x32, 0x54, 0x76, 0x98, 0xBA, 0xDC, 0xFE, 0x01, 0x23, 0x45, 0x67, 0x89, 0xAB, 0xCD, 0xEF])
 
-WIRE_MAGIC, WIRE_VERSION, HELLO_MAGIC = 0x4C4F4352, 2, 0x53484352
+WIRE_MAGIC, WIRE_VERSION, HELLO_MAGIC = 0x4C4F4352, 3, 0x53484352
 # fuzz_receive_path.cc's kKinds order -> OpKind values
 KINDS = ["allreduce", "allgather", "broadcast", "reduce_scatter", "barrier", "reduce", "gather", "scatter",
          "alltoall", "p2p"]

@@ -1,0 +1,43 @@
+"""One rank of tests/hosts/test_failover.py, started in an emulated host's
+namespace with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT:
+FAILOVER_OPS allreduces of FAILOVER_BYTES back to back, each checked
+exactly, while the test takes one of the hosts' two links away. Rank 0
+touches FAILOVER_MARK once the first op is done (the test cuts the link
+after that). Prints one JSON line (each op's seconds, failures), then the
+DONE line."""
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import rcoll
+
+
+def main():
+    comm = rcoll.init(timeout=120)
+    rank, world = comm.rank, comm.size
+    n = int(os.environ.get("FAILOVER_BYTES", str(64 << 20))) // 4
+    # Integers below 2**24 in float32, whose sums over any world size here stay exact.
+    mine = (np.arange(n, dtype=np.int64) % 1000 + rank).astype(np.float32)
+    want = (np.arange(n, dtype=np.int64) % 1000 * world + world * (world - 1) // 2).astype(np.float32)
+    got = np.empty_like(mine)
+    seconds, failures = [], []
+    for i in range(int(os.environ.get("FAILOVER_OPS", "8"))):
+        start = time.monotonic()
+        comm.allreduce(mine, out=got)
+        seconds.append(round(time.monotonic() - start, 3))
+        if not np.array_equal(got, want):
+            failures.append(f"op {i}: {int(np.count_nonzero(got != want))} elements wrong")
+        if i == 0 and rank == 0:
+            Path(os.environ["FAILOVER_MARK"]).touch()
+    print(json.dumps({"rank": rank, "seconds": seconds, "failures": failures}), flush=True)
+    comm.shutdown()
+    print("RCOLL-JOB-DONE", flush=True)  # tests/support/launch.py DONE
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
