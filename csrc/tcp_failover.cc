@@ -43,7 +43,6 @@ void TcpTransport::postNumbered(TcpRequest* r, Connection* any_lane) {
   if (r->is_send) {
     r->message = ++pair.sent;
     r->header.message = r->message;
-
     Connection* c = liveSendLane(r->peer);
     if (c == nullptr) {  // cannot happen: the last live socket's failure fails the peer
       finish(r, Request::State::kFailed, &any_lane->failure);
@@ -53,7 +52,6 @@ void TcpTransport::postNumbered(TcpRequest* r, Connection* any_lane) {
     return;
   }
   r->message = ++pair.expected;
-
   if (const MessageStash::Message* m = pair.stash.find(r->message)) {
     deliverStashed(r, *m, *any_lane);
     pair.stash.erase(r->message);
@@ -137,7 +135,6 @@ bool TcpTransport::readNumbered(Connection& c, bool* finished) {
     return false;
   }
   ++c.received;
-
   c.ack_due = true;
   c.in_header_got = 0;
   if (c.current != nullptr) {
@@ -233,7 +230,6 @@ void TcpTransport::takeControl(Connection& c, bool* finished) {
     return;
   }
   const uint64_t count = c.in_header.count;
-
   if (c.in_header.kind == static_cast<uint8_t>(LaneControl::kAck)) {
     while (!c.unacked.empty() && c.unacked.front()->lane_index < count) {
       finish(c.unacked.front(), Request::State::kDone, nullptr);
