@@ -7,16 +7,9 @@
 // registers each region once, without knowing which peers will touch it, and
 // the other children need nothing. Abort and invalidation reach every child.
 //
-// Waiting is the part that cannot simply be delegated: each child blocks in a
-// poll() of its own (TCP: sockets; shm: a doorbell eventfd after a short spin;
-// verbs: the completion channel), and one thread must wait on all of them at
-// once. So progress() drives the children through the split interface
-// (transport.h): a non-blocking pass over each, a 50 us sched_yield() spin
-// while bytes move (as shm does alone), then one poll() over every child's
-// descriptors, each child having announced its sleep first (shm's sleep words,
-// verbs' armed completion queue) so that no wake-up is lost, and finally each
-// child handles what woke it. A rank whose peers all use one transport never
-// builds a composite: that transport's own tuned progress() runs, unchanged.
+// Waiting on all children at once is the group's (transport_group.h). A rank
+// whose peers all use one transport never builds a composite: that
+// transport's own tuned progress() runs, unchanged.
 //
 // Accepting: each child has its own listener and accepts only its own peers
 // (Transport::setPeers). accept() takes them child by child; since every rank
@@ -26,17 +19,17 @@
 // deadlock.
 #pragma once
 
-#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "socket_util.h"
 #include "transport.h"
+#include "transport_group.h"
 
 namespace rcoll {
 
-class CompositeTransport : public Transport {
+class CompositeTransport : public TransportGroup {
  public:
   // `route[peer]` is the index in `children` of the child that serves `peer`
   // (-1 for this rank). Gives each child its share of peers (setPeers). At most
@@ -44,7 +37,6 @@ class CompositeTransport : public Transport {
   // `spin`: how long progress() polls the children before it sleeps (RCOLL_SPIN_US).
   CompositeTransport(const ConnectInfo& info, std::vector<std::unique_ptr<Transport>> children, std::vector<int> route,
                      std::chrono::microseconds spin);
-  ~CompositeTransport() override;
 
   const char* name() const override { return name_.c_str(); }  // "shm+tcp"
   // "kind=address kind=address": one listener per child (see listenAddresses()).
@@ -70,32 +62,15 @@ class CompositeTransport : public Transport {
   Request* irecv(int peer, const WireHeader& expected, void* data, size_t bytes) override;
   bool canPeek(int peer) const override;
   bool peekIncoming(int peer, WireHeader* header) override;
-  void progress(std::chrono::milliseconds timeout) override;
-  Activity progressNow() override;
-  bool prepareSleep(std::vector<pollfd>* fds) override;
-  Activity finishSleep(const pollfd* fds, size_t count) override;
   TransportFailure failure(Request* request) const override;
   void release(Request* request) override;
-  void interrupt() override;
-  void abortPeers(ErrorKind kind, const std::string& message) override;
-  void settleAbort() override;
-  std::vector<int> lostPeers() const override;  // every child's
 
  private:
   Transport& childOf(int peer) const;
-  bool sleep(Deadline deadline);  // true if interrupted
-  void takeInterrupt();
 
-  ConnectInfo info_;
-  std::chrono::microseconds spin_;
-  std::vector<std::unique_ptr<Transport>> children_;
   std::vector<int> route_;          // per peer: index into children_, -1 for this rank
   Transport* registrar_ = nullptr;  // the child that needs registered memory, if any
   std::string name_;
-  int wake_fd_ = -1;  // interrupt()
-  std::atomic<bool> interrupted_{false};
-  std::vector<pollfd> poll_fds_;   // sleep() scratch: wake_fd_, then each child's range
-  std::vector<size_t> child_fds_;  // where each child's range starts in poll_fds_ (and ends: next start)
 };
 
 // What a rank publishes in the store: "kind=address" per listener it runs,

@@ -119,7 +119,8 @@ const std::vector<ConfigVar>& configVars() {
       {"RCOLL_TIMEOUT", "1800", "default per-operation timeout in seconds (`rcoll.init(timeout=...)` overrides)"},
       {"RCOLL_IB_HCA", "",
        "RDMA devices/ports, NCCL-style: `mlx5_0:1,mlx5_1` (name prefixes, optional port), `=mlx5_0` "
-       "(exact names), `^mlx5_1` (exclude); default: the first ACTIVE port"},
+       "(exact names), `^mlx5_1` (exclude); every ACTIVE port it names carries a share of each pair's "
+       "messages (docs/rdma.md); default: the first ACTIVE port"},
       {"RCOLL_IB_GID_INDEX", "",
        "RoCE GID index; default: scan the GID table, prefer RoCE v2 with an IPv4-mapped address, "
        "skip link-local and empty entries"},

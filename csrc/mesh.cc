@@ -9,6 +9,7 @@
 #include "agreed_settings.h"
 #include "algorithms.h"
 #include "composite_transport.h"
+#include "rails_transport.h"
 #include "error.h"
 #include "log.h"
 #include "net_interfaces.h"
@@ -22,6 +23,20 @@
 namespace rcoll {
 
 namespace {
+
+// Which of a peer's published addresses to dial: a rails transport publishes
+// one list per rail, separated by '|' (rails_transport.h), each chosen from alike.
+std::string chooseDialAddresses(const std::string& published, const DataInterfaces& mine, int rank, int peer) {
+  std::string out;
+  size_t start = 0;
+  for (;;) {
+    const size_t bar = published.find('|', start);
+    const std::string rail = published.substr(start, bar == std::string::npos ? std::string::npos : bar - start);
+    out += (start == 0 ? "" : "|") + chooseDialAddress(rail, mine, rank, peer);
+    if (bar == std::string::npos) return out;
+    start = bar + 1;
+  }
+}
 
 constexpr uint64_t kPointToPointIdSalt = 0x7032707032703270ull;  // "p2p" mesh id = comm id ^ salt
 // The host slots of the windows in a job of several hosts: unused (only the
@@ -78,7 +93,7 @@ class MeshBuilder {
   std::vector<HostEntry> exchangeHosts(Store& store, const std::string& prefix, Deadline deadline,
                                        const std::vector<std::string>& subnets);
   bool agreeOnVerbs(Store& store, const std::string& prefix, Deadline deadline, const std::vector<HostEntry>& hosts,
-                    IbPortChoice* port);
+                    std::vector<IbPortChoice>* ports);
 
   const int rank_;
   const int size_;
@@ -117,8 +132,8 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
   mesh_.topology = computeTopology(hosts);
   RCOLL_INFO("rank %d: %s", rank_, mesh_.topology.describe().c_str());
   const bool need_network = needsNetwork(rank_, hosts);
-  IbPortChoice ib_port;
-  const bool use_verbs = need_network && agreeOnVerbs(store, prefix, deadline, hosts, &ib_port);
+  std::vector<IbPortChoice> ib_ports;
+  const bool use_verbs = need_network && agreeOnVerbs(store, prefix, deadline, hosts, &ib_ports);
   const char* network = use_verbs ? "ib" : "tcp";
   // Each peer's edge: the same rule on both ends (edge_plan.h).
   std::vector<int> route(static_cast<size_t>(size_));  // -1 self, 0 shared memory, 1 network
@@ -158,7 +173,13 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
                rank_, stripes.size(), names.c_str(), network_config.sockets_per_peer);
   }
   auto makeNetwork = [&](const ConnectInfo& connect_info, const Config& settings) -> std::unique_ptr<Transport> {
-    if (use_verbs) return makeVerbsTransport(connect_info, settings, bind_host, ib_port);
+    if (use_verbs && ib_ports.size() == 1) return makeVerbsTransport(connect_info, settings, bind_host, ib_ports[0]);
+    if (use_verbs) {  // several ports: a rail on each (rails_transport.h)
+      std::vector<std::unique_ptr<Transport>> rails;
+      for (const IbPortChoice& port : ib_ports)
+        rails.push_back(makeVerbsTransport(connect_info, settings, bind_host, port));
+      return std::make_unique<RailsTransport>(connect_info, std::move(rails), mesh_.config.spin);
+    }
     return std::make_unique<TcpTransport>(connect_info, settings, bind_host);
   };
   // One transport when every edge is alike (its own progress loop, nothing in
@@ -212,7 +233,7 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
     if (route[static_cast<size_t>(peer)] != 1) continue;
     const std::string& both = addresses[static_cast<size_t>(peer)];
     try {
-      chooseDialAddress(
+      chooseDialAddresses(
           pickAddress(both.substr(0, both.find('\n')), mesh_.peer_transports[static_cast<size_t>(peer)], rank_, peer),
           data_interfaces, rank_, peer);
     } catch (const RcollError& e) {
@@ -234,7 +255,7 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
       const std::string theirs = pickAddress(published, mesh_.peer_transports[static_cast<size_t>(peer)], rank_, peer);
       if (!stripes.empty() && route[static_cast<size_t>(peer)] == 1)
         return dialAddressesOn(stripes, theirs, rank_, peer);
-      return chooseDialAddress(theirs, data_interfaces, rank_, peer);
+      return chooseDialAddresses(theirs, data_interfaces, rank_, peer);
     };
     const std::vector<bool> needed =
         p2p ? std::vector<bool>(static_cast<size_t>(size_), false) : collectivePeers(rank_, mesh_.topology);
@@ -400,27 +421,34 @@ std::vector<HostEntry> MeshBuilder::exchangeHosts(Store& store, const std::strin
 }
 
 // The ranks that have an edge to another host publish whether they can use
-// RDMA (and why not), then read each other's, so that all reach the same
-// decision: verbs between hosts only when every one of them has a usable port,
-// otherwise TCP. Ranks set to RCOLL_TRANSPORT=tcp publish that too, so a mixed
-// setting cannot hang. Ranks whose edges are all shared memory take no part.
+// RDMA (and why not) and on how many ports, then read each other's, so that
+// all reach the same decision: verbs between hosts only when every one of
+// them has a usable port, otherwise TCP; and as many ports each (rails) as
+// the rank with the fewest has. Ranks set to RCOLL_TRANSPORT=tcp publish that
+// too, so a mixed setting cannot hang. Ranks whose edges are all shared
+// memory take no part.
 bool MeshBuilder::agreeOnVerbs(Store& store, const std::string& prefix, Deadline deadline,
-                               const std::vector<HostEntry>& hosts, IbPortChoice* port) {
+                               const std::vector<HostEntry>& hosts, std::vector<IbPortChoice>* ports) {
   std::string mine = "RCOLL_TRANSPORT=tcp on that rank";
   if (mesh_.config.transport != "tcp") {
-    *port = chooseIbPort(mesh_.config);
-    mine = port->ok ? "ok" : port->why_not;
+    *ports = chooseIbPorts(mesh_.config);
+    mine = ports->front().ok ? strFormat("ok %zu", ports->size()) : ports->front().why_not;
   }
+  const bool usable = !ports->empty() && ports->front().ok;
   // Every rank of a job across hosts has an edge to another host: all take part.
   const std::vector<std::string> all = allGather(store, prefix + "ib", mine, deadline);
-  if (mesh_.config.transport == "ib" && !port->ok) {
+  if (mesh_.config.transport == "ib" && !usable) {
     throwError(ErrorKind::kConfig,
                strFormat("rank %d: RCOLL_TRANSPORT=ib but this rank cannot use RDMA: %s", rank_, mine.c_str()));
   }
+  size_t rails = usable ? ports->size() : 0;
   for (int r = 0; r < size_; ++r) {
     if (!needsNetwork(r, hosts)) continue;
     const std::string& theirs = all[static_cast<size_t>(r)];
-    if (theirs == "ok") continue;
+    if (theirs.rfind("ok ", 0) == 0) {
+      rails = std::min<size_t>(rails, std::strtoul(theirs.c_str() + 3, nullptr, 10));
+      continue;
+    }
     if (mesh_.config.transport == "ib") {
       throwError(ErrorKind::kConfig,
                  strFormat("rank %d: RCOLL_TRANSPORT=ib but rank %d cannot use RDMA: %s", rank_, r, theirs.c_str()));
@@ -431,6 +459,15 @@ bool MeshBuilder::agreeOnVerbs(Store& store, const std::string& prefix, Deadline
     }
     return false;
   }
+  if (rails < ports->size()) {
+    RCOLL_INFO("rank %d: %zu of its %zu RDMA ports in use: another rank has no more", rank_, rails, ports->size());
+    ports->resize(rails);
+  }
+  std::string names;
+  for (const IbPortChoice& p : *ports)
+    names += strFormat("%s%s:%d", names.empty() ? "" : ", ", p.device.c_str(), p.port);
+  RCOLL_INFO("rank %d: RDMA between hosts over %s%s", rank_, names.c_str(),
+             ports->size() > 1 ? " (a pair's messages take turns on them)" : "");
   return true;
 }
 

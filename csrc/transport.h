@@ -40,6 +40,7 @@ struct Request {
   enum class State { kPending, kDone, kFailed };
   State state = State::kPending;
   int peer = -1;  // the rank at the other end: how a composite routes failure() and release()
+  int rail = 0;   // which child of a rails transport made it: how that routes them
 };
 
 // What one non-blocking pass over a transport's connections did.
@@ -87,7 +88,7 @@ class Transport {
   // Which peers this transport serves (all by default, indexed by rank). A
   // composite gives each child its share before the mesh forms, so that a
   // child's accept() takes its own peers only and drops any other with a WARN.
-  void setPeers(std::vector<bool> served) { served_ = std::move(served); }
+  virtual void setPeers(std::vector<bool> served) { served_ = std::move(served); }
   bool serves(int peer) const {
     return served_.empty() ||
            (peer >= 0 && static_cast<size_t>(peer) < served_.size() && served_[static_cast<size_t>(peer)]);

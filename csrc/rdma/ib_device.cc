@@ -231,19 +231,20 @@ int chooseGid(const std::vector<GidDescription>& gids, int override_index, std::
   return best->index;
 }
 
-IbPortChoice chooseIbPort(const Config& config) {
-  IbPortChoice choice;
+std::vector<IbPortChoice> chooseIbPorts(const Config& config) {
+  IbPortChoice failed;
   std::string why;
   const IbvApi* api = ibvApi(&why);
   if (api == nullptr) {
-    choice.why_not = why;
-    return choice;
+    failed.why_not = why;
+    return {failed};
   }
   std::vector<DeviceDescription> devices = describeAll(*api, config, &why);
   if (devices.empty()) {
-    choice.why_not = why;
-    return choice;
+    failed.why_not = why;
+    return {failed};
   }
+  std::vector<IbPortChoice> chosen;
   std::string seen;
   for (const DeviceDescription& d : devices) {
     for (const PortDescription& p : d.ports) {
@@ -254,20 +255,26 @@ IbPortChoice chooseIbPort(const Config& config) {
         seen += " (" + p.gid_reason + ")";
         continue;
       }
+      IbPortChoice choice;
       choice.ok = true;
       choice.device = d.name;
       choice.port = p.port;
       choice.gid_index = p.chosen_gid;
       choice.gid_reason = p.gid_reason;
       choice.ethernet = ethernet;
-      return choice;
+      chosen.push_back(choice);
+      // Without RCOLL_IB_HCA, the first usable port; with it, every one it names.
+      if (config.ib_hca.empty()) return chosen;
     }
   }
-  choice.why_not =
-      strFormat("no usable ACTIVE port%s%s%s (ports: %s)",
-                config.ib_hca.empty() ? "" : " matching RCOLL_IB_HCA=", config.ib_hca.c_str(), "", seen.c_str());
-  return choice;
+  if (!chosen.empty()) return chosen;
+  failed.why_not =
+      strFormat("no usable ACTIVE port%s%s (ports: %s)",
+                config.ib_hca.empty() ? "" : " matching RCOLL_IB_HCA=", config.ib_hca.c_str(), seen.c_str());
+  return {failed};
 }
+
+IbPortChoice chooseIbPort(const Config& config) { return chooseIbPorts(config).front(); }
 
 RdmaReport describeRdma(const Config& config) {
   RdmaReport report;
@@ -280,10 +287,14 @@ RdmaReport describeRdma(const Config& config) {
   report.library_loaded = true;
   report.library = api->library;
   report.devices = describeAll(*api, config, &report.error);
-  IbPortChoice choice = chooseIbPort(config);
-  report.selection = choice.ok
-                         ? strFormat("%s:%d, GID %s", choice.device.c_str(), choice.port, choice.gid_reason.c_str())
-                         : "none: " + choice.why_not;
+  for (const IbPortChoice& choice : chooseIbPorts(config)) {
+    if (!choice.ok) {
+      report.selection = "none: " + choice.why_not;
+      break;
+    }
+    report.selection += strFormat("%s%s:%d, GID %s", report.selection.empty() ? "" : "; ", choice.device.c_str(),
+                                  choice.port, choice.gid_reason.c_str());
+  }
   return report;
 }
 

@@ -76,6 +76,10 @@ struct IbPortChoice {
   bool ethernet = false;  // RoCE: every packet needs the GRH
 };
 IbPortChoice chooseIbPort(const Config& config);
+// Every port the verbs transport would use (rails_transport.h): without
+// RCOLL_IB_HCA the first usable one, with it every usable one it names, in
+// device and port order. One entry with !ok (and why) when there is none.
+std::vector<IbPortChoice> chooseIbPorts(const Config& config);
 
 // The GID rcoll picks among `gids` (see the file comment); -1 with the reason
 // in *reason when none is usable. `override_index` >= 0 is RCOLL_IB_GID_INDEX.

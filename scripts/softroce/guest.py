@@ -5,9 +5,10 @@ The host kernel of the project's machines has no RDMA, and its /dev/kvm cannot r
 a stock kernel, so this boots Debian's kernel under TCG with a busybox initramfs.
 The guest has no disk image: it mounts the host's /usr /etc /opt /var /root /home
 /srv read-only over virtio-9p (with tmpfs overlays so tools can write), the project
-directory read-write at the same path, then creates two Soft-RoCE devices (rxe0 on
-veth sr0 = 192.0.2.1, rxe1 on veth sr1 = 192.0.2.2) and runs the command in a
-chroot. Host-built binaries, the project's Python and pytest run unchanged.
+directory read-write at the same path, then creates four Soft-RoCE devices on two
+veth pairs (rxe0 on sr0 = 192.0.2.1, rxe1 on sr1 = 192.0.2.2; rxe2 on sr2 =
+198.51.100.1, rxe3 on sr3 = 198.51.100.2: a second port each, for rails) and runs
+the command in a chroot. Host-built binaries, the project's Python and pytest run unchanged.
 
     guest.py prepare              # download + unpack the kernel, build the initramfs
     guest.py run --check          # built-in self-test (ibv_devices, GIDs, pingpong, pyverbs)
@@ -49,7 +50,9 @@ from typing import Dict, List, Optional, Tuple
 # The guest's fixed network and device layout; tests may read these back from the
 # RCOLL_SOFTROCE_* variables exported in the guest.
 ADDR0, ADDR1 = "192.0.2.1", "192.0.2.2"   # TEST-NET-1: never routed anywhere real
-DEVICES = ("rxe0", "rxe1")
+# A second pair, for a rank with two ports (rails): rxe2 on sr2 and rxe3 on sr3.
+ADDR2, ADDR3 = "198.51.100.1", "198.51.100.2"   # TEST-NET-2
+DEVICES = ("rxe0", "rxe1", "rxe2", "rxe3")
 
 # Host directories the chroot sees. All get a tmpfs overlay: writes (apt lock files,
 # ~/.cache, /etc/hostname, ...) must succeed without ever reaching the host.
@@ -567,7 +570,7 @@ reboot -f
 
 # Runs in the chroot with the host's /bin/sh (dash). Recipe: /work/shared/softroce.md.
 SETUP_SH = r"""set -eu
-A0=%(a0)s A1=%(a1)s
+A0=%(a0)s A1=%(a1)s A2=%(a2)s A3=%(a3)s
 # No udev in the guest: load what its rules would (uverbs for /dev/infiniband,
 # rdma_ucm for librdmacm).
 modprobe -a veth rdma_rxe ib_uverbs rdma_ucm
@@ -580,7 +583,8 @@ modprobe -a veth rdma_rxe ib_uverbs rdma_ucm
 # with `from` make rdma_cm resolve the wrong device. accept_local and no
 # rp_filter: the packets arrive with a source address that is local.
 ip link add sr0 type veth peer name sr1
-for c in all default sr0 sr1; do
+ip link add sr2 type veth peer name sr3
+for c in all default sr0 sr1 sr2 sr3; do
     echo 0 > /proc/sys/net/ipv4/conf/$c/rp_filter
     echo 1 > /proc/sys/net/ipv4/conf/$c/accept_local
 done
@@ -589,17 +593,27 @@ ip -batch - <<EOF
 link set lo up
 addr add $A0/24 dev sr0
 addr add $A1/24 dev sr1
+addr add $A2/24 dev sr2
+addr add $A3/24 dev sr3
 link set sr0 up
 link set sr1 up
+link set sr2 up
+link set sr3 up
 route add $A1/32 dev sr0 src $A0 table 100
 route add $A0/32 dev sr1 src $A1 table 101
+route add $A3/32 dev sr2 src $A2 table 102
+route add $A2/32 dev sr3 src $A3 table 103
 rule add pref 100 iif lo to $A1 lookup 100
 rule add pref 101 iif lo to $A0 lookup 101
+rule add pref 102 iif lo to $A3 lookup 102
+rule add pref 103 iif lo to $A2 lookup 103
 rule add pref 200 lookup local
 rule del pref 0 lookup local
 EOF
 rdma link add rxe0 type rxe netdev sr0
 rdma link add rxe1 type rxe netdev sr1
+rdma link add rxe2 type rxe netdev sr2
+rdma link add rxe3 type rxe netdev sr3
 
 # GIDs are filled in asynchronously once the link is up; wait for the IPv4
 # RoCE v2 entry of both devices and remember its index for the command.
@@ -620,10 +634,11 @@ roce_v2_ipv4_index() {
     return 1
 }
 i=0
-until idx0=$(roce_v2_ipv4_index rxe0) && idx1=$(roce_v2_ipv4_index rxe1); do
+until idx0=$(roce_v2_ipv4_index rxe0) && idx1=$(roce_v2_ipv4_index rxe1) &&
+      roce_v2_ipv4_index rxe2 >/dev/null && roce_v2_ipv4_index rxe3 >/dev/null; do
     i=$((i + 1))
     if [ $i -ge 150 ]; then
-        echo "softroce-setup: no RoCE v2 IPv4 GID on rxe0/rxe1 after 15 s" >&2
+        echo "softroce-setup: no RoCE v2 IPv4 GID on rxe0..rxe3 after 15 s" >&2
         exit 1
     fi
     sleep 0.1
@@ -632,8 +647,8 @@ done
 cat > /run/rcoll-softroce/env.sh <<EOF
 export RCOLL_SOFTROCE_GID_INDEX=$idx0
 EOF
-echo "softroce-setup: rxe0@sr0=$A0 rxe1@sr1=$A1, RoCE v2 IPv4 GID index $idx0"
-""" % {"a0": ADDR0, "a1": ADDR1}
+echo "softroce-setup: rxe0@sr0=$A0 rxe1@sr1=$A1 rxe2@sr2=$A2 rxe3@sr3=$A3, RoCE v2 IPv4 GID index $idx0"
+""" % {"a0": ADDR0, "a1": ADDR1, "a2": ADDR2, "a3": ADDR3}
 
 # The built-in self-test (`run --check`); dash in the chroot, host tools only.
 CHECK_SH = r"""
@@ -738,7 +753,7 @@ def guest_env(extra: Dict[str, str], pass_names: List[str]) -> Dict[str, str]:
     env.update(extra)
     env["RCOLL_SOFTROCE_GUEST"] = "1"
     env["RCOLL_SOFTROCE_DEVICES"] = ",".join(DEVICES)
-    env["RCOLL_SOFTROCE_ADDRS"] = f"{ADDR0},{ADDR1}"
+    env["RCOLL_SOFTROCE_ADDRS"] = f"{ADDR0},{ADDR1},{ADDR2},{ADDR3}"
     return env
 
 

@@ -179,6 +179,44 @@ def test_mixed_ring_kill_9_fails_every_survivor():
         assert seconds < 30, (rank, seconds)  # the side channel's EOF, not the 60 s timeout
 
 
+# Two ports per rank (rails_transport.h): rxe0 and rxe2 on one side, rxe1 and
+# rxe3 on the other (two veth pairs). A pair's messages take turns on the two
+# ports: every device sends packets, and every result is exact.
+RAILS = {"RCOLL_TRANSPORT": "ib", "RCOLL_IB_HCA": ["rxe0,rxe2", "rxe1,rxe3"]}
+RAILS_MIXED = {"RCOLL_TRANSPORT": "auto", "RCOLL_HOSTID": ["A", "A", "B", "B"],
+               "RCOLL_IB_HCA": ["rxe0,rxe2", "rxe0,rxe2", "rxe1,rxe3", "rxe1,rxe3"]}
+
+
+def _sent_packets():
+    counters = "/sys/class/infiniband/{}/ports/1/hw_counters/sent_pkts"
+    return {dev: int(open(counters.format(dev)).read()) for dev in ("rxe0", "rxe1", "rxe2", "rxe3")}
+
+
+@pytest.mark.parametrize("env, world, name", [(RAILS, 2, "ib"), (RAILS_MIXED, 4, "shm+ib")],
+                         ids=["two ranks", "two hosts of two"])
+def test_two_ports_per_rank_carry_a_pair_s_messages_in_turn(env, world, name):
+    before = _sent_packets()
+    for rank, (transport, edges, ok) in enumerate(rank_threads.run(mw.report, world, timeout=300, env=env)):
+        assert ok, f"rank {rank}: wrong allreduce/alltoall result"
+        assert transport == name and edges.count("ib") == world // 2, (rank, transport, edges)
+    every_rank_passed(rank_threads.run(cw.allreduce_sweep, world, timeout=900, env={**env, **SMALL_CHUNKS}))
+    every_rank_passed(rank_threads.run(cw.alltoall_sweep, world, timeout=900, env={**env, **SMALL_CHUNKS}))
+    every_rank_passed(rank_threads.run(mw.barrier_and_ring_messages, world, timeout=900, env=env))
+    sent = {dev: n - before[dev] for dev, n in _sent_packets().items()}
+    # Each port carried a share: about half of its side's packets (both directions of every pair use both).
+    for first, second in (("rxe0", "rxe2"), ("rxe1", "rxe3")):
+        assert min(sent[first], sent[second]) > 0.3 * (sent[first] + sent[second]), sent
+
+
+def test_ranks_with_different_port_counts_use_as_many_as_the_fewest():
+    env = {"RCOLL_TRANSPORT": "ib", "RCOLL_IB_HCA": ["rxe0,rxe2", "rxe1"]}
+    before = _sent_packets()
+    for rank, (transport, edges, ok) in enumerate(rank_threads.run(mw.report, 2, timeout=300, env=env)):
+        assert ok and transport == "ib", (rank, transport, edges)
+    sent = {dev: n - before[dev] for dev, n in _sent_packets().items()}
+    assert sent["rxe0"] > 0 and sent["rxe1"] > 0 and sent["rxe2"] == sent["rxe3"] == 0, sent
+
+
 # Connections on first use (#20 item 4): queue pairs swapped by each side's
 # thread in steps over the socket the connector made (csrc/on_demand_peers.h).
 def test_point_to_point_queue_pairs_are_made_on_first_use():

@@ -1,0 +1,169 @@
+#include "rails_transport.h"
+
+#include <algorithm>
+
+#include "error.h"
+#include "socket_util.h"
+
+namespace rcoll {
+
+namespace {
+
+// One registration per rail, handed out as one handle.
+struct RailsMemory {
+  std::vector<MemoryHandle> handles;
+};
+
+std::vector<std::string> splitRails(const std::string& address) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (;;) {
+    const size_t bar = address.find('|', start);
+    out.push_back(address.substr(start, bar == std::string::npos ? std::string::npos : bar - start));
+    if (bar == std::string::npos) return out;
+    start = bar + 1;
+  }
+}
+
+}  // namespace
+
+RailsTransport::RailsTransport(const ConnectInfo& info, std::vector<std::unique_ptr<Transport>> rails,
+                               std::chrono::microseconds spin)
+    : TransportGroup(info, std::move(rails), spin),
+      sends_(static_cast<size_t>(info.size), std::vector<uint64_t>(children_.size())),
+      recvs_(static_cast<size_t>(info.size), std::vector<uint64_t>(children_.size())) {}
+
+std::string RailsTransport::listenAddress() const {
+  std::string out;
+  for (const auto& rail : children_) out += (out.empty() ? "" : "|") + rail->listenAddress();
+  return out;
+}
+
+void RailsTransport::connect(int peer, const std::string& address, Deadline deadline) {
+  const std::vector<std::string> parts = splitRails(address);
+  if (parts.size() != children_.size()) {
+    throwError(ErrorKind::kConfig,
+               strFormat("rank %d: rank %d listens on %zu RDMA port(s), this rank on %zu: the ranks did not agree on "
+                         "the ports (RCOLL_IB_HCA)",
+                         info_.rank, peer, parts.size(), children_.size()));
+  }
+  for (size_t i = 0; i < parts.size(); ++i) children_[i]->connect(peer, parts[i], deadline);
+}
+
+int RailsTransport::accept(Deadline deadline) {
+  const int peer = children_.front()->accept(deadline);
+  for (size_t i = 1; i < children_.size(); ++i) {
+    while (!children_[i]->connected(peer)) children_[i]->accept(deadline);  // other peers stay connected
+  }
+  return peer;
+}
+
+void RailsTransport::closeListener() {
+  for (auto& rail : children_) rail->closeListener();
+}
+
+bool RailsTransport::connected(int peer) const {
+  for (const auto& rail : children_) {
+    if (!rail->connected(peer)) return false;
+  }
+  return true;
+}
+
+void RailsTransport::connectOnDemand(const std::vector<std::string>& addresses) {
+  for (size_t i = 0; i < children_.size(); ++i) {
+    std::vector<std::string> mine(addresses.size());
+    for (size_t p = 0; p < addresses.size(); ++p) {
+      if (addresses[p].empty()) continue;
+      const std::vector<std::string> parts = splitRails(addresses[p]);
+      if (parts.size() != children_.size()) {
+        throwError(ErrorKind::kConfig, strFormat("rank %d: rank %zu listens on %zu RDMA port(s), this rank on %zu",
+                                                 info_.rank, p, parts.size(), children_.size()));
+      }
+      mine[p] = parts[i];
+    }
+    children_[i]->connectOnDemand(mine);
+  }
+}
+
+void RailsTransport::setPeers(std::vector<bool> served) {
+  for (auto& rail : children_) rail->setPeers(served);
+  Transport::setPeers(std::move(served));
+}
+
+MemoryHandle RailsTransport::registerMemory(void* data, size_t bytes) {
+  auto memory = std::make_unique<RailsMemory>();
+  for (auto& rail : children_) memory->handles.push_back(rail->registerMemory(data, bytes));
+  return memory.release();
+}
+
+MemoryHandle RailsTransport::registerDeviceMemory(void* data, size_t bytes, int dmabuf_fd, uint64_t dmabuf_offset,
+                                                  std::string* why) {
+  auto memory = std::make_unique<RailsMemory>();
+  for (auto& rail : children_) {
+    MemoryHandle h = rail->registerDeviceMemory(data, bytes, dmabuf_fd, dmabuf_offset, why);
+    if (h == nullptr) {
+      for (size_t i = 0; i < memory->handles.size(); ++i) children_[i]->deregisterMemory(memory->handles[i]);
+      return nullptr;
+    }
+    memory->handles.push_back(h);
+  }
+  return memory.release();
+}
+
+void RailsTransport::deregisterMemory(MemoryHandle handle) {
+  std::unique_ptr<RailsMemory> memory(static_cast<RailsMemory*>(handle));
+  if (!memory) return;
+  for (size_t i = 0; i < memory->handles.size(); ++i) children_[i]->deregisterMemory(memory->handles[i]);
+}
+
+void RailsTransport::invalidateMemory(const void* data, size_t bytes) {
+  for (auto& rail : children_) rail->invalidateMemory(data, bytes);
+}
+
+// The rail that has carried the fewest bytes to (or from) `peer` so far, the
+// lowest on a tie; each message counts its payload and a header's worth, so
+// that empty ones take turns too. Both ends see the same sizes in the same
+// order (a receive is posted for what its sender sends), so they pick alike.
+size_t RailsTransport::railFor(std::vector<std::vector<uint64_t>>* load, int peer, size_t bytes) const {
+  if (peer < 0 || peer >= info_.size) {
+    throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: rank %d is not a peer of this communicator (size %d)",
+                                                      info_.rank, peer, info_.size));
+  }
+  std::vector<uint64_t>& carried = (*load)[static_cast<size_t>(peer)];
+  const size_t i = static_cast<size_t>(std::min_element(carried.begin(), carried.end()) - carried.begin());
+  carried[i] += bytes + sizeof(WireHeader);
+  return i;
+}
+
+Request* RailsTransport::isend(int peer, const WireHeader& header, const void* data, size_t bytes) {
+  const size_t i = railFor(&sends_, peer, bytes);
+  Request* r = children_[i]->isend(peer, header, data, bytes);
+  r->rail = static_cast<int>(i);
+  return r;
+}
+
+Request* RailsTransport::irecv(int peer, const WireHeader& expected, void* data, size_t bytes) {
+  const size_t i = railFor(&recvs_, peer, bytes);
+  Request* r = children_[i]->irecv(peer, expected, data, bytes);
+  r->rail = static_cast<int>(i);
+  return r;
+}
+
+// Which rail the next receive from `peer` reads depends on its size, not
+// known before its header: any rail's next header will do for a receive from
+// any source (verbs cannot peek anyway).
+bool RailsTransport::peekIncoming(int peer, WireHeader* header) {
+  if (peer < 0 || peer >= info_.size) return false;
+  for (auto& rail : children_) {
+    if (rail->peekIncoming(peer, header)) return true;
+  }
+  return false;
+}
+
+TransportFailure RailsTransport::failure(Request* request) const {
+  return children_[static_cast<size_t>(request->rail)]->failure(request);
+}
+
+void RailsTransport::release(Request* request) { children_[static_cast<size_t>(request->rail)]->release(request); }
+
+}  // namespace rcoll
