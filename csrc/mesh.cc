@@ -209,13 +209,14 @@ void MeshBuilder::build(Store& store, const std::string& bind_hint) {
   RCOLL_INFO("rank %d: transport %s; %s", rank_, mesh_.transport->name(), describeEdges(mesh_.peer_transports).c_str());
   // Point-to-point traffic gets its own connections (p2p_engine.h): sockets or
   // queue pairs. Their handshakes and headers carry a different id, so a stray
-  // cross-connection is refused. It keeps one socket per peer (its messages
-  // are few and matched by tag, and one stream keeps their order simple to
-  // reason about) and has no windows.
+  // cross-connection is refused. It keeps one socket per peer and network
+  // (its messages are few and matched by tag; over several networks they
+  // survive a failing link as the collectives' do) and has no windows.
   ConnectInfo p2p_info = mesh_.info;
   p2p_info.comm_id = mesh_.info.comm_id ^ kPointToPointIdSalt;
   Config p2p_network_config = mesh_.config;
-  p2p_network_config.sockets_per_peer = 1;
+  p2p_network_config.sockets_per_peer = network_config.socket_networks;
+  p2p_network_config.socket_networks = network_config.socket_networks;
   Config p2p_shm_config = mesh_.config;
   p2p_shm_config.shm_coll = false;
   ShmTransport* p2p_shm = nullptr;  // unused: point-to-point has no windows

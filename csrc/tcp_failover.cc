@@ -117,21 +117,9 @@ bool TcpTransport::readNumbered(Connection& c, bool* finished) {
   char* const data = c.current ? c.current->data : c.stashing->data.get();
   const size_t bytes = c.current ? c.current->bytes : static_cast<size_t>(c.stashing->header.bytes);
   size_t& done = c.current ? c.current->done : c.stashing->done;
-  while (done < bytes) {
-    ssize_t n = readStream(c, data + done, bytes - done);
-    if (n > 0) {
-      done += static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
-    const int err = n == 0 ? 0 : errno;
-    loseSocket(c, err,
-               n == 0 ? strFormat("rank %d closed its connection in the middle of a message (its process "
-                                  "exited, crashed or was killed)",
-                                  c.peer)
-                      : strFormat("lost the connection to rank %d: %s", c.peer, errnoText(err).c_str()));
-    *finished = true;
+  const PayloadRead read = readPayload(c, data, bytes, &done);
+  if (read != PayloadRead::kWhole) {
+    *finished = read == PayloadRead::kLost;
     return false;
   }
   ++c.received;

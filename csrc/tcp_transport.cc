@@ -399,22 +399,8 @@ bool TcpTransport::driveRecvs(Connection& c) {
       }
       c.in_header_checked = true;
     }
-    while (r->done < r->bytes) {
-      ssize_t n = readStream(c, r->data + r->done, r->bytes - r->done);
-      if (n > 0) {
-        r->done += static_cast<size_t>(n);
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return completed;
-      const int err = n == 0 ? 0 : errno;
-      loseSocket(c, err,
-                 n == 0 ? strFormat("rank %d closed its connection in the middle of a message (its "
-                                    "process exited, crashed or was killed)",
-                                    c.peer)
-                        : strFormat("lost the connection to rank %d: %s", c.peer, errnoText(err).c_str()));
-      return true;
-    }
+    const PayloadRead read = readPayload(c, r->data, r->bytes, &r->done);
+    if (read != PayloadRead::kWhole) return read == PayloadRead::kLost || completed;
     c.recvs.pop_front();
     c.in_header_got = 0;
     finish(r, Request::State::kDone, nullptr);
@@ -424,6 +410,28 @@ bool TcpTransport::driveRecvs(Connection& c) {
     // returns this completion to its caller.
     if (c.recvs.empty() && c.inbox_pos == c.inbox_end) return completed;
   }
+}
+
+// The rest of a payload, [*done, bytes) of `data`; a socket that fails on the
+// way is lost (loseSocket) and says so.
+TcpTransport::PayloadRead TcpTransport::readPayload(Connection& c, char* data, size_t bytes, size_t* done) {
+  while (*done < bytes) {
+    ssize_t n = readStream(c, data + *done, bytes - *done);
+    if (n > 0) {
+      *done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return PayloadRead::kWait;
+    const int err = n == 0 ? 0 : errno;
+    loseSocket(c, err,
+               n == 0 ? strFormat("rank %d closed its connection in the middle of a message (its "
+                                  "process exited, crashed or was killed)",
+                                  c.peer)
+                      : strFormat("lost the connection to rank %d: %s", c.peer, errnoText(err).c_str()));
+    return PayloadRead::kLost;
+  }
+  return PayloadRead::kWhole;
 }
 
 bool TcpTransport::lastOpenLane(const Connection& c) const {

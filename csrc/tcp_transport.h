@@ -123,6 +123,8 @@ class TcpTransport : public Transport {
   bool driveSends(Connection& c);
   bool driveRecvs(Connection& c);
   ssize_t readStream(Connection& c, char* dst, size_t want);
+  enum class PayloadRead { kWhole, kWait, kLost };
+  PayloadRead readPayload(Connection& c, char* data, size_t bytes, size_t* done);
   bool wantsRead(const Connection& c) const;
   bool lastOpenLane(const Connection& c) const;  // no other lane to c's peer can still bring a message
   // Every lane of c's peer. `peer_reported`: the peer told us why it failed (an

@@ -1,6 +1,7 @@
 """One rank of tests/hosts/test_failover.py, started in an emulated host's
 namespace with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT:
-FAILOVER_OPS allreduces of FAILOVER_BYTES back to back, each checked
+FAILOVER_OPS allreduces of FAILOVER_BYTES back to back, each followed
+by 4 MiB sent to and received from the rank on the other host, all checked
 exactly, while the test takes one of the hosts' two links away. Rank 0
 touches FAILOVER_MARK once the first op is done (the test cuts the link
 after that). Prints one JSON line (each op's seconds, failures), then the
@@ -24,6 +25,7 @@ def main():
     mine = (np.arange(n, dtype=np.int64) % 1000 + rank).astype(np.float32)
     want = (np.arange(n, dtype=np.int64) % 1000 * world + world * (world - 1) // 2).astype(np.float32)
     got = np.empty_like(mine)
+    ring = np.empty(1 << 20, np.float32)
     seconds, failures = [], []
     for i in range(int(os.environ.get("FAILOVER_OPS", "8"))):
         start = time.monotonic()
@@ -31,6 +33,12 @@ def main():
         seconds.append(round(time.monotonic() - start, 3))
         if not np.array_equal(got, want):
             failures.append(f"op {i}: {int(np.count_nonzero(got != want))} elements wrong")
+        # Point-to-point across the hosts (its own connections, one per network too).
+        handle = comm.send(mine[:1 << 20], (rank + world // 2) % world, async_op=True)
+        comm.recv(ring, (rank + world // 2) % world)
+        handle.wait()
+        if not np.array_equal(ring, mine[:1 << 20] - rank + (rank + world // 2) % world):
+            failures.append(f"op {i}: send/recv wrong")
         if i == 0 and rank == 0:
             Path(os.environ["FAILOVER_MARK"]).touch()
     print(json.dumps({"rank": rank, "seconds": seconds, "failures": failures}), flush=True)
