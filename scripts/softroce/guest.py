@@ -727,7 +727,7 @@ section "pyverbs (/usr/bin/python3)"
 out=$(/usr/bin/python3 -c \
     'import pyverbs.device as d; print(" ".join(sorted(x.name.decode() for x in d.get_device_list())))' 2>&1)
 echo "$out"
-if [ "$out" = "rxe0 rxe1" ]; then ok "pyverbs lists rxe0 and rxe1"; else bad "pyverbs device list"; fi
+if [ "$out" = "rxe0 rxe1 rxe2 rxe3" ]; then ok "pyverbs lists rxe0 to rxe3"; else bad "pyverbs device list"; fi
 
 section "done"
 echo "CHECK SUMMARY: $pass passed, $fail failed"
