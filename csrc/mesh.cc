@@ -28,14 +28,10 @@ namespace {
 // one list per rail, separated by '|' (rails_transport.h), each chosen from alike.
 std::string chooseDialAddresses(const std::string& published, const DataInterfaces& mine, int rank, int peer) {
   std::string out;
-  size_t start = 0;
-  for (;;) {
-    const size_t bar = published.find('|', start);
-    const std::string rail = published.substr(start, bar == std::string::npos ? std::string::npos : bar - start);
-    out += (start == 0 ? "" : "|") + chooseDialAddress(rail, mine, rank, peer);
-    if (bar == std::string::npos) return out;
-    start = bar + 1;
+  for (const std::string& rail : splitList(published, '|')) {
+    out += (out.empty() ? "" : "|") + chooseDialAddress(rail, mine, rank, peer);
   }
+  return out;
 }
 
 constexpr uint64_t kPointToPointIdSalt = 0x7032707032703270ull;  // "p2p" mesh id = comm id ^ salt

@@ -14,17 +14,6 @@ struct RailsMemory {
   std::vector<MemoryHandle> handles;
 };
 
-std::vector<std::string> splitRails(const std::string& address) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  for (;;) {
-    const size_t bar = address.find('|', start);
-    out.push_back(address.substr(start, bar == std::string::npos ? std::string::npos : bar - start));
-    if (bar == std::string::npos) return out;
-    start = bar + 1;
-  }
-}
-
 }  // namespace
 
 RailsTransport::RailsTransport(const ConnectInfo& info, std::vector<std::unique_ptr<Transport>> rails,
@@ -40,7 +29,7 @@ std::string RailsTransport::listenAddress() const {
 }
 
 void RailsTransport::connect(int peer, const std::string& address, Deadline deadline) {
-  const std::vector<std::string> parts = splitRails(address);
+  const std::vector<std::string> parts = splitList(address, '|');
   if (parts.size() != children_.size()) {
     throwError(ErrorKind::kConfig,
                strFormat("rank %d: rank %d listens on %zu RDMA port(s), this rank on %zu: the ranks did not agree on "
@@ -74,7 +63,7 @@ void RailsTransport::connectOnDemand(const std::vector<std::string>& addresses) 
     std::vector<std::string> mine(addresses.size());
     for (size_t p = 0; p < addresses.size(); ++p) {
       if (addresses[p].empty()) continue;
-      const std::vector<std::string> parts = splitRails(addresses[p]);
+      const std::vector<std::string> parts = splitList(addresses[p], '|');
       if (parts.size() != children_.size()) {
         throwError(ErrorKind::kConfig, strFormat("rank %d: rank %zu listens on %zu RDMA port(s), this rank on %zu",
                                                  info_.rank, p, parts.size(), children_.size()));

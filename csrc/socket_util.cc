@@ -48,15 +48,17 @@ std::string joinHostPort(const std::string& host, int port) {
   return host + ":" + std::to_string(port);
 }
 
-std::vector<std::string> splitCommas(const std::string& list) {
+std::vector<std::string> splitList(const std::string& list, char separator) {
   std::vector<std::string> out;
   for (size_t start = 0; start <= list.size();) {
-    const size_t comma = std::min(list.find(',', start), list.size());
-    out.push_back(list.substr(start, comma - start));
-    start = comma + 1;
+    const size_t end = std::min(list.find(separator, start), list.size());
+    out.push_back(list.substr(start, end - start));
+    start = end + 1;
   }
   return out;
 }
+
+std::vector<std::string> splitCommas(const std::string& list) { return splitList(list, ','); }
 
 std::string laneAddress(const std::string& addresses, int k) {
   const std::vector<std::string> list = splitCommas(addresses);

@@ -24,6 +24,8 @@ std::string joinHostPort(const std::string& host, int port);
 // The entries of a comma-separated list ("" gives one empty entry), e.g. a
 // rank's published addresses.
 std::vector<std::string> splitCommas(const std::string& list);
+// The same for any separator (a rails transport's per-rail addresses: '|').
+std::vector<std::string> splitList(const std::string& list, char separator);
 
 // Entry k mod n of a comma-separated list of n addresses ("host:port,..."):
 // where a peer is dialed on several networks, lane k takes the k-th.
