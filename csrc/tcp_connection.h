@@ -6,6 +6,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "message_stash.h"
@@ -80,6 +81,7 @@ struct TcpTransport::PairMessages {
   uint32_t expected = 0;                    // the number of the last receive posted
   std::map<uint32_t, TcpRequest*> waiting;  // posted receives whose message has not started to arrive
   MessageStash stash;                       // messages that came before their receive
+  std::optional<TransportFailure> stopped;  // the peer's abort, while its other sockets still bring acknowledgements
 };
 
 }  // namespace rcoll

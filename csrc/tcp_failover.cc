@@ -40,6 +40,10 @@ namespace rcoll {
 
 void TcpTransport::postNumbered(TcpRequest* r, Connection* any_lane) {
   PairMessages& pair = pairs_[static_cast<size_t>(r->peer)];
+  if (pair.stopped) {
+    finish(r, Request::State::kFailed, &*pair.stopped);
+    return;
+  }
   if (r->is_send) {
     r->message = ++pair.sent;
     r->header.message = r->message;
@@ -339,6 +343,51 @@ void TcpTransport::failNumbered(int peer, const TransportFailure& failure) {
   for (int k = 0; k < lanes_; ++k) {
     if (Connection* c = laneTo(peer, k)) c->stashing.reset();
   }
+}
+
+// The peer's abort came on socket c. It acknowledged what it had read on
+// each socket before writing its abort there, but the sockets run over
+// different links: an acknowledgement on another one may still be on its
+// way. What cannot finish any more fails now with the peer's reason: c's
+// unacknowledged sends (the peer wrote its acknowledgements on c before the
+// abort, so these it did not hold), the receives, the sends not written
+// whole. Sends written whole on another open socket wait for that socket's
+// acknowledgement, abort or close; the last of those fails the pair
+// (failConnection, with this reason). False when nothing waits.
+bool TcpTransport::peerStopped(Connection& c, const TransportFailure& told) {
+  PairMessages& pair = pairs_[static_cast<size_t>(c.peer)];
+  bool waits = false;
+  for (int k = 0; k < lanes_; ++k) {
+    Connection* l = laneTo(c.peer, k);
+    if (l == nullptr || l == &c || l->failed || l->down || l->closed_by_peer || l->unacked.empty()) continue;
+    waits = true;
+  }
+  if (!waits) return false;
+  pair.stopped = told;
+  failLane(c, told);
+  for (int k = 0; k < lanes_; ++k) {
+    Connection* l = laneTo(c.peer, k);
+    if (l == nullptr || l->failed) continue;
+    // Nothing more is written to a peer that stopped; the buffer of a send
+    // half written is not kept for an abort of ours either.
+    l->socket_broken = true;
+    for (TcpRequest* r : l->sends) finish(r, Request::State::kFailed, &told);
+    l->sends.clear();
+    if (l->down || l->closed_by_peer || l->unacked.empty()) failLane(*l, told);
+  }
+  failNumbered(c.peer, told);
+  return true;
+}
+
+// Our abort follows what this socket has read: the acknowledgement of it
+// goes first (bounded by the abort's deadline).
+bool TcpTransport::sendDueAck(Connection& c, Deadline deadline) {
+  if (c.received <= c.acked_out) return true;
+  const WireHeader ack = makeLaneControl(LaneControl::kAck, info_.comm_id, info_.rank, c.lane, c.received);
+  c.acked_out = c.received;
+  c.ack_due = false;
+  std::string why;
+  return sendAll(c.fd, &ack, sizeof(ack), deadline, &why);
 }
 
 }  // namespace rcoll

@@ -213,7 +213,7 @@ Request* TcpTransport::post(TcpRequest* r) {
   // connection's cause, so the caller sees why without waiting.
   Connection* c = nullptr;
   if (connected(r->peer)) {
-    if (numbered_ && !aborted_ && !laneTo(r->peer, 0)->failed) {
+    if (numbered_ && !aborted_ && (!laneTo(r->peer, 0)->failed || pairs_[static_cast<size_t>(r->peer)].stopped)) {
       postNumbered(r, laneTo(r->peer, 0));
       return r;
     }
@@ -232,7 +232,14 @@ Request* TcpTransport::post(TcpRequest* r) {
   return r;
 }
 
-void TcpTransport::failConnection(Connection& c, ErrorKind kind, const std::string& message, bool peer_reported) {
+void TcpTransport::failConnection(Connection& c, ErrorKind kind_seen, const std::string& message_seen,
+                                  bool peer_reported) {
+  // A peer that sent its abort on another socket (peerStopped): that is why.
+  const std::optional<TransportFailure>* stopped = numbered_ ? &pairs_[static_cast<size_t>(c.peer)].stopped : nullptr;
+  const bool told = stopped != nullptr && stopped->has_value();
+  const ErrorKind kind = told ? (*stopped)->kind : kind_seen;
+  const std::string& message = told ? (*stopped)->message : message_seen;
+  peer_reported = peer_reported || told;
   // Only a mismatch (or a local abort) leaves the socket usable: it can still
   // carry our abort message to the peer. Everything else means it is gone.
   if (kind != ErrorKind::kMismatch && kind != ErrorKind::kAborted) c.socket_broken = true;
@@ -373,8 +380,9 @@ bool TcpTransport::driveRecvs(Connection& c) {
         break;  // closed mid-message: report what we have
       }
       c.socket_broken = true;  // the peer has stopped: no point in answering it
-      failConnection(c, errorKindFromWire(c.in_header.error_kind),
-                     strFormat("rank %d failed: %s", c.peer, validUtf8(c.abort_text).c_str()), true);
+      const TransportFailure told{errorKindFromWire(c.in_header.error_kind),
+                                  strFormat("rank %d failed: %s", c.peer, validUtf8(c.abort_text).c_str())};
+      if (!numbered_ || !peerStopped(c, told)) failConnection(c, told.kind, told.message, true);
       return true;
     }
     // 3. Several networks: a control frame, or a message matched by its number.
@@ -564,7 +572,9 @@ void TcpTransport::abortPeers(ErrorKind kind, const std::string& message) {
     // The abort must start at a message boundary, or the peer would read it as
     // payload. A segment already half on the wire is finished first: its buffer
     // is still alive here, because the op has not been failed yet.
-    if (!c->socket_broken && finishPartialSend(*c, deadline)) {
+    // Several networks: what was read here is acknowledged first, or the
+    // peer would take its last sends for lost.
+    if (!c->socket_broken && finishPartialSend(*c, deadline) && (!numbered_ || sendDueAck(*c, deadline))) {
       WireHeader h = makeAbortHeader(info_, kind, text.size());
       std::string why;
       if (sendAll(c->fd, &h, sizeof(h), deadline, &why)) sendAll(c->fd, text.data(), text.size(), deadline, &why);

@@ -111,6 +111,9 @@ class TcpTransport : public Transport {
   Connection* liveSendLane(int peer);
   int liveLanes(int peer, const Connection* besides) const;
   void failNumbered(int peer, const TransportFailure& failure);
+  bool peerStopped(Connection& c,
+                   const TransportFailure& told);     // its abort on c: true if other sockets still bring acks
+  bool sendDueAck(Connection& c, Deadline deadline);  // before our abort on c
   // Adopts what the connector finished; true if a request failed. From
   // set-up's accept() (`setup_peer`): at most one peer of set-up, returned
   // there, the others kept for the next call.
