@@ -46,6 +46,15 @@ Communicator::Communicator(std::shared_ptr<Store> store, int rank, int size, con
     executor_ = std::make_unique<PipelineExecutor>(*transport_, rank_, size_, comm_id_, config_.chunk_bytes + max_elem,
                                                    config_.pipeline_slots);
   }
+  {
+    FlightRecorder::Group group{rendezvous_prefix_, "", std::vector<int>(static_cast<size_t>(size_))};
+    for (int r = 0; r < size_; ++r) group.ranks[static_cast<size_t>(r)] = r;
+    static std::atomic<bool> first{true};
+    group.desc = first.exchange(false) ? "default_pg" : "undefined";
+    trace_group_ =
+        FlightRecorder::process().addGroup(std::move(group), rank_, config_.trace_buffer_size, config_.trace_dir);
+    if (p2p_) p2p_->setTraceGroup(trace_group_);
+  }
   timeline_ = Timeline::open(config_.timeline, rank_);
   if (timeline_) {
     if (executor_) executor_->setTimeline(timeline_.get());
@@ -142,6 +151,10 @@ std::shared_ptr<Work> Communicator::enqueue(OpKind kind, DataType dtype, ReduceO
     throwError(ErrorKind::kAborted, strFormat("rank %d: %s called after shutdown()", rank_, describeOp(desc).c_str()));
   }
   desc.seq = next_seq_++;
+  const OpTraits* traits = findOpTraits(kind);
+  const uint64_t trace =
+      FlightRecorder::process().scheduled({trace_group_, kind, dtype, count, traits && traits->rooted ? root : -1,
+                                           false, desc.seq, (timeout.count() > 0 ? timeout : timeout_).count()});
   auto work = std::make_shared<Work>(desc.seq);
   if (completion) work->setDeviceCompletion(completion);
   Op op{desc,
@@ -152,7 +165,8 @@ std::shared_ptr<Work> Communicator::enqueue(OpKind kind, DataType dtype, ReduceO
         std::move(counts),
         std::chrono::steady_clock::now(),
         device != nullptr ? device->device : -1,
-        std::move(ready)};
+        std::move(ready),
+        trace};
   // A caller that is about to wait runs the op itself when nothing is queued
   // or running: no hand-off to the progress thread and back, which costs two
   // thread wake-ups (tens of microseconds each on a loaded or virtual machine)
@@ -427,6 +441,7 @@ void Communicator::recordFailure(ErrorKind kind, const std::string& message) {
     abort_flag_.store(true);  // stops a running collective
   }
   RCOLL_WARN("%s", message.c_str());
+  FlightRecorder::process().dumpNow(message);
   queue_cv_.notify_all();
   if (transport_) transport_->interrupt();
   if (p2p_) p2p_->fail(kind, message);
@@ -501,23 +516,29 @@ void Communicator::executeOp(const Op& op) {
     earlier = poison_message_;
     earlier_kind = poison_kind_;
   }
+  FlightRecorder& recorder = FlightRecorder::process();
   if (!earlier.empty()) {
-    op.work->markFailed(earlier_kind, strFormat("rank %d: %s (op #%llu) was not run because the communicator "
-                                                "failed earlier: %s",
-                                                rank_, describeOp(op.desc).c_str(),
-                                                static_cast<unsigned long long>(op.desc.seq), earlier.c_str()));
+    const std::string text =
+        strFormat("rank %d: %s (op #%llu) was not run because the communicator failed earlier: %s", rank_,
+                  describeOp(op.desc).c_str(), static_cast<unsigned long long>(op.desc.seq), earlier.c_str());
+    recorder.finished(op.trace, false, "", "", text);
+    op.work->markFailed(earlier_kind, text);
     return;
   }
   const auto start = std::chrono::steady_clock::now();
+  recorder.started(op.trace);
+  op_algorithm_ = "";
   try {
     runOp(op);
     if (timeline_) recordTimeline(op, start, "done");
+    recorder.finished(op.trace, true, op_algorithm_, opPathName(op_path_));
     op.work->markDone();
   } catch (const std::exception& e) {
     if (timeline_) recordTimeline(op, start, "failed");
     const auto* rcoll_error = dynamic_cast<const RcollError*>(&e);
     ErrorKind kind = rcoll_error ? rcoll_error->kind() : ErrorKind::kGeneric;
     std::string message = rcoll_error ? std::string(e.what()) : opFailureMessage(rank_, op.desc, e.what());
+    recorder.finished(op.trace, false, op_algorithm_, opPathName(op_path_), message);  // before recordFailure's dump
     recordFailure(kind, message);
     {
       // Stopped by a failure recorded elsewhere (abort(), the p2p engine):
@@ -702,6 +723,19 @@ std::vector<int> Communicator::lostPeers() const {
   std::sort(lost.begin(), lost.end());
   lost.erase(std::unique(lost.begin(), lost.end()), lost.end());
   return lost;
+}
+
+void Communicator::setTraceGroup(const std::string& name, const std::string& desc,
+                                 const std::vector<int>& global_ranks) {
+  if (!global_ranks.empty() && global_ranks.size() != static_cast<size_t>(size_)) {
+    throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: set_trace_group: %zu global ranks for a group of %d",
+                                                      rank_, global_ranks.size(), size_));
+  }
+  FlightRecorder::Group group{name, desc, global_ranks};
+  if (group.ranks.empty()) {
+    for (int r = 0; r < size_; ++r) group.ranks.push_back(r);
+  }
+  FlightRecorder::process().setGroup(trace_group_, std::move(group));
 }
 
 }  // namespace rcoll

@@ -26,6 +26,7 @@
 #include "device_runtime.h"
 #include "dtype.h"
 #include "error.h"
+#include "flight_recorder.h"
 #include "op_route.h"
 #include "schedule.h"
 #include "store.h"
@@ -191,6 +192,12 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   // where a shrink's agreement keeps its own.
   const std::string& rendezvousPrefix() const { return rendezvous_prefix_; }
 
+  // How the flight recorder names this communicator (torch's group name and
+  // description; the members' global ranks, in rank order). Default: the
+  // rendezvous prefix, "default_pg" for a process's first communicator
+  // ("undefined" after), ranks 0..size-1.
+  void setTraceGroup(const std::string& name, const std::string& desc, const std::vector<int>& global_ranks);
+
  private:
   struct Op {
     OpDesc desc;
@@ -205,6 +212,7 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
     // Device ops only: the device (-1: host memory) and the caller's stream's event.
     int device = -1;
     std::shared_ptr<DeviceEvent> ready;
+    uint64_t trace = FlightRecorder::kNoRecord;  // its flight recorder entry
   };
 
   std::shared_ptr<Work> enqueue(OpKind kind, DataType dtype, ReduceOp op, int root, size_t count, const void* send,
@@ -247,7 +255,8 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   // What chooses each op's path (op_route.h); the same on every rank.
   RouteFacts route_facts_;
   std::string algorithms_;              // the choice and why, for the log and `python -m rcoll info`
-  const char* op_algorithm_ = "";       // what ran the op in flight, for the timeline
+  const char* op_algorithm_ = "";       // what ran the op in flight, for the timeline and the flight recorder
+  int trace_group_ = 0;                 // this communicator in the flight recorder
   OpPath op_path_ = OpPath::kPipeline;  // the path that ran it
   std::unique_ptr<Timeline> timeline_;  // RCOLL_TIMELINE; outlives the executor and p2p engine below
   std::unique_ptr<Transport> transport_;

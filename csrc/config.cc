@@ -131,6 +131,13 @@ const std::vector<ConfigVar>& configVars() {
       {"RCOLL_TIMELINE", "",
        "write a Chrome trace of every op to `<value>.rank<N>.json`; a process's later communicators "
        "(torch sub-groups) write `<value>.rank<N>.comm<K>.json` (docs/environment.md, \"The timeline\")"},
+      {"RCOLL_TRACE_BUFFER_SIZE", "2000",
+       "the flight recorder: how many of the process's last ops it keeps (sequence number, op, dtype, count, "
+       "root or peer, algorithm, path, state, times); `0`: off (docs/operations.md)"},
+      {"RCOLL_TRACE_DIR", "",
+       "the flight recorder dumps to `<value>/rcoll_trace_rank_<rank>` (torch's flight-recorder format) when a "
+       "communicator fails (a timeout, a dead peer, a mismatch, an abort) and on SIGUSR1; unset: only "
+       "`rcoll.dump_trace(path)` dumps"},
       {"RCOLL_ELASTIC_JOIN", "0",
        "`1`: this process joins a job that is already running, at the store address (`MASTER_ADDR`, "
        "`MASTER_PORT`), with no rank of its own: `rcoll.init()` and `hvd.init()` wait (at most "
@@ -322,6 +329,9 @@ Config Config::fromEnvironment(const Settings& overrides) {
   ifSet("RCOLL_IB_RETRY_CNT", [&](const char* n, S v) { c.ib_retry_cnt = static_cast<int>(parseInt(n, v, 0, 7)); });
   ifSet("RCOLL_IB_MR_CACHE_BYTES", [&](const char* n, S v) { c.ib_mr_cache_bytes = parseByteSize(n, v); });
   ifSet("RCOLL_TIMELINE", [&](const char*, S v) { c.timeline = v; });
+  ifSet("RCOLL_TRACE_BUFFER_SIZE",
+        [&](const char* n, S v) { c.trace_buffer_size = static_cast<size_t>(parseInt(n, v, 0, 10000000)); });
+  ifSet("RCOLL_TRACE_DIR", [&](const char*, S v) { c.trace_dir = v; });
   ifSet("RCOLL_DEVICE_RUNTIME", [&](const char*, S v) { c.device_runtime = v; });
   ifSet("RCOLL_CONNECT_TIMEOUT", [&](const char* n, S v) { c.connect_timeout = parseSeconds(n, v, false); });
   ifSet("RCOLL_PEER_TIMEOUT", [&](const char* n, S v) { c.peer_timeout = parseSeconds(n, v, true); });

@@ -70,6 +70,8 @@ struct Config {
   int ib_retry_cnt = 7;                        // RCOLL_IB_RETRY_CNT
   size_t ib_mr_cache_bytes = size_t{4} << 30;  // RCOLL_IB_MR_CACHE_BYTES: unused registrations kept
   std::string timeline;                        // RCOLL_TIMELINE: trace file prefix ("" = no trace)
+  size_t trace_buffer_size = 2000;             // RCOLL_TRACE_BUFFER_SIZE: ops the flight recorder keeps (0 = off)
+  std::string trace_dir;                       // RCOLL_TRACE_DIR: where it dumps ("" = only on request)
   std::string device_runtime = "rcoll._cuda";  // RCOLL_DEVICE_RUNTIME: module with device_api_capsule()
   // Durations in seconds, fractions allowed, the same in Python and C++.
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(300)};  // RCOLL_CONNECT_TIMEOUT

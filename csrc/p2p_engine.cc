@@ -112,13 +112,17 @@ std::shared_ptr<Work> P2PEngine::enqueue(bool is_send, char* data, size_t count,
       auto& seq = is_send ? next_send_seq_ : next_recv_seq_;
       m.desc.seq = seq[static_cast<size_t>(peer)]++;
     }
+    m.trace = FlightRecorder::process().scheduled({trace_group_, OpKind::kPointToPoint, dtype, count,
+                                                   any_source ? -1 : peer, is_send, m.desc.seq, timeout.count()});
     work = std::make_shared<Work>(m.desc.seq);
     if (!is_send && !any_source) work->setSourceRank(peer);
     m.work = work;
     if (failed_ || stopping_) {
-      work->markFailed(failed_ ? fail_kind_ : ErrorKind::kAborted,
-                       strFormat("rank %d: %s was not run because the communicator %s", rank_, describe(m).c_str(),
-                                 failed_ ? ("failed earlier: " + fail_message_).c_str() : "was shut down"));
+      const std::string text =
+          strFormat("rank %d: %s was not run because the communicator %s", rank_, describe(m).c_str(),
+                    failed_ ? ("failed earlier: " + fail_message_).c_str() : "was shut down");
+      FlightRecorder::process().finished(m.trace, false, "", "", text);
+      work->markFailed(failed_ ? fail_kind_ : ErrorKind::kAborted, text);
       return work;
     }
     incoming_.push_back(std::move(m));
@@ -150,13 +154,17 @@ void P2PEngine::failAll(ErrorKind kind, const std::string& message) {
   }
   for (Message& m : active_) {
     transport_->release(m.request);
-    m.work->markFailed(kind, strFormat("rank %d: %s failed: %s", rank_, describe(m).c_str(), message.c_str()));
+    const std::string text = strFormat("rank %d: %s failed: %s", rank_, describe(m).c_str(), message.c_str());
+    FlightRecorder::process().finished(m.trace, false, "", "", text);
+    m.work->markFailed(kind, text);
   }
   active_.clear();
   for (Message& m : any_source_) waiting.push_back(std::move(m));
   any_source_.clear();
   for (Message& m : waiting) {
-    m.work->markFailed(kind, strFormat("rank %d: %s failed: %s", rank_, describe(m).c_str(), message.c_str()));
+    const std::string text = strFormat("rank %d: %s failed: %s", rank_, describe(m).c_str(), message.c_str());
+    FlightRecorder::process().finished(m.trace, false, "", "", text);
+    m.work->markFailed(kind, text);
   }
 }
 
@@ -217,6 +225,7 @@ void P2PEngine::loop() {
           timeline_->slice(1, describe(m), m.is_send ? "send" : "recv", m.issued, now,
                            strFormat("\"bytes\": %zu", m.bytes));
         }
+        FlightRecorder::process().finished(m.trace, true, "", "p2p");
         m.work->markDone();
         it = active_.erase(it);
         continue;
@@ -224,6 +233,7 @@ void P2PEngine::loop() {
       if (m.request->state == Request::State::kFailed) {
         TransportFailure f = transport_->failure(m.request);
         std::string text = strFormat("rank %d: %s failed: %s", rank_, describe(m).c_str(), f.message.c_str());
+        FlightRecorder::process().finished(m.trace, false, "", "p2p", text);  // before the dump that on_failure_ makes
         on_failure_(f.kind, text);  // records it; fail() below reaches everything else
         fail(f.kind, text);
         break;
@@ -232,6 +242,7 @@ void P2PEngine::loop() {
         std::string text = strFormat("rank %d: %s %s (did rank %d post the matching %s?)", rank_, describe(m).c_str(),
                                      timedOut(static_cast<double>(m.timeout.count()) / 1000.0).c_str(), m.peer,
                                      m.is_send ? "recv" : "send");
+        FlightRecorder::process().finished(m.trace, false, "", "p2p", text);
         on_failure_(ErrorKind::kTimeout, text);
         fail(ErrorKind::kTimeout, text);
         break;
@@ -255,6 +266,7 @@ void P2PEngine::post(Message& m) {
   WireHeader header = makeHeader(m.desc, comm_id_, static_cast<uint32_t>(m.is_send ? rank_ : m.peer), 0, m.bytes);
   m.request = m.is_send ? transport_->isend(m.peer, header, m.data, m.bytes)
                         : transport_->irecv(m.peer, header, m.data, m.bytes);
+  FlightRecorder::process().started(m.trace);
   active_.push_back(std::move(m));
 }
 

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "dtype.h"
+#include "flight_recorder.h"
 #include "socket_util.h"
 #include "timeline.h"
 #include "transport.h"
@@ -59,6 +60,7 @@ class P2PEngine {
   Transport& transport() { return *transport_; }
   void start();                                                   // after the transport's connections are up
   void setTimeline(Timeline* timeline) { timeline_ = timeline; }  // before start()
+  void setTraceGroup(int group) { trace_group_ = group; }         // its communicator's, in the flight recorder
 
   // `timeout` bounds the message from the moment it is issued.
   std::shared_ptr<Work> send(const void* data, size_t count, DataType dtype, int peer, int tag,
@@ -89,6 +91,7 @@ class P2PEngine {
     std::chrono::milliseconds timeout;
     std::shared_ptr<Work> work;
     Request* request = nullptr;
+    uint64_t trace = FlightRecorder::kNoRecord;  // its flight recorder entry
   };
 
   // `any_source`: a receive whose peer (kAnySource) is found later.
@@ -121,6 +124,7 @@ class P2PEngine {
   std::deque<Message> any_source_;  // engine thread only: receives from any source without a sender yet
   int next_peer_to_try_ = 0;        // engine thread only: where matchAnySource starts (rotates)
   Timeline* timeline_ = nullptr;    // RCOLL_TIMELINE, owned by the communicator
+  int trace_group_ = 0;
 };
 
 }  // namespace rcoll

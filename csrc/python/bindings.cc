@@ -20,6 +20,7 @@
 #include "python/gil.h"
 #include "python/numpy_arrays.h"
 #include "python/python_store.h"
+#include "python/trace_bindings.h"
 #include "tcp_store.h"
 #include "topology.h"
 #include "work.h"
@@ -264,6 +265,7 @@ PYBIND11_MODULE(_core, m) {
         [](int dtype, int op) { return reduceUnsupportedReason(toDataType(dtype), toReduceOp(op)); });
 
   rcoll::python::bindEnvironment(m);
+  rcoll::python::bindFlightRecorder(m);
 
   // The calls rendezvous makes, the same on every store (a shrink agrees on its survivors through them).
   py::class_<Store, std::shared_ptr<Store>>(m, "Store")
@@ -440,6 +442,10 @@ PYBIND11_MODULE(_core, m) {
       .def("poison_message", &Communicator::poisonMessage)
       .def_property_readonly("lost_peers", &Communicator::lostPeers)
       .def_property_readonly("rendezvous_prefix", &Communicator::rendezvousPrefix)
+      .def("set_trace_group", &Communicator::setTraceGroup, py::arg("name"), py::arg("desc"),
+           py::arg("global_ranks") = std::vector<int>{},
+           "How the flight recorder names this communicator: a group name and description (torch's) and the "
+           "members' global ranks in rank order.")
       .def("error", &communicatorError,
            "The error that ended this communicator, as an rcoll.RcollError instance; None while it is healthy.")
       .def_property_readonly("caches_registrations", &Communicator::cachesRegistrations)

@@ -21,7 +21,7 @@ def register_backend() -> None:
 
         if not dist.is_available() or getattr(dist.Backend, "RCOLL", None) == "rcoll":
             return
-        dist.Backend.register_backend("rcoll", _create_process_group, devices=["cpu", "cuda"])
+        dist.Backend.register_backend("rcoll", _create_process_group, extended_api=True, devices=["cpu", "cuda"])
     except Exception as exc:  # never break `import torch`
         import warnings
 
@@ -29,10 +29,10 @@ def register_backend() -> None:
                       stacklevel=2)
 
 
-def _create_process_group(store, rank, size, timeout):
+def _create_process_group(options, backend_options=None):
     from rcoll.torch_backend import _create_process_group as create
 
-    return create(store, rank, size, timeout)
+    return create(options, backend_options)
 
 
 class _AfterTorchDistributed:

@@ -130,11 +130,12 @@ def _bind_hint(store) -> str:
 class RcollProcessGroup(dist.ProcessGroup):
     """torch.distributed ProcessGroup over an rcoll communicator."""
 
-    def __init__(self, store, rank: int, size: int, timeout: timedelta):
+    def __init__(self, store, rank: int, size: int, timeout: timedelta, global_ranks: Optional[List[int]] = None):
         super().__init__(rank, size)
         self._timeout = timeout
         self._group_name = ""
         self._group_desc = ""
+        self._global_ranks = global_ranks or list(range(size))
         self._connect(store, rank, size)
 
     def _connect(self, store, rank: int, size: int):
@@ -146,6 +147,16 @@ class RcollProcessGroup(dist.ProcessGroup):
         self._comm = _core.Communicator(_core.PythonStore(store), rank, size, "torch", seconds, _bind_hint(store))
         self._registrations = (RegistrationTracker(self._comm.invalidate_memory)
                                if self._comm.caches_registrations else None)
+        if len(self._global_ranks) != size:  # a group made again on other ranks (configure)
+            self._global_ranks = list(range(size))
+        self._name_trace_group()
+
+    def _name_trace_group(self) -> None:
+        """The flight recorder's name for this group: torch's group name and
+        description once torch sets them, as torch's own recorder has them."""
+        self._comm.set_trace_group(self._group_name or self._comm.rendezvous_prefix,
+                                   self._group_desc or ("default_pg" if not dist.is_initialized() else "undefined"),
+                                   self._global_ranks)
 
     # -- identity -----------------------------------------------------------------
     def _where(self, *tensors):
@@ -210,12 +221,14 @@ class RcollProcessGroup(dist.ProcessGroup):
 
     def setGroupName(self, name: str) -> None:
         self._group_name = name
+        self._name_trace_group()
 
     def getGroupName(self) -> str:
         return self._group_name
 
     def setGroupDesc(self, desc: str) -> None:
         self._group_desc = desc
+        self._name_trace_group()
 
     def getGroupDesc(self) -> str:
         return self._group_desc
@@ -224,10 +237,10 @@ class RcollProcessGroup(dist.ProcessGroup):
     # C++ ProcessGroup keeps the name in its registered backends (2.4), the
     # inherited ones fail with "ProcessGroup name not set".
     def _set_group_name(self, name: str) -> None:
-        self._group_name = name
+        self.setGroupName(name)
 
     def _set_group_desc(self, desc: str) -> None:
-        self._group_desc = desc
+        self.setGroupDesc(desc)
 
     @property
     def group_name(self) -> str:
@@ -771,15 +784,19 @@ def shrink(*, exclude=None, timeout: Optional[float] = None) -> Tuple[int, int]:
     return rank, len(members)
 
 
-def _create_process_group(store, rank, size, timeout):
-    return RcollProcessGroup(store, rank, size, timeout)
+def _create_process_group(options, backend_options=None):
+    """torch's creator, extended form (register_backend(extended_api=True)):
+    it also tells the members' global ranks, which the flight recorder's
+    dumps name (empty for the default group)."""
+    return RcollProcessGroup(options.store, options.group_rank, options.group_size, options.timeout,
+                             list(options.global_ranks_in_group or ()))
 
 
 def register() -> None:
     """Registers backend "rcoll" with torch.distributed (idempotent)."""
     if getattr(dist.Backend, BACKEND_NAME.upper(), None) == BACKEND_NAME:
         return
-    dist.Backend.register_backend(BACKEND_NAME, _create_process_group, devices=["cpu", "cuda"])
+    dist.Backend.register_backend(BACKEND_NAME, _create_process_group, extended_api=True, devices=["cpu", "cuda"])
 
 
 register()
