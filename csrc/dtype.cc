@@ -74,6 +74,43 @@ const char* dataTypeName(DataType dtype) {
   return "?";
 }
 
+// torch's names (c10::toString), which its flight-recorder analyzer compares.
+const char* torchDtypeName(DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat16:
+      return "Half";
+    case DataType::kBFloat16:
+      return "BFloat16";
+    case DataType::kFloat32:
+      return "Float";
+    case DataType::kFloat64:
+      return "Double";
+    case DataType::kInt8:
+      return "Char";
+    case DataType::kUInt8:
+      return "Byte";
+    case DataType::kInt32:
+      return "Int";
+    case DataType::kInt64:
+      return "Long";
+    case DataType::kBool:
+      return "Bool";
+    case DataType::kInt16:
+      return "Short";
+    case DataType::kUInt16:
+      return "UInt16";
+    case DataType::kUInt32:
+      return "UInt32";
+    case DataType::kUInt64:
+      return "UInt64";
+    case DataType::kFloat8E4M3FN:
+      return "Float8_e4m3fn";
+    case DataType::kFloat8E5M2:
+      return "Float8_e5m2";
+  }
+  return "Byte";
+}
+
 const char* reduceOpName(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:

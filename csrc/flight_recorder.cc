@@ -32,71 +32,6 @@ int64_t wallNanos() {
       .count();
 }
 
-// torch's names for its dtypes (c10::toString), which the analyzer compares.
-const char* torchDtypeName(DataType dtype) {
-  switch (dtype) {
-    case DataType::kFloat16:
-      return "Half";
-    case DataType::kBFloat16:
-      return "BFloat16";
-    case DataType::kFloat32:
-      return "Float";
-    case DataType::kFloat64:
-      return "Double";
-    case DataType::kInt8:
-      return "Char";
-    case DataType::kUInt8:
-      return "Byte";
-    case DataType::kInt32:
-      return "Int";
-    case DataType::kInt64:
-      return "Long";
-    case DataType::kBool:
-      return "Bool";
-    case DataType::kInt16:
-      return "Short";
-    case DataType::kUInt16:
-      return "UInt16";
-    case DataType::kUInt32:
-      return "UInt32";
-    case DataType::kUInt64:
-      return "UInt64";
-    case DataType::kFloat8E4M3FN:
-      return "Float8_e4m3fn";
-    case DataType::kFloat8E5M2:
-      return "Float8_e5m2";
-  }
-  return "Byte";
-}
-
-// The analyzer's names for the collectives (its COLLECTIVES set).
-const char* torchOpName(OpKind kind) {
-  switch (kind) {
-    case OpKind::kAllreduce:
-      return "all_reduce";
-    case OpKind::kAdasum:
-      return "all_reduce";  // an allreduce by another rule; rcoll_op says which
-    case OpKind::kAllgather:
-      return "all_gather";
-    case OpKind::kBroadcast:
-      return "broadcast";
-    case OpKind::kReduceScatter:
-      return "reduce_scatter";
-    case OpKind::kBarrier:
-      return "barrier";
-    case OpKind::kReduce:
-      return "reduce";
-    case OpKind::kGather:
-      return "gather";
-    case OpKind::kScatter:
-      return "scatter";
-    case OpKind::kAllToAll:
-      return "all_to_all";
-    default:
-      return "barrier";
-  }
-}
-
 void sizes(PickleWriter& w, int64_t elements) {
   w.beginList();
   w.beginList();
@@ -265,7 +200,8 @@ void FlightRecorder::writeEntry(PickleWriter& w, const Entry& e) const {
     name += op.is_send ? "send " + std::to_string(me) + "->" + std::to_string(op.root)
                        : "recv " + std::to_string(me) + "<-" + std::to_string(op.root);
   } else {
-    name += torchOpName(op.kind);
+    const OpTraits* traits = findOpTraits(op.kind);
+    name += traits ? traits->trace_name : "barrier";
   }
   int64_t in = count, out = count;
   switch (op.kind) {

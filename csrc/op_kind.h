@@ -39,9 +39,10 @@ struct OpTraits {
   bool per_rank_blocks;  // one of its buffers holds size x count elements
   BufferUse send;
   BufferUse recv;
-  bool on_device;       // runs on device buffers
-  bool host_windows;    // the shared host windows carry it (shm/shm_collectives.h)
-  bool device_windows;  // the device windows carry it (cuda_ipc/cuda_ipc_collectives.h), alone or over hosts
+  bool on_device;          // runs on device buffers
+  bool host_windows;       // the shared host windows carry it (shm/shm_collectives.h)
+  bool device_windows;     // the device windows carry it (cuda_ipc/cuda_ipc_collectives.h), alone or over hosts
+  const char* trace_name;  // torch's name for it, which the flight recorder's dumps use (flight_recorder.h)
 };
 
 // Every collective's row, in OpKind order.
