@@ -14,6 +14,7 @@
 #include "pipeline_executor.h"
 #include "shm/shm_collectives.h"
 #include "shm/window_steps.h"
+#include "op_stats.h"
 #include "timeline.h"
 #include "transport.h"
 
@@ -442,6 +443,7 @@ void Communicator::recordFailure(ErrorKind kind, const std::string& message) {
   }
   RCOLL_WARN("%s", message.c_str());
   FlightRecorder::process().dumpNow(message);
+  FlightRecorder::process().failed();
   queue_cv_.notify_all();
   if (transport_) transport_->interrupt();
   if (p2p_) p2p_->fail(kind, message);
@@ -507,6 +509,12 @@ Communicator::ExecutorRelease::~ExecutorRelease() {
   if (wake) self->queue_cv_.notify_all();
 }
 
+namespace {
+double secondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+}  // namespace
+
 // Runs one op on the calling thread (which owns the executor) and completes its Work.
 void Communicator::executeOp(const Op& op) {
   std::string earlier;
@@ -532,6 +540,7 @@ void Communicator::executeOp(const Op& op) {
     runOp(op);
     if (timeline_) recordTimeline(op, start, "done");
     recorder.finished(op.trace, true, op_algorithm_, opPathName(op_path_));
+    OpStats::process().add(op.desc, size_, op_algorithm_, opPathName(op_path_), secondsSince(start), true);
     op.work->markDone();
   } catch (const std::exception& e) {
     if (timeline_) recordTimeline(op, start, "failed");
@@ -539,6 +548,7 @@ void Communicator::executeOp(const Op& op) {
     ErrorKind kind = rcoll_error ? rcoll_error->kind() : ErrorKind::kGeneric;
     std::string message = rcoll_error ? std::string(e.what()) : opFailureMessage(rank_, op.desc, e.what());
     recorder.finished(op.trace, false, op_algorithm_, opPathName(op_path_), message);  // before recordFailure's dump
+    OpStats::process().add(op.desc, size_, op_algorithm_, opPathName(op_path_), secondsSince(start), false);
     recordFailure(kind, message);
     {
       // Stopped by a failure recorded elsewhere (abort(), the p2p engine):

@@ -138,6 +138,17 @@ const std::vector<ConfigVar>& configVars() {
        "the flight recorder dumps to `<value>/rcoll_trace_rank_<rank>` (torch's flight-recorder format) when a "
        "communicator fails (a timeout, a dead peer, a mismatch, an abort) and on SIGUSR1; unset: only "
        "`rcoll.dump_trace(path)` dumps"},
+      {"RCOLL_WATCH_INTERVAL", "5",
+       "seconds between a process's rounds with the job's store: it publishes its status (what "
+       "`python -m rcoll status` prints: one small key) and, when a rank's communicator failed, every "
+       "rank dumps its flight recorder (RCOLL_TRACE_DIR set), also ranks that are not in an rcoll op; "
+       "`0`: off (docs/operations.md)"},
+      {"RCOLL_STATS_FILE", "",
+       "write `rcoll.stats()` (count, bytes, time, algbw and busbw per op, algorithm and path; errors) as JSON to "
+       "this file when the process exits; `{rank}` in it is replaced by the process's rank"},
+      {"RCOLL_METRICS_PORT", "0",
+       "serve the counters in Prometheus' text format (`GET /metrics`) on port value + the rank's local "
+       "rank, on the job's data interface (the first that RCOLL_SOCKET_IFNAME chooses); `0`: off"},
       {"RCOLL_ELASTIC_JOIN", "0",
        "`1`: this process joins a job that is already running, at the store address (`MASTER_ADDR`, "
        "`MASTER_PORT`), with no rank of its own: `rcoll.init()` and `hvd.init()` wait (at most "
@@ -332,6 +343,9 @@ Config Config::fromEnvironment(const Settings& overrides) {
   ifSet("RCOLL_TRACE_BUFFER_SIZE",
         [&](const char* n, S v) { c.trace_buffer_size = static_cast<size_t>(parseInt(n, v, 0, 10000000)); });
   ifSet("RCOLL_TRACE_DIR", [&](const char*, S v) { c.trace_dir = v; });
+  ifSet("RCOLL_STATS_FILE", [&](const char*, S v) { c.stats_file = v; });
+  ifSet("RCOLL_METRICS_PORT", [&](const char* n, S v) { c.metrics_port = static_cast<int>(parseInt(n, v, 0, 65535)); });
+  ifSet("RCOLL_WATCH_INTERVAL", [&](const char* n, S v) { c.watch_interval = parseSeconds(n, v, true); });
   ifSet("RCOLL_DEVICE_RUNTIME", [&](const char*, S v) { c.device_runtime = v; });
   ifSet("RCOLL_CONNECT_TIMEOUT", [&](const char* n, S v) { c.connect_timeout = parseSeconds(n, v, false); });
   ifSet("RCOLL_PEER_TIMEOUT", [&](const char* n, S v) { c.peer_timeout = parseSeconds(n, v, true); });

@@ -62,17 +62,20 @@ struct Config {
   size_t cuda_ipc_direct_bytes = 1 << 20;       // RCOLL_CUDA_IPC_DIRECT_BYTES: see configVars()
   size_t cuda_ipc_hosts_min_bytes = 128 << 10;  // RCOLL_CUDA_IPC_HOSTS_MIN_BYTES: see configVars()
   enum class Gdr { kOff, kAuto, kOn };
-  Gdr gdr = Gdr::kAuto;                        // RCOLL_GDR: GPUDirect RDMA for device buffers over verbs
-  std::string host_id;                         // RCOLL_HOSTID: this rank's host identity (edge_plan.h)
-  std::string ib_hca;                          // RCOLL_IB_HCA: device/port filter (rdma/ib_device.h)
-  int ib_gid_index = -1;                       // RCOLL_IB_GID_INDEX: -1 = choose automatically
-  int ib_timeout = 16;                         // RCOLL_IB_TIMEOUT: RC ack timeout exponent
-  int ib_retry_cnt = 7;                        // RCOLL_IB_RETRY_CNT
-  size_t ib_mr_cache_bytes = size_t{4} << 30;  // RCOLL_IB_MR_CACHE_BYTES: unused registrations kept
-  std::string timeline;                        // RCOLL_TIMELINE: trace file prefix ("" = no trace)
-  size_t trace_buffer_size = 2000;             // RCOLL_TRACE_BUFFER_SIZE: ops the flight recorder keeps (0 = off)
-  std::string trace_dir;                       // RCOLL_TRACE_DIR: where it dumps ("" = only on request)
-  std::string device_runtime = "rcoll._cuda";  // RCOLL_DEVICE_RUNTIME: module with device_api_capsule()
+  Gdr gdr = Gdr::kAuto;                            // RCOLL_GDR: GPUDirect RDMA for device buffers over verbs
+  std::string host_id;                             // RCOLL_HOSTID: this rank's host identity (edge_plan.h)
+  std::string ib_hca;                              // RCOLL_IB_HCA: device/port filter (rdma/ib_device.h)
+  int ib_gid_index = -1;                           // RCOLL_IB_GID_INDEX: -1 = choose automatically
+  int ib_timeout = 16;                             // RCOLL_IB_TIMEOUT: RC ack timeout exponent
+  int ib_retry_cnt = 7;                            // RCOLL_IB_RETRY_CNT
+  size_t ib_mr_cache_bytes = size_t{4} << 30;      // RCOLL_IB_MR_CACHE_BYTES: unused registrations kept
+  std::string timeline;                            // RCOLL_TIMELINE: trace file prefix ("" = no trace)
+  size_t trace_buffer_size = 2000;                 // RCOLL_TRACE_BUFFER_SIZE: ops the flight recorder keeps (0 = off)
+  std::string trace_dir;                           // RCOLL_TRACE_DIR: where it dumps ("" = only on request)
+  std::chrono::milliseconds watch_interval{5000};  // RCOLL_WATCH_INTERVAL: status and dump round (0 = off)
+  std::string stats_file;                          // RCOLL_STATS_FILE: the counters as JSON at exit ("" = not)
+  int metrics_port = 0;                            // RCOLL_METRICS_PORT: Prometheus text on this port (0 = off)
+  std::string device_runtime = "rcoll._cuda";      // RCOLL_DEVICE_RUNTIME: module with device_api_capsule()
   // Durations in seconds, fractions allowed, the same in Python and C++.
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(300)};  // RCOLL_CONNECT_TIMEOUT
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};           // RCOLL_TIMEOUT: per op

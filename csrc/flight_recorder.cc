@@ -288,6 +288,55 @@ void FlightRecorder::writeEntry(PickleWriter& w, const Entry& e) const {
   w.endDict();
 }
 
+void FlightRecorder::failed() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++failures_;
+  }
+  failure_cv_.notify_all();
+}
+
+uint64_t FlightRecorder::waitForFailure(uint64_t seen, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const uint64_t wakes = wakes_;
+  failure_cv_.wait_for(lock, timeout, [&] { return failures_ > seen || wakes_ != wakes; });
+  return failures_;
+}
+
+void FlightRecorder::wake() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++wakes_;
+  }
+  failure_cv_.notify_all();
+}
+
+FlightRecorder::Status FlightRecorder::status() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Status st;
+  st.rank = rank_;
+  for (const Group& g : groups_) st.groups.push_back(g.name);
+  st.last_completed = last_completed_;
+  const uint64_t first = next_record_ > capacity_ ? next_record_ - capacity_ : 0;
+  for (uint64_t r = first; r < next_record_; ++r) {
+    const Entry& e = ring_[r % capacity_];
+    if (e.record != r || e.finished_ns != 0) continue;
+    Pending p;
+    p.group = e.op.group;
+    p.seq = e.op.kind == OpKind::kPointToPoint ? e.p2p_seq : e.op.seq;
+    p.kind = e.op.kind;
+    p.dtype = e.op.dtype;
+    p.count = e.op.count;
+    p.root = e.op.root;
+    p.is_send = e.op.is_send;
+    p.started = e.started_ns != 0;
+    p.created_ns = e.created_ns;
+    p.started_ns = e.started_ns;
+    st.pending.push_back(std::move(p));
+  }
+  return st;
+}
+
 std::string FlightRecorder::pickled(const std::string& reason) const {
   std::lock_guard<std::mutex> lock(mutex_);
   PickleWriter w;

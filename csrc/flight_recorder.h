@@ -18,6 +18,7 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -63,6 +64,38 @@ class FlightRecorder {
   // "started" (it never completed); rcoll_state says "failed" and why.
   void finished(uint64_t record, bool ok, const char* algorithm, const char* path, const std::string& error = "");
 
+  // What `python -m rcoll status` shows of this process, cheaply (a few
+  // entries, not the whole buffer): per group its name and last completed
+  // collective, and every op that has not finished. Groups go by id: torch
+  // names a group after it is made, so a name may change under a reader.
+  struct Pending {
+    int group = 0;     // the group's id in this process (groups are made in the same order on every rank)
+    uint64_t seq = 0;  // collectives: the op number; point-to-point: the group's p2p count
+    OpKind kind = OpKind::kBarrier;
+    DataType dtype = DataType::kUInt8;
+    uint64_t count = 0;
+    int root = -1;
+    bool is_send = false;
+    bool started = false;
+    int64_t created_ns = 0;
+    int64_t started_ns = 0;
+  };
+  struct Status {
+    int rank = -1;
+    std::vector<std::string> groups;      // names, by id
+    std::vector<int64_t> last_completed;  // by group id
+    std::vector<Pending> pending;         // oldest first
+  };
+  Status status() const;
+
+  // Failures of this process's communicators, counted, so that the job's
+  // watch round (python/rcoll/_watch.py) tells the other ranks at once:
+  // failed() from the failure path; waitForFailure() returns the count once
+  // it passes `seen`, or at `timeout`, or when wake() is called.
+  void failed();
+  uint64_t waitForFailure(uint64_t seen, std::chrono::milliseconds timeout);
+  void wake();
+
   // The dump, pickled; `reason` is kept in it (rcoll_reason).
   std::string pickled(const std::string& reason) const;
   // Writes the dump to `path` ("" = RCOLL_TRACE_DIR's file); returns the
@@ -101,6 +134,9 @@ class FlightRecorder {
   std::vector<int64_t> last_enqueued_;
   int rank_ = -1;
   std::string dir_;
+  std::condition_variable failure_cv_;
+  uint64_t failures_ = 0;
+  uint64_t wakes_ = 0;
   size_t capacity_ = 0;
 };
 

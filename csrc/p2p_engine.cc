@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "op_stats.h"
 #include "error.h"
 #include "log.h"
 
@@ -226,6 +227,7 @@ void P2PEngine::loop() {
                            strFormat("\"bytes\": %zu", m.bytes));
         }
         FlightRecorder::process().finished(m.trace, true, "", "p2p");
+        OpStats::process().add(m.desc, 2, "", "p2p", std::chrono::duration<double>(now - m.issued).count(), true);
         m.work->markDone();
         it = active_.erase(it);
         continue;

@@ -63,6 +63,7 @@ class TcpStoreClient : public Store {
   // The local IP address of the connection to the store: the address through
   // which this host reaches rank 0, a good default for binding data sockets.
   std::string localAddress() const { return local_address_; }
+  std::string address() const;  // the store's, "host:port" ("[v6]:port")
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -74,7 +75,6 @@ class TcpStoreClient : public Store {
   // Reads exactly n bytes; false if `deadline` passes first (the caller reports it).
   bool recvLocked(void* buf, size_t n, Clock::time_point deadline);
   [[noreturn]] void lostConnectionLocked(const std::string& detail);
-  std::string address() const;  // "host:port" for messages
 
   std::mutex mutex_;  // one request at a time on the connection
   int fd_ = -1;       // -1 after a timeout or a lost connection: reconnect lazily

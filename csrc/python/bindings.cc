@@ -298,7 +298,8 @@ PYBIND11_MODULE(_core, m) {
            })),
            py::arg("host"), py::arg("port"), py::arg("timeout"))
       .def("check", releasingGil(&TcpStoreClient::check))
-      .def_property_readonly("local_address", &TcpStoreClient::localAddress);
+      .def_property_readonly("local_address", &TcpStoreClient::localAddress)
+      .def_property_readonly("address", &TcpStoreClient::address);
 
   py::class_<CompletionQueue, std::shared_ptr<CompletionQueue>>(m, "CompletionQueue")
       .def(py::init<>())

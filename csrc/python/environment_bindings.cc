@@ -46,12 +46,16 @@ void bindEnvironment(py::module_& m) {
         d["device_runtime"] = config.device_runtime;
         d["elastic_join"] = config.elastic_join;
         d["horovod_idle_cycle"] = seconds(config.horovod_idle_cycle);
+        d["watch_interval"] = seconds(config.watch_interval);
+        d["trace_dir"] = config.trace_dir;
+        d["stats_file"] = config.stats_file;
+        d["metrics_port"] = config.metrics_port;
         return d;
       },
       py::arg("overrides") = Settings{},
       "The settings the Python layer reads, as the core parses them (`overrides` first, then the environment): "
       "connect_timeout, timeout, shutdown_timeout (seconds), device_runtime (a module name), elastic_join and "
-      "horovod_idle_cycle (seconds). Raises "
+      "horovod_idle_cycle (seconds), watch_interval (seconds), trace_dir, stats_file and metrics_port. Raises "
       "ConfigError "
       "on a bad value.");
 

@@ -33,7 +33,7 @@ REDUCE_OPS = tuple(_core.REDUCE_OPS)  # reduce op names
 # The numpy API loads on first use, so that `import rcoll` (which torch's entry
 # point triggers while torch itself is importing) stays cheap.
 _LAZY = {"Communicator": "communicator", "Handle": "communicator", "init": "communicator",
-         "dump_trace": "_trace", "trace": "_trace"}
+         "dump_trace": "_trace", "trace": "_trace", "stats": "_stats"}
 
 
 def __getattr__(name):

@@ -203,6 +203,14 @@ def main(argv=None) -> int:
     demo.add_argument("--hosts", default="",
                       help="a host name per rank, e.g. AABB: sets each rank's RCOLL_HOSTID, so that one "
                            "machine runs the mixed ring of several hosts (shared memory inside, TCP across)")
+    status = sub.add_parser("status", help="every rank of a running job: its op, how long it has waited and "
+                                           "for whom, how far behind it is, its last error")
+    status.add_argument("--store", default=None,
+                        help="the job's store: torch://HOST:PORT (torchrun's, torch's TCPStore) or "
+                             "rcoll://HOST:PORT (rcoll's own); default: torch:// at MASTER_ADDR:MASTER_PORT")
+    status.add_argument("--world", type=int, default=None, help="ranks in the job (default: as rank 0 published)")
+    status.add_argument("--timeout", type=float, default=10.0, help="seconds to connect to the store")
+    status.add_argument("--wait", type=float, default=0.0, help="seconds to wait for the job's first status")
     sub.add_parser("bench", add_help=False,
                    help="nccl-tests style sweep against torch's gloo (python -m rcoll bench --help)")
     train = sub.add_parser("train", help="DDP training with rcoll and gloo side by side (needs torch)")
@@ -213,7 +221,15 @@ def main(argv=None) -> int:
     train.add_argument("--backends", default="rcoll,gloo")
     train.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args(argv)
-    return {"info": _info, "demo": _demo, "train": _train}[args.command](args)
+    if args.command == "status" and args.store is None:
+        args.store = f"torch://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ.get('MASTER_PORT', '29500')}"
+    return {"info": _info, "demo": _demo, "train": _train, "status": _status}[args.command](args)
+
+
+def _status(args) -> int:
+    from rcoll import job_status
+
+    return job_status.main(args)
 
 
 def _train(args) -> int:

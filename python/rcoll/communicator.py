@@ -6,7 +6,7 @@ from typing import Optional
 
 import numpy as np
 
-from . import _core, _device
+from . import _core, _device, _watch
 from . import grow as _grow
 from ._buffers import HostBuffer, address, as_array, displacements, dtype_code
 from ._environment import launcher_store, resolve, store_address
@@ -110,6 +110,7 @@ class Communicator:
                 master_port = self._server.port  # port 0 (a world of one): the one the system gave
             store = _core.TcpStore(master_addr, master_port, connect_timeout)
         bind_hint = getattr(store, "local_address", "") or ""
+        watched_store = store if isinstance(store, _core.TcpStore) or not isinstance(store, _core.Store) else None
         if not isinstance(store, _core.Store):
             store = _core.PythonStore(store)
         if isinstance(store, _core.PythonStore):
@@ -118,6 +119,8 @@ class Communicator:
             bind_hint = _core.source_address_for(master_addr)
         self._store = store
         self._comm = _core.Communicator(store, rank, world_size, name, float(timeout or 0), bind_hint, settings)
+        if watched_store is not None:
+            _watch.watch(self._comm, watched_store, rank, world_size)
         # What a shrink needs to build the survivors' communicator like this one.
         self._name, self._timeout_arg, self._settings, self._master_addr = name, timeout, settings, master_addr
         self._connect_timeout = connect_timeout

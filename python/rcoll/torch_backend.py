@@ -46,6 +46,7 @@ from ._torch_tensors import DTYPE_CODES as _DTYPE_CODES
 from ._torch_tensors import HOST, placement
 from ._torch_tensors import check_tensor as _check_tensor
 from ._torch_work import RcollWork, _combined, _done_work, _FinishedWork
+from ._watch import watch
 from .shrink import survivors
 
 BACKEND_NAME = "rcoll"
@@ -150,6 +151,8 @@ class RcollProcessGroup(dist.ProcessGroup):
         if len(self._global_ranks) != size:  # a group made again on other ranks (configure)
             self._global_ranks = list(range(size))
         self._name_trace_group()
+        job = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (rank, size)
+        watch(self._comm, store, *job)
 
     def _name_trace_group(self) -> None:
         """The flight recorder's name for this group: torch's group name and

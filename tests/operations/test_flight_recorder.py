@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from support.launch import DONE, torchrun, write_script
+from support.launch import DONE, free_port, torchrun, write_script
 
 torch = pytest.importorskip("torch")
 
@@ -198,3 +200,112 @@ def test_torch_groups_are_named_with_their_global_ranks(tmp_path):
         entries = [("default_pg", [[3]])] + ([("odd ranks", [[5]])] if rank in (1, 3) else [])
         assert f"ENTRIES {entries}" in out, out
         assert f"RANK {rank}" in out, out
+
+
+# The NCCL-style hang: rank 2 leaves the last allreduce out and goes on with
+# something else (here it sleeps), so the others wait for it until they time
+# out. They dump at the timeout; rank 2, in no rcoll op, dumps when its watch
+# round sees their failure on the store.
+HANG_JOB = """
+import os, time
+from datetime import timedelta
+import torch, torch.distributed as dist
+
+dist.init_process_group("rcoll", timeout=timedelta(seconds=4))
+rank = dist.get_rank()
+dump = os.path.join(os.environ["RCOLL_TRACE_DIR"], f"rcoll_trace_rank_{rank}")
+outcome = "finished"
+try:
+    for step in range(5):
+        if rank == 2 and step == 4:
+            break  # the bug
+        dist.all_reduce(torch.ones(100))
+except Exception as e:
+    outcome = f"failed: {type(e).__name__}"
+if rank == 2:
+    deadline = time.time() + 30
+    while not os.path.exists(dump) and time.time() < deadline:
+        time.sleep(0.1)
+print("OUTCOME", outcome, flush=True)
+print("DUMPED", os.path.exists(dump), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_outside_rcoll_dumps_when_the_others_time_out(tmp_path):
+    trace_dir = tmp_path / "traces"
+    trace_dir.mkdir()
+    outs = torchrun(write_script(tmp_path, HANG_JOB), 4, tmp_path, allow=[RCOLL_WARN], timeout=240,
+                    env={"RCOLL_TRACE_DIR": str(trace_dir), "RCOLL_WATCH_INTERVAL": "1"})
+    for rank, out in enumerate(outs):
+        assert ("OUTCOME finished" if rank == 2 else "OUTCOME failed: TimeoutError") in out \
+            or (rank != 2 and "OUTCOME failed:" in out), out
+        assert "DUMPED True" in out, out
+    with open(trace_dir / "rcoll_trace_rank_2", "rb") as f:
+        dump = pickle.load(f)
+    assert "another rank" in dump["rcoll_reason"], dump["rcoll_reason"]
+    report = analyze(trace_dir)
+    assert "Not all ranks joining collective" in report and "missing ranks: {2}" in report, report
+
+
+STOP_JOB = """
+import os, sys
+import torch, torch.distributed as dist
+
+dist.init_process_group("rcoll")
+rank = dist.get_rank()
+for _ in range(3):
+    dist.all_reduce(torch.ones(10))
+print("READY", os.getpid(), flush=True)
+if rank == 1:
+    sys.stdin.readline()  # the test stops this process here, then lets it go
+t = torch.ones(1000)
+dist.all_reduce(t)
+assert t[0].item() == dist.get_world_size()
+dist.destroy_process_group()
+print("RCOLL-JOB-DONE", flush=True)
+"""
+
+
+def test_status_names_a_stopped_rank_and_what_the_others_wait_in(tmp_path):
+    """SIGSTOP one rank of a torch job: within 10 s `python -m rcoll status`
+    names it (no status coming) with its last op, and the others in their
+    allreduce, waiting for it; SIGCONT, and the job ends well."""
+    script = tmp_path / "job.py"
+    script.write_text(STOP_JOB)
+    port = str(free_port())
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "3",
+           "RCOLL_WATCH_INTERVAL": "1", "OMP_NUM_THREADS": "1"}
+    env.pop("RCOLL_TRACE_DIR", None)
+    procs = [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": str(r)}, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(3)]
+    try:
+        pids = [int(p.stdout.readline().split()[1]) for p in procs]
+        os.kill(pids[1], signal.SIGSTOP)
+        stopped = time.time()
+        report = ""
+        while time.time() - stopped < 10:
+            run = subprocess.run([sys.executable, "-m", "rcoll", "status", "--store", f"torch://127.0.0.1:{port}"],
+                                 capture_output=True, text=True, timeout=30, env=env)
+            assert run.returncode == 0, run.stderr[-3000:]
+            report = run.stdout
+            rows = {int(line.split()[0]): line for line in report.splitlines()[2:]}
+            if "NO STATUS" in rows[1] and all("allreduce #4" in rows[r] and "ranks [1]" in rows[r] for r in (0, 2)):
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"status did not name the stopped rank within 10 s:\n{report}")
+        print(report)
+        assert "last seen idle" in rows[1] and str(pids[1]) in rows[1], report
+        os.kill(pids[1], signal.SIGCONT)
+        procs[1].stdin.write("\n")
+        procs[1].stdin.flush()
+        for p in procs:
+            out, err = p.communicate(timeout=60)
+            assert p.returncode == 0 and DONE in out, err[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+                p.kill()
+                p.wait()

@@ -1,0 +1,139 @@
+"""``python -m rcoll status``: every rank of a running job, from the status
+each process publishes on the job's store (python/rcoll/_watch.py), so it
+needs nothing on the job's hosts but the store's address.
+
+For each rank: host, pid, the op it is in and for how long, the ranks that op
+waits for (the ones that have not reached it), how many ops it is behind the
+furthest rank, its last error; a rank whose status stopped coming (stopped,
+crashed, or stuck outside rcoll with the GIL held) is named with its last
+known op.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Dict, List, Optional
+
+from ._watch import STATUS_KEY, WORLD_KEY
+
+
+class _Reader:
+    """check/get over a torch TCPStore client or rcoll's own."""
+
+    def __init__(self, host: str, port: int, kind: str, timeout: float):
+        self.kind = kind
+        if kind == "torch":
+            from datetime import timedelta
+
+            import torch.distributed as dist
+
+            self.store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout),
+                                       wait_for_workers=False)
+        else:
+            from . import _core
+
+            self.store = _core.TcpStore(host, port, timeout)
+
+    def get(self, key: str) -> Optional[bytes]:
+        if self.kind == "torch":
+            return bytes(self.store.get(key)) if self.store.check([key]) else None
+        return self.store.get(key, 1.0) if self.store.check(key) else None
+
+
+def connect(address: str, timeout: float = 10.0) -> _Reader:
+    """`address`: torch://host:port (torchrun's or torch's TCPStore), rcoll://host:port
+    (rcoll's own store: the numpy API under mpirun, srun or its own ranks)."""
+    kind, _, rest = address.rpartition("://")
+    host, _, port = rest.rpartition(":")
+    host = host.strip("[]")
+    if kind not in ("torch", "rcoll"):
+        raise ValueError(f"--store {address!r}: give torch://HOST:PORT or rcoll://HOST:PORT")
+    return _Reader(host, int(port), kind, timeout)
+
+
+def read(reader: _Reader, world: Optional[int] = None) -> Dict[int, dict]:
+    if world is None:
+        raw = reader.get(WORLD_KEY)
+        if raw is None:
+            raise RuntimeError("no rcoll job has published its status on this store (rank 0 writes "
+                               f"{WORLD_KEY!r} within RCOLL_WATCH_INTERVAL of its start)")
+        world = int(raw)
+    statuses = {}
+    for rank in range(world):
+        raw = reader.get(STATUS_KEY + str(rank))
+        statuses[rank] = json.loads(raw) if raw else None
+    return statuses
+
+
+def _describe(op: dict) -> str:
+    if op["op"] in ("send", "recv"):
+        return f"{op['op']} {'to' if op['op'] == 'send' else 'from'} rank {op['root']} ({op['dtype']} x {op['count']})"
+    root = f", root {op['root']}" if op["root"] >= 0 else ""
+    return f"{op['op']} #{op['seq']} ({op['dtype']} x {op['count']}{root})"
+
+
+def report(statuses: Dict[int, Optional[dict]], now: Optional[float] = None) -> List[str]:
+    """The table's lines (and a summary line first)."""
+    now = time.time() if now is None else now
+    seen = {r: s for r, s in statuses.items() if s}
+    # The group every rank reports on (the job's first communicator).
+    # The first group (by id: made in the same order on every rank) that
+    # every rank reports on: the job's default group.
+    group = 0 if seen and all(s["last_completed"] for s in seen.values()) else None
+
+    def reached(status: dict) -> int:
+        """The furthest collective of `group` this rank has called."""
+        best = status["last_completed"][group] if group is not None else -1
+        for op in status["pending"]:
+            if op["group"] == group and op["op"] not in ("send", "recv"):
+                best = max(best, op["seq"])
+        return best
+
+    furthest = max((reached(s) for s in seen.values()), default=-1)
+    stale = {r for r, s in seen.items() if now - s["time"] > 2 * s["interval"] + 2}
+    missing = {r for r, s in statuses.items() if not s}
+    lines = [f"{len(statuses)} ranks; {len(stale) + len(missing)} not reporting"
+             + (f" (ranks {sorted(stale | missing)})" if stale or missing else "")]
+    header = f"{'rank':>4}  {'host':<16} {'pid':>7}  {'state':<34} {'waited':>8}  {'behind':>6}  waits for / note"
+    lines.append(header)
+    for rank in sorted(statuses):
+        s = statuses[rank]
+        if not s:
+            lines.append(f"{rank:>4}  {'?':<16} {'?':>7}  {'no status published':<34} {'':>8}  {'':>6}")
+            continue
+        pending = [op for op in s["pending"] if op["state"] == "started"] or s["pending"]
+        current = pending[0] if pending else None
+        state = _describe(current) if current else "idle"
+        waited = ""
+        note = ""
+        if current:
+            since = (current["started_ns"] or current["created_ns"]) / 1e9
+            waited = f"{s['time'] - since + (now - s['time'] if rank not in stale else 0):.1f} s"
+            if current["group"] == group and current["op"] not in ("send", "recv"):
+                late = sorted(r for r, o in seen.items() if r != rank and reached(o) < current["seq"])
+                late += sorted(r for r in missing)
+                note = f"ranks {late}" if late else "(every rank is in it)"
+        if rank in stale:
+            note = (f"NO STATUS FOR {now - s['time']:.0f} s: stopped, dead or stuck outside rcoll; "
+                    f"last seen {('in ' + state) if current else 'idle'}")
+        behind = furthest - reached(s)
+        if s.get("errors"):
+            note += f"  last error: {s['errors'][-1][:200]}"
+        lines.append(f"{rank:>4}  {s['host'][:16]:<16} {s['pid']:>7}  {state[:34]:<34} {waited:>8}  "
+                     f"{behind if behind > 0 else '':>6}  {note}")
+    return lines
+
+
+def main(args) -> int:
+    reader = connect(args.store, args.timeout)
+    deadline = time.time() + args.wait
+    while True:
+        try:
+            statuses = read(reader, args.world)
+            break
+        except RuntimeError:
+            if time.time() >= deadline:
+                raise
+            time.sleep(0.5)
+    print("\n".join(report(statuses)))
+    return 0
