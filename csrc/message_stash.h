@@ -30,7 +30,7 @@ class MessageStash {
   explicit MessageStash(size_t bound = size_t{64} << 20) : bound_(bound) {}
 
   // Whether a message of `bytes` may be held now.
-  bool fits(uint64_t bytes) const { return held_ + bytes <= bound_; }
+  bool fits(uint64_t bytes) const { return held_ <= bound_ && bytes <= bound_ - held_; }  // no overflow
 
   // A buffer for an incoming message, counted against the bound at once.
   std::unique_ptr<Message> start(const WireHeader& header) {

@@ -114,6 +114,8 @@ bool TcpTransport::readNumbered(Connection& c, bool* finished) {
       pair.waiting.erase(it);
     } else if (pair.stash.fits(c.in_header.bytes)) {
       c.stashing = pair.stash.start(c.in_header);
+    } else if (pair.stopped) {  // the last message before the peer's abort: read past it to the acks behind it
+      c.stashing = pair.stash.start(c.in_header);
     } else {
       return false;  // wantsNumbered() leaves the socket unread until its receive is posted
     }
@@ -154,7 +156,7 @@ bool TcpTransport::wantsNumbered(const Connection& c) const {
   if (isLaneControl(c.in_header) || c.current != nullptr || c.stashing) return true;
   const PairMessages& pair = pairs_[static_cast<size_t>(c.peer)];
   const uint32_t number = c.in_header.message;
-  return pair.waiting.count(number) > 0 || pair.stash.fits(c.in_header.bytes);
+  return pair.waiting.count(number) > 0 || pair.stash.fits(c.in_header.bytes) || pair.stopped;
 }
 
 // The next message's header (the number the next receive will take), from
@@ -189,12 +191,7 @@ bool TcpTransport::writeControl(Connection& c, bool* finished) {
     c.control.clear();
     c.control_sent = 0;
   }
-  if (c.ack_due && c.received > c.acked_out) {
-    const WireHeader ack = makeLaneControl(LaneControl::kAck, info_.comm_id, info_.rank, c.lane, c.received);
-    c.control.append(reinterpret_cast<const char*>(&ack), sizeof(ack));
-    c.acked_out = c.received;
-  }
-  c.ack_due = false;
+  if (c.ack_due) queueAck(c);
   while (c.control_sent < c.control.size()) {
     ssize_t n =
         ::send(c.fd, c.control.data() + c.control_sent, c.control.size() - c.control_sent, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -375,19 +372,43 @@ bool TcpTransport::peerStopped(Connection& c, const TransportFailure& told) {
     l->sends.clear();
     if (l->down || l->closed_by_peer || l->unacked.empty()) failLane(*l, told);
   }
-  failNumbered(c.peer, told);
+  // The receives fail; the stash stays (a kept socket may be half way
+  // through a message into it, and must go on reading in step) until the
+  // pair fails whole (failConnection: failNumbered).
+  for (auto& waiting : pair.waiting) finish(waiting.second, Request::State::kFailed, &told);
+  pair.waiting.clear();
   return true;
 }
 
 // Our abort follows what this socket has read: the acknowledgement of it
 // goes first (bounded by the abort's deadline).
+// (After finishPartialSend, so c is at a message boundary.) The control
+// frames queued and not yet written go too: an acknowledgement queued while
+// the socket was full would be lost otherwise.
 bool TcpTransport::sendDueAck(Connection& c, Deadline deadline) {
-  if (c.received <= c.acked_out) return true;
-  const WireHeader ack = makeLaneControl(LaneControl::kAck, info_.comm_id, info_.rank, c.lane, c.received);
-  c.acked_out = c.received;
-  c.ack_due = false;
+  queueAck(c);
   std::string why;
-  return sendAll(c.fd, &ack, sizeof(ack), deadline, &why);
+  if (c.control_sent < c.control.size() &&
+      !sendAll(c.fd, c.control.data() + c.control_sent, c.control.size() - c.control_sent, deadline, &why)) {
+    return false;
+  }
+  c.control.clear();
+  c.control_sent = 0;
+  return true;
+}
+
+// An acknowledgement of every message read whole from c so far, queued
+// behind the control frames already waiting.
+void TcpTransport::queueAck(Connection& c) {
+  c.ack_due = false;
+  if (c.received <= c.acked_out) return;
+  if (c.control_sent == c.control.size()) {
+    c.control.clear();
+    c.control_sent = 0;
+  }
+  const WireHeader ack = makeLaneControl(LaneControl::kAck, info_.comm_id, info_.rank, c.lane, c.received);
+  c.control.append(reinterpret_cast<const char*>(&ack), sizeof(ack));
+  c.acked_out = c.received;
 }
 
 }  // namespace rcoll

@@ -114,6 +114,7 @@ class TcpTransport : public Transport {
   bool peerStopped(Connection& c,
                    const TransportFailure& told);     // its abort on c: true if other sockets still bring acks
   bool sendDueAck(Connection& c, Deadline deadline);  // before our abort on c
+  void queueAck(Connection& c);  // an acknowledgement of what c has read, behind its queued control frames
   // Adopts what the connector finished; true if a request failed. From
   // set-up's accept() (`setup_peer`): at most one peer of set-up, returned
   // there, the others kept for the next call.
