@@ -130,10 +130,12 @@ def test_a_rank_that_skips_an_allreduce_is_named_by_torchs_analyzer(tmp_path, tr
 
 
 @pytest.mark.slow
-def test_ranks_that_call_collectives_in_another_order_are_named(tmp_path):
-    trace_dir = run_job(tmp_path, ORDER_JOB, ["1"])
+@pytest.mark.parametrize("trial", range(TRIALS))
+def test_ranks_that_call_collectives_in_another_order_are_named(tmp_path, trial):
+    swapped = 1 if trial % 2 == 0 else 3
+    trace_dir = run_job(tmp_path, ORDER_JOB, [str(swapped)])
     report = analyze(trace_dir)
-    assert odd_one_out(report, 4) == {1}, report
+    assert odd_one_out(report, 4) == {swapped}, report
     assert "collective type" in report and "broadcast" in report and "all_reduce" in report, report
 
 
@@ -232,7 +234,8 @@ print("DUMPED", os.path.exists(dump), flush=True)
 
 
 @pytest.mark.slow
-def test_a_rank_outside_rcoll_dumps_when_the_others_time_out(tmp_path):
+@pytest.mark.parametrize("trial", range(TRIALS))
+def test_a_rank_outside_rcoll_dumps_when_the_others_time_out(tmp_path, trial):
     trace_dir = tmp_path / "traces"
     trace_dir.mkdir()
     outs = torchrun(write_script(tmp_path, HANG_JOB), 4, tmp_path, allow=[RCOLL_WARN], timeout=240,
@@ -296,7 +299,8 @@ def test_status_names_a_stopped_rank_and_what_the_others_wait_in(tmp_path):
         else:
             raise AssertionError(f"status did not name the stopped rank within 10 s:\n{report}")
         print(report)
-        assert "last seen idle" in rows[1] and str(pids[1]) in rows[1], report
+        # What it last reported (its watch round may have come before or inside its first allreduces).
+        assert "last seen " in rows[1] and str(pids[1]) in rows[1], report
         os.kill(pids[1], signal.SIGCONT)
         procs[1].stdin.write("\n")
         procs[1].stdin.flush()
