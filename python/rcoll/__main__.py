@@ -211,6 +211,12 @@ def main(argv=None) -> int:
     status.add_argument("--world", type=int, default=None, help="ranks in the job (default: as rank 0 published)")
     status.add_argument("--timeout", type=float, default=10.0, help="seconds to connect to the store")
     status.add_argument("--wait", type=float, default=0.0, help="seconds to wait for the job's first status")
+    doctor = sub.add_parser("doctor", help="under a launcher: check every edge of the job (transport, latency, "
+                                           "bandwidth, MTU) and name those that fall short")
+    doctor.add_argument("--bytes", type=int, default=4 << 20, help="message size of the bandwidth test")
+    doctor.add_argument("--iters", type=int, default=5, help="messages each way per edge")
+    doctor.add_argument("--threshold", type=float, default=0.5,
+                        help="an edge under this fraction of its transport's median bandwidth is named")
     sub.add_parser("bench", add_help=False,
                    help="nccl-tests style sweep against torch's gloo (python -m rcoll bench --help)")
     train = sub.add_parser("train", help="DDP training with rcoll and gloo side by side (needs torch)")
@@ -223,7 +229,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "status" and args.store is None:
         args.store = f"torch://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ.get('MASTER_PORT', '29500')}"
-    return {"info": _info, "demo": _demo, "train": _train, "status": _status}[args.command](args)
+    return {"info": _info, "demo": _demo, "train": _train, "status": _status, "doctor": _doctor}[args.command](args)
+
+
+def _doctor(args) -> int:
+    from rcoll import doctor
+
+    return doctor.main(args)
 
 
 def _status(args) -> int:
