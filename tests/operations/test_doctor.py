@@ -5,7 +5,6 @@ through it."""
 from __future__ import annotations
 
 import pytest
-
 from support.emulated_hosts import Hosts, finish_ranks, needs_netns, shape, start_ranks
 from support.launch import FATAL
 
