@@ -4,7 +4,7 @@ edge the job's ranks will use, checked one pair at a time, as nccl-tests and
 NCCL's start-up diagnostics do for a new cluster.
 
 For each pair of ranks: the transport rcoll picked for it and why, the
-round-trip latency of a one-element message, the bandwidth each way of
+best round trip of a one-element message (halved), the bandwidth each way of
 `--bytes` messages, and the MTU of each end's data interface. Rank 0 prints
 the table; an edge whose bandwidth is under `--threshold` of the median of
 the edges of its transport, or whose latency is over 1/threshold of theirs,
@@ -66,7 +66,7 @@ def _measure(comm, peer: int, first: bool, nbytes: int, iters: int) -> Tuple[flo
             comm.send(one, peer)
             comm.recv(one, peer)
             trips.append(time.perf_counter() - t)
-        latency = statistics.median(trips) / 2 * 1e6  # the median: a busy host's outliers left out
+        latency = min(trips) / 2 * 1e6  # the best trip: what the path costs, not what a busy CPU adds
     else:
         for _ in range(LAT_ITERS + 1):
             comm.recv(one, peer)
