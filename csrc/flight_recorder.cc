@@ -399,8 +399,14 @@ std::string FlightRecorder::dump(const std::string& reason, const std::string& p
   }
   const std::string data = pickled(reason);
   // Written whole under another name, then renamed: an analyzer (or a second
-  // dump) never reads half a file.
-  const std::string partial = target + ".partial." + std::to_string(::getpid());
+  // dump) never reads half a file. One dump at a time, and a temporary name
+  // that torch's analyzer does not take for a rank's file if a kill leaves it.
+  static std::mutex dumping;
+  static uint64_t dumps = 0;
+  std::lock_guard<std::mutex> one_at_a_time(dumping);
+  const size_t slash = target.rfind('/');
+  const std::string partial = target.substr(0, slash == std::string::npos ? 0 : slash + 1) + ".rcoll-tmp-" +
+                              std::to_string(::getpid()) + "-" + std::to_string(++dumps) + ".part";
   std::FILE* f = std::fopen(partial.c_str(), "wb");
   if (f == nullptr) {
     throwError(ErrorKind::kConfig,

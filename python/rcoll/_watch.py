@@ -152,7 +152,10 @@ def watch(comm, store, rank: int, world: int) -> None:
     if _WATCH is None:
         from . import _stats
 
-        _stats.start(rank, comm.topology["local_rank"][comm.rank])
+        try:
+            _stats.start(rank, comm.topology["local_rank"][comm.rank])
+        except OSError:  # the metrics port is taken: the job goes on without it
+            pass
     interval = float(_core.settings()["watch_interval"])
     if interval <= 0:
         return
