@@ -735,6 +735,13 @@ std::vector<int> Communicator::lostPeers() const {
   return lost;
 }
 
+std::vector<EdgeTraffic> Communicator::edgeTraffic() const {
+  std::vector<EdgeTraffic> traffic;
+  if (transport_) transport_->edgeTraffic(&traffic);
+  if (p2p_) p2p_->transport().edgeTraffic(&traffic);
+  return traffic;
+}
+
 void Communicator::setTraceGroup(const std::string& name, const std::string& desc,
                                  const std::vector<int>& global_ranks) {
   if (!global_ranks.empty() && global_ranks.size() != static_cast<size_t>(size_)) {

@@ -46,6 +46,7 @@ class PipelineExecutor;
 class ShmCollectives;
 class Timeline;
 class Transport;
+struct EdgeTraffic;
 
 struct CommunicatorOptions {
   std::string name = "default";          // store namespace; communicators on one store need distinct names
@@ -187,6 +188,10 @@ class Communicator : public InlineRunner, public std::enable_shared_from_this<Co
   // reported their own failure. What a shrink leaves out without waiting for
   // them (python/rcoll/shrink.py).
   std::vector<int> lostPeers() const;
+  // Thread-safe: what the large transfers over each edge reached so far
+  // (edge_meter.h), collective and point-to-point, one entry per transport
+  // and direction that metered the peer.
+  std::vector<EdgeTraffic> edgeTraffic() const;
   // This communicator's keys in the rendezvous store ("rcoll/<name>/<epoch>/"),
   // new for every communicator, also on a store that outlived earlier jobs:
   // where a shrink's agreement keeps its own.

@@ -53,6 +53,7 @@ struct TcpTransport::Connection {
   // on the way (a peer that finished its last op and exited), so the peer
   // fails only once a receive is posted here or every lane is closed.
   bool closed_by_peer = false;
+  bool metering = false;       // the payload being read counts in TcpTransport::meter_
   bool failed = false;         // no more requests on this connection
   bool socket_broken = false;  // EOF or I/O error: nothing more can be sent either
   TransportFailure failure;

@@ -255,6 +255,7 @@ void TcpTransport::laneDown(Connection& c, const std::string& why) {
   }
   c.down = true;
   c.socket_broken = true;  // not even an abort message goes out on it
+  stopMetering(c);
   RCOLL_WARN("rank %d: the socket to rank %d over %s failed (%s); its messages go on over the other %d socket(s)",
              info_.rank, c.peer, c.route.c_str(), why.c_str(), others);
   // Whatever was half read from it comes again on another socket.

@@ -43,7 +43,8 @@ TcpTransport::TcpTransport(const ConnectInfo& info, const Config& config, const 
       schedules_(static_cast<size_t>(info.size), Lanes{LaneSchedule(lanes_), LaneSchedule(lanes_)}),
       networks_(std::max(1, config.socket_networks)),
       numbered_(networks_ > 1 && lanes_ > 1),
-      pairs_(numbered_ ? static_cast<size_t>(info.size) : 0) {
+      pairs_(numbered_ ? static_cast<size_t>(info.size) : 0),
+      meter_(info.size) {
   listen_address_ = listener_->address();
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   RCOLL_INFO("tcp transport listening on %s (%d socket(s) per peer)", listen_address_.c_str(), lanes_);
@@ -258,6 +259,7 @@ void TcpTransport::failConnection(Connection& c, ErrorKind kind_seen, const std:
 void TcpTransport::failLane(Connection& c, const TransportFailure& failure) {
   if (c.failed) return;
   c.failed = true;
+  stopMetering(c);
   c.failure = failure;
   if (!c.sends.empty() && c.sends.front()->done > 0) c.unfinished = *c.sends.front();
   for (TcpRequest* r : c.sends) finish(r, Request::State::kFailed, &c.failure);
@@ -423,6 +425,10 @@ bool TcpTransport::driveRecvs(Connection& c) {
 // The rest of a payload, [*done, bytes) of `data`; a socket that fails on the
 // way is lost (loseSocket) and says so.
 TcpTransport::PayloadRead TcpTransport::readPayload(Connection& c, char* data, size_t bytes, size_t* done) {
+  if (!c.metering && *done < bytes && EdgeMeter::metered(bytes)) {
+    c.metering = true;
+    meter_.began(c.peer);
+  }
   while (*done < bytes) {
     ssize_t n = readStream(c, data + *done, bytes - *done);
     if (n > 0) {
@@ -439,7 +445,24 @@ TcpTransport::PayloadRead TcpTransport::readPayload(Connection& c, char* data, s
                       : strFormat("lost the connection to rank %d: %s", c.peer, errnoText(err).c_str()));
     return PayloadRead::kLost;
   }
+  if (c.metering) {
+    c.metering = false;
+    meter_.ended(c.peer, bytes);
+  }
   return PayloadRead::kWhole;
+}
+
+void TcpTransport::stopMetering(Connection& c) {
+  if (!c.metering) return;
+  c.metering = false;
+  meter_.ended(c.peer, 0);
+}
+
+void TcpTransport::edgeTraffic(std::vector<EdgeTraffic>* out) const {
+  for (int peer = 0; peer < meter_.peers(); ++peer) {
+    const EdgeMeter::Sample s = meter_.sample(peer);
+    if (s.bytes > 0 || s.nanos > 0) out->push_back({peer, false, name(), s.bytes, s.nanos});
+  }
 }
 
 bool TcpTransport::lastOpenLane(const Connection& c) const {

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "config.h"
+#include "edge_meter.h"
 #include "lane_schedule.h"
 #include "message_stash.h"
 #include "on_demand_peers.h"
@@ -69,6 +70,7 @@ class TcpTransport : public Transport {
   void interrupt() override;
   void abortPeers(ErrorKind kind, const std::string& message) override;
   void settleAbort() override;
+  void edgeTraffic(std::vector<EdgeTraffic>* out) const override;  // incoming: the receiving end sees a payload cross
 
   // For tests and fuzzers (tests/native/fuzz): takes ownership of an already-connected
   // socket as the next free lane to `peer`, skipping the handshake. Throws
@@ -129,6 +131,7 @@ class TcpTransport : public Transport {
   ssize_t readStream(Connection& c, char* dst, size_t want);
   enum class PayloadRead { kWhole, kWait, kLost };
   PayloadRead readPayload(Connection& c, char* data, size_t bytes, size_t* done);
+  void stopMetering(Connection& c);  // a payload being read will not finish on c
   bool wantsRead(const Connection& c) const;
   bool lastOpenLane(const Connection& c) const;  // no other lane to c's peer can still bring a message
   // Every lane of c's peer. `peer_reported`: the peer told us why it failed (an
@@ -154,6 +157,7 @@ class TcpTransport : public Transport {
   bool aborted_ = false;
   bool settled_ = false;                 // settleAbort() ran
   OnDemandPeers<TcpRequest> on_demand_;  // not started when every peer connected at set-up
+  EdgeMeter meter_;                      // large payloads read, per peer (Connection::metering)
 };
 
 }  // namespace rcoll

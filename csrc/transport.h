@@ -57,6 +57,16 @@ struct TransportFailure {
   std::string message;
 };
 
+// What the large transfers over one edge reached (edge_meter.h): payload
+// bytes, and the time they were on the way, measured at this end.
+struct EdgeTraffic {
+  int peer = -1;
+  bool outgoing = false;       // this rank to the peer (else the peer to this rank)
+  const char* transport = "";  // the transport's name()
+  uint64_t bytes = 0;
+  uint64_t nanos = 0;
+};
+
 // Memory registration handle (verbs needs one per buffer; TCP needs none).
 using MemoryHandle = void*;
 
@@ -172,6 +182,10 @@ class Transport {
     std::lock_guard<std::mutex> lock(lost_mutex_);
     return lost_;
   }
+
+  // Thread-safe: appends what this transport's transfers reached, per peer it
+  // meters (edge_meter.h); nothing where it meters none.
+  virtual void edgeTraffic(std::vector<EdgeTraffic>* /*out*/) const {}
 
  protected:
   // Called by a transport where it learns that `peer`'s connection is gone.

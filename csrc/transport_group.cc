@@ -152,4 +152,8 @@ std::vector<int> TransportGroup::lostPeers() const {
   return lost;
 }
 
+void TransportGroup::edgeTraffic(std::vector<EdgeTraffic>* out) const {
+  for (const auto& child : children_) child->edgeTraffic(out);
+}
+
 }  // namespace rcoll

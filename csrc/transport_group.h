@@ -37,7 +37,8 @@ class TransportGroup : public Transport {
   void interrupt() override;
   void abortPeers(ErrorKind kind, const std::string& message) override;
   void settleAbort() override;
-  std::vector<int> lostPeers() const override;  // every child's, once each
+  std::vector<int> lostPeers() const override;                     // every child's, once each
+  void edgeTraffic(std::vector<EdgeTraffic>* out) const override;  // every child's
 
  protected:
   // `spin`: how long progress() polls the children before it sleeps (RCOLL_SPIN_US).

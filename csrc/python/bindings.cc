@@ -23,6 +23,7 @@
 #include "python/trace_bindings.h"
 #include "tcp_store.h"
 #include "topology.h"
+#include "transport.h"
 #include "work.h"
 
 namespace py = pybind11;
@@ -442,6 +443,24 @@ PYBIND11_MODULE(_core, m) {
            py::arg("grace") = 0.0)
       .def("poison_message", &Communicator::poisonMessage)
       .def_property_readonly("lost_peers", &Communicator::lostPeers)
+      .def(
+          "edge_traffic",
+          [](const Communicator& c) {
+            py::list out;
+            for (const EdgeTraffic& t : c.edgeTraffic()) {
+              py::dict d;
+              d["peer"] = t.peer;
+              d["direction"] = t.outgoing ? "out" : "in";
+              d["transport"] = t.transport;
+              d["bytes"] = t.bytes;
+              d["seconds"] = static_cast<double>(t.nanos) / 1e9;
+              out.append(d);
+            }
+            return out;
+          },
+          "What the large transfers over each edge reached so far: per peer (rank in this communicator), "
+          "direction ('in': measured as this rank received, 'out': as it sent), transport, bytes, and seconds "
+          "they were on the way (edge_meter.h).")
       .def_property_readonly("rendezvous_prefix", &Communicator::rendezvousPrefix)
       .def("set_trace_group", &Communicator::setTraceGroup, py::arg("name"), py::arg("desc"),
            py::arg("global_ranks") = std::vector<int>{},

@@ -104,6 +104,10 @@ void VerbsTransport::onCompletion(const ibv_wc& wc) {
     auto it = std::find(c.in_flight.begin(), c.in_flight.end(), r);
     if (it != c.in_flight.end()) c.in_flight.erase(it);
     finish(r, Request::State::kDone, nullptr);  // no-op if it already failed
+    if (r->metered) {
+      r->metered = false;
+      meter_.ended(c.peer, r->state == Request::State::kDone ? r->bytes : 0);
+    }
     maybeRecycle(r);
   }
   if (c.closed && c.in_flight.empty()) failConnection(c, c.failure.kind, c.failure.message);

@@ -177,7 +177,11 @@ bool VerbsTransport::postData(Connection& c, VerbsRequest* r) {
       if (i == 0) finish(r, Request::State::kFailed, &c.failure);
       return false;
     }
-    if (i == 0) c.in_flight.push_back(r);
+    if (i == 0) {
+      c.in_flight.push_back(r);
+      r->metered = EdgeMeter::metered(r->bytes);
+      if (r->metered) meter_.began(c.peer);
+    }
     ++r->holds;
     ++c.sq_used;
   }

@@ -44,7 +44,8 @@ VerbsTransport::VerbsTransport(const ConnectInfo& info, const Config& config, co
       port_(port),
       listener_(std::make_unique<PeerListener>(info, bind_host, sideChannelOptions(config))),
       listen_address_(listener_->address()),
-      connections_(static_cast<size_t>(info.size)) {
+      connections_(static_cast<size_t>(info.size)),
+      meter_(info.size) {
   auto fail = [&](const std::string& what) {
     throwError(ErrorKind::kConfig, strFormat("rank %d: RDMA device %s: %s failed: %s", info_.rank, port_.device.c_str(),
                                              what.c_str(), std::strerror(errno)));
@@ -232,6 +233,13 @@ void VerbsTransport::interrupt() { signalEventfd(wake_fd_); }
 std::unique_ptr<Transport> makeVerbsTransport(const ConnectInfo& info, const Config& config,
                                               const std::string& bind_host, const IbPortChoice& port) {
   return std::make_unique<VerbsTransport>(info, config, bind_host, port);
+}
+
+void VerbsTransport::edgeTraffic(std::vector<EdgeTraffic>* out) const {
+  for (int peer = 0; peer < meter_.peers(); ++peer) {
+    const EdgeMeter::Sample s = meter_.sample(peer);
+    if (s.bytes > 0 || s.nanos > 0) out->push_back({peer, true, name(), s.bytes, s.nanos});
+  }
 }
 
 }  // namespace rcoll

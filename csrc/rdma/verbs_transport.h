@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "config.h"
+#include "edge_meter.h"
 #include "on_demand_peers.h"
 #include "peer_listener.h"
 #include "rdma/ib_device.h"
@@ -89,6 +90,8 @@ class VerbsTransport : public Transport {
   void release(Request* request) override;
   void interrupt() override;
   void abortPeers(ErrorKind kind, const std::string& message) override;
+  // Outgoing: the sender sees an RDMA write's last completion, the receiver only its immediate.
+  void edgeTraffic(std::vector<EdgeTraffic>* out) const override;
 
  private:
   struct WrOwner;
@@ -171,6 +174,7 @@ class VerbsTransport : public Transport {
   int send_slots_ = 0;
 
   std::vector<std::unique_ptr<Connection>> connections_;  // indexed by peer rank
+  EdgeMeter meter_;                                       // large sends, per peer (VerbsRequest::metered)
   OnDemandPeers<VerbsRequest> on_demand_;                 // not started when set-up connects every peer
   std::vector<std::unique_ptr<Handshake>> handshakes_;    // peers on demand swapping queue pairs (few at a time)
   RequestLifecycle<VerbsRequest> requests_{[this](VerbsRequest* r) { releaseRegistration(r); }};

@@ -108,6 +108,7 @@ struct VerbsTransport::VerbsRequest : MessageRequest, WrOwner {
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
   MrCache::Entry* mr = nullptr;
+  bool metered = false;  // a send whose writes count in VerbsTransport::meter_, until its last completes
 };
 
 // Something to post on a connection's send queue, in order.

@@ -132,6 +132,11 @@ def test_transport_is_verbs(world):
     assert rank_threads.run(vw.transport_of, world, timeout=120, env=IB) == ["ib"] * world
 
 
+def test_the_senders_meter_what_their_rdma_writes_carry():
+    assert rank_threads.run(vw.edges_metered, 2, timeout=120, env=IB) == [[(1, "out", "ib", True, True)],
+                                                                          [(0, "out", "ib", True, True)]]
+
+
 # All ranks share the guest, where auto would pick shared memory: RCOLL_SHM_DISABLE=1
 # makes auto choose between verbs and TCP, as across hosts.
 def test_auto_uses_verbs_when_every_rank_has_a_port():

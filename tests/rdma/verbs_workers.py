@@ -16,6 +16,18 @@ def transport_of(rank, world):
     return comm.transport
 
 
+def edges_metered(rank, world):
+    """What the verbs transport's meter says after an allreduce whose segments
+    are large enough to count (csrc/edge_meter.h): one edge out to each ring
+    neighbour that carried bytes, in some time."""
+    comm = rcoll.init(rank, world, timeout=60)
+    x = np.full(1 << 20, rank + 1, np.float32)
+    comm.allreduce(x)
+    assert (x == world * (world + 1) / 2).all()
+    return sorted((e["peer"], e["direction"], e["transport"], e["bytes"] >= 1 << 20, e["seconds"] > 0)
+                  for e in comm._comm.edge_traffic())
+
+
 def recv_from_any_over_verbs(rank, world):
     """Verbs cannot show a message before its receive is posted (the sender waits
     for the receiver's credit): a receive from any source says so and names the
