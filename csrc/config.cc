@@ -149,6 +149,14 @@ const std::vector<ConfigVar>& configVars() {
       {"RCOLL_METRICS_PORT", "0",
        "serve the counters in Prometheus' text format (`GET /metrics`) on port value + the rank's local "
        "rank, on the job's data interface (the first that RCOLL_SOCKET_IFNAME chooses); `0`: off"},
+      {"RCOLL_STRAGGLER_MS", "50",
+       "the job's watch (rank 0, each RCOLL_WATCH_INTERVAL) names a rank as a straggler when, over the last 64 "
+       "collectives without a root, it arrived last in at least half and by a median of at least this many "
+       "milliseconds after the other ranks (docs/operations.md)"},
+      {"RCOLL_SLOW_LINK_RATIO", "4",
+       "the job's watch names an edge (one rank to another, one way) as slow when its large transfers over the "
+       "last 30 s reached less than the median of the other edges of its transport divided by this "
+       "(docs/operations.md)"},
       {"RCOLL_ELASTIC_JOIN", "0",
        "`1`: this process joins a job that is already running, at the store address (`MASTER_ADDR`, "
        "`MASTER_PORT`), with no rank of its own: `rcoll.init()` and `hvd.init()` wait (at most "
@@ -346,6 +354,10 @@ Config Config::fromEnvironment(const Settings& overrides) {
   ifSet("RCOLL_STATS_FILE", [&](const char*, S v) { c.stats_file = v; });
   ifSet("RCOLL_METRICS_PORT", [&](const char* n, S v) { c.metrics_port = static_cast<int>(parseInt(n, v, 0, 65535)); });
   ifSet("RCOLL_WATCH_INTERVAL", [&](const char* n, S v) { c.watch_interval = parseSeconds(n, v, true); });
+  ifSet("RCOLL_STRAGGLER_MS",
+        [&](const char* n, S v) { c.straggler_ms = static_cast<int>(parseInt(n, v, 1, 3600000)); });
+  ifSet("RCOLL_SLOW_LINK_RATIO",
+        [&](const char* n, S v) { c.slow_link_ratio = static_cast<int>(parseInt(n, v, 2, 1000000)); });
   ifSet("RCOLL_DEVICE_RUNTIME", [&](const char*, S v) { c.device_runtime = v; });
   ifSet("RCOLL_CONNECT_TIMEOUT", [&](const char* n, S v) { c.connect_timeout = parseSeconds(n, v, false); });
   ifSet("RCOLL_PEER_TIMEOUT", [&](const char* n, S v) { c.peer_timeout = parseSeconds(n, v, true); });

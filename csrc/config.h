@@ -75,6 +75,8 @@ struct Config {
   std::chrono::milliseconds watch_interval{5000};  // RCOLL_WATCH_INTERVAL: status and dump round (0 = off)
   std::string stats_file;                          // RCOLL_STATS_FILE: the counters as JSON at exit ("" = not)
   int metrics_port = 0;                            // RCOLL_METRICS_PORT: Prometheus text on this port (0 = off)
+  int straggler_ms = 50;                           // RCOLL_STRAGGLER_MS: lateness that names a straggler
+  int slow_link_ratio = 4;                         // RCOLL_SLOW_LINK_RATIO: how far below the others a slow edge is
   std::string device_runtime = "rcoll._cuda";      // RCOLL_DEVICE_RUNTIME: module with device_api_capsule()
   // Durations in seconds, fractions allowed, the same in Python and C++.
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(300)};  // RCOLL_CONNECT_TIMEOUT

@@ -296,11 +296,15 @@ void FlightRecorder::failed() {
   failure_cv_.notify_all();
 }
 
-uint64_t FlightRecorder::waitForFailure(uint64_t seen, std::chrono::milliseconds timeout) {
+uint64_t FlightRecorder::waitForFailure(uint64_t seen, std::chrono::milliseconds timeout, uint64_t woken) {
   std::unique_lock<std::mutex> lock(mutex_);
-  const uint64_t wakes = wakes_;
-  failure_cv_.wait_for(lock, timeout, [&] { return failures_ > seen || wakes_ != wakes; });
+  failure_cv_.wait_for(lock, timeout, [&] { return failures_ > seen || wakes_ != woken; });
   return failures_;
+}
+
+uint64_t FlightRecorder::wakes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return wakes_;
 }
 
 void FlightRecorder::wake() {
@@ -334,6 +338,19 @@ FlightRecorder::Status FlightRecorder::status() const {
     p.started_ns = e.started_ns;
     st.pending.push_back(std::move(p));
   }
+  // Newest first until every group has its share, then put oldest first.
+  std::vector<size_t> taken(groups_.size(), 0);
+  size_t full = 0;
+  for (uint64_t r = next_record_; r > first && full < groups_.size(); --r) {
+    const Entry& e = ring_[(r - 1) % capacity_];
+    if (e.record != r - 1 || e.finished_ns == 0 || e.failed) continue;
+    const OpTraits* traits = findOpTraits(e.op.kind);
+    const size_t g = static_cast<size_t>(e.op.group);
+    if (traits == nullptr || taken[g] == kRecentArrivals) continue;
+    st.recent.push_back({e.op.group, e.op.seq, traits->rooted, e.created_ns, e.finished_ns});
+    if (++taken[g] == kRecentArrivals) ++full;
+  }
+  std::reverse(st.recent.begin(), st.recent.end());
   return st;
 }
 

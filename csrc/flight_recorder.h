@@ -80,21 +80,38 @@ class FlightRecorder {
     int64_t created_ns = 0;
     int64_t started_ns = 0;
   };
+  // A collective that finished: when this rank called it and when it ended.
+  // How long each rank waited in the same collective without a root tells
+  // which rank came last, and the time from one's end to the next one's call
+  // what it did in between (python/rcoll/_health.py), with no clocks
+  // compared across hosts.
+  struct Arrival {
+    int group = 0;
+    uint64_t seq = 0;
+    bool rooted = false;  // a root's collective: its members do not leave together
+    int64_t created_ns = 0;
+    int64_t finished_ns = 0;
+  };
+  static constexpr size_t kRecentArrivals = 128;  // per group, in status()
   struct Status {
     int rank = -1;
     std::vector<std::string> groups;      // names, by id
     std::vector<int64_t> last_completed;  // by group id
     std::vector<Pending> pending;         // oldest first
+    std::vector<Arrival> recent;          // the last kRecentArrivals of each group, oldest first
   };
   Status status() const;
 
   // Failures of this process's communicators, counted, so that the job's
   // watch round (python/rcoll/_watch.py) tells the other ranks at once:
   // failed() from the failure path; waitForFailure() returns the count once
-  // it passes `seen`, or at `timeout`, or when wake() is called.
+  // it passes `seen`, or at `timeout`, or once wake() was called after the
+  // caller read wakes() as `woken` (read before it checks whether to stop, so
+  // that a wake between the check and the wait is not lost).
   void failed();
-  uint64_t waitForFailure(uint64_t seen, std::chrono::milliseconds timeout);
+  uint64_t waitForFailure(uint64_t seen, std::chrono::milliseconds timeout, uint64_t woken);
   void wake();
+  uint64_t wakes() const;
 
   // The dump, pickled; `reason` is kept in it (rcoll_reason).
   std::string pickled(const std::string& reason) const;

@@ -50,12 +50,15 @@ void bindEnvironment(py::module_& m) {
         d["trace_dir"] = config.trace_dir;
         d["stats_file"] = config.stats_file;
         d["metrics_port"] = config.metrics_port;
+        d["straggler_ms"] = config.straggler_ms;
+        d["slow_link_ratio"] = config.slow_link_ratio;
         return d;
       },
       py::arg("overrides") = Settings{},
       "The settings the Python layer reads, as the core parses them (`overrides` first, then the environment): "
       "connect_timeout, timeout, shutdown_timeout (seconds), device_runtime (a module name), elastic_join and "
-      "horovod_idle_cycle (seconds), watch_interval (seconds), trace_dir, stats_file and metrics_port. Raises "
+      "horovod_idle_cycle (seconds), watch_interval (seconds), trace_dir, stats_file, metrics_port, straggler_ms and "
+      "slow_link_ratio. Raises "
       "ConfigError "
       "on a bad value.");
 

@@ -5,7 +5,9 @@
 #include <string>
 
 #include "dtype.h"
+#include "error.h"
 #include "flight_recorder.h"
+#include "log.h"
 #include "op_kind.h"
 #include "op_stats.h"
 #include "python/gil.h"
@@ -45,12 +47,18 @@ void bindFlightRecorder(py::module_& m) {
           pending.append(op);
         }
         d["pending"] = pending;
+        py::list recent;
+        for (const FlightRecorder::Arrival& a : st.recent) {
+          recent.append(py::make_tuple(a.group, a.seq, a.rooted, a.created_ns, a.finished_ns));
+        }
+        d["recent"] = recent;
         return d;
       },
       "What `python -m rcoll status` shows of this process: rank, groups (names by id), last_completed (by "
       "group id: the last collective that finished) and pending (the ops not finished, oldest first: group, seq, op, "
       "dtype, count, "
-      "root or peer, state, created_ns, started_ns).");
+      "root or peer, state, created_ns, started_ns) and recent (the last collectives of each group that finished: "
+      "(group, seq, rooted, created_ns, finished_ns), oldest first).");
   m.def(
       "stats",
       [] {
@@ -74,17 +82,24 @@ void bindFlightRecorder(py::module_& m) {
       "errors, bytes (nccl-tests' size, summed), seconds, algbw_gbps and busbw_gbps (GB/s, over the ops' time).");
   m.def(
       "wait_for_failure",
-      [](uint64_t seen, double timeout) {
+      [](uint64_t seen, double timeout, uint64_t woken) {
         return withoutGil([&] {
           return FlightRecorder::process().waitForFailure(
-              seen, std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000.0)));
+              seen, std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000.0)), woken);
         });
       },
-      py::arg("seen"), py::arg("timeout"),
+      py::arg("seen"), py::arg("timeout"), py::arg("woken"),
       "Failures of this process's communicators so far, once more than `seen` (or after `timeout` seconds, or "
-      "at wake_watch()).");
+      "once wake_watch() was called since watch_wakes() returned `woken`).");
   m.def(
-      "wake_watch", [] { FlightRecorder::process().wake(); }, "Ends the current wait_for_failure() at once.");
+      "watch_wakes", [] { return FlightRecorder::process().wakes(); },
+      "How many times wake_watch() was called: read before deciding to wait, and pass to wait_for_failure().");
+  m.def(
+      "wake_watch", [] { FlightRecorder::process().wake(); },
+      "Ends the current wait_for_failure() at once, and any whose `woken` was read before.");
+  m.def(
+      "log_warning", [](const std::string& message) { RCOLL_WARN("%s", message.c_str()); }, py::arg("message"),
+      "A WARN line on stderr in rcoll's format (shown unless RCOLL_DEBUG turns warnings off).");
   m.def(
       "dump_trace",
       [](const std::string& path, const std::string& reason) {

@@ -211,6 +211,9 @@ def main(argv=None) -> int:
     status.add_argument("--world", type=int, default=None, help="ranks in the job (default: as rank 0 published)")
     status.add_argument("--timeout", type=float, default=10.0, help="seconds to connect to the store")
     status.add_argument("--wait", type=float, default=0.0, help="seconds to wait for the job's first status")
+    status.add_argument("--job", default=None,
+                        help="which job on the store (default: the latest; torchrun's run id and attempt, "
+                             "e.g. 'myjob.0')")
     doctor = sub.add_parser("doctor", help="under a launcher: check every edge of the job (transport, latency, "
                                            "bandwidth, MTU) and name those that fall short")
     doctor.add_argument("--bytes", type=int, default=4 << 20, help="message size of the bandwidth test")

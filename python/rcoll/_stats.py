@@ -8,20 +8,27 @@ import json
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import List, Optional
+from typing import Optional
 
 from . import _core
 
 
-def stats() -> List[dict]:
-    """This process's counters, one dict per op, algorithm and path: op,
-    algorithm, path, count, errors, bytes (nccl-tests' size, summed), seconds,
-    algbw_gbps and busbw_gbps (GB/s over the ops' own time)."""
-    return _core.stats()
+def stats() -> dict:
+    """This process's counters and what the job's watch knows:
+      ops: one dict per op, algorithm and path: op, algorithm, path, count,
+        errors, bytes (nccl-tests' size, summed), seconds, algbw_gbps and
+        busbw_gbps (GB/s over the ops' own time);
+      edges: this rank's edges in the job's world (csrc/edge_meter.h): src,
+        dst, transport, bytes and seconds of its large transfers, rate (bytes/s);
+      health: rank 0's latest judgement of the job (_health.py): lateness_ms
+        per group and rank, stragglers, slow_edges ({} until its first round)."""
+    from . import _watch
+
+    return {"rank": _RANK, "ops": _core.stats(), "edges": _watch.edges(), "health": _watch.health()}
 
 
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+def _label(value) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
 
 
 def prometheus_text(rank: int) -> str:
@@ -31,14 +38,27 @@ def prometheus_text(rank: int) -> str:
                ("rcoll_op_bytes_total", "counter", "bytes of the ops that finished (nccl-tests' size)", "bytes"),
                ("rcoll_op_seconds_total", "counter", "seconds the ops that finished took", "seconds"),
                ("rcoll_op_busbw_gbps", "gauge", "bus bandwidth over the ops' time, GB/s", "busbw_gbps"))
-    rows = stats()
+    snapshot = stats()
     lines = []
     for name, kind, meaning, field in metrics:
         lines += [f"# HELP {name} {meaning}", f"# TYPE {name} {kind}"]
-        for r in rows:
+        for r in snapshot["ops"]:
             labels = (f'rank="{rank}",op="{_label(r["op"])}",algorithm="{_label(r["algorithm"])}",'
                       f'path="{_label(r["path"])}"')
             lines.append(f"{name}{{{labels}}} {r[field]}")
+    edge_metrics = (("rcoll_edge_bytes_total", "counter", "bytes of the large transfers over an edge", "bytes"),
+                    ("rcoll_edge_seconds_total", "counter", "seconds those transfers were on the way", "seconds"))
+    for name, kind, meaning, field in edge_metrics:
+        lines += [f"# HELP {name} {meaning}", f"# TYPE {name} {kind}"]
+        for e in snapshot["edges"]:
+            labels = f'rank="{rank}",src="{e["src"]}",dst="{e["dst"]}",transport="{_label(e["transport"])}"'
+            lines.append(f"{name}{{{labels}}} {e[field]}")
+    lateness = snapshot["health"].get("lateness_ms", {})
+    lines += ["# HELP rcoll_rank_lateness_seconds how late a rank reaches collectives (median), as rank 0 judged",
+              "# TYPE rcoll_rank_lateness_seconds gauge"]
+    for group, ranks in sorted(lateness.items()):
+        for r, ms in sorted(ranks.items(), key=lambda kv: int(kv[0])):
+            lines.append(f'rcoll_rank_lateness_seconds{{group="{_label(group)}",of_rank="{r}"}} {ms / 1000}')
     return "\n".join(lines) + "\n"
 
 
@@ -109,4 +129,4 @@ def _data_address() -> str:
 
 def _write_file() -> None:
     with open(_STATS_FILE, "w") as f:
-        json.dump({"rank": _RANK, "ops": stats()}, f, indent=1)
+        json.dump(stats(), f, indent=1)

@@ -8,18 +8,28 @@ Every round, one thread of each process
   * dumps its own flight recorder (RCOLL_TRACE_DIR set) when that counter
     moved, so a rank that is not in any rcoll op (it skipped one, or is stuck
     elsewhere) dumps too, and torch's analyzer gets every rank's view;
-  * publishes its status, one small JSON value under ``rcoll/status/<rank>``:
-    host, pid, its pending ops (the core's flight recorder) and last error,
-    which ``python -m rcoll status`` reads.
+  * publishes its status, one small JSON value: host, pid, its pending ops
+    (the core's flight recorder), last error, how long it waited in its last
+    collectives and what its edges carried (csrc/edge_meter.h), which
+    ``python -m rcoll status`` reads;
+  * rank 0 reads every rank's status, judges who is late and which edge is
+    slow (_health.py), publishes that as the job's health and says it in one
+    WARN per finding (again after WARN_AGAIN_S at most); the other ranks read
+    it for rcoll.stats().
 
 The keys live on the job's root store (under torch's prefixes, the store they
-wrap), so one address finds them. The thread is stopped and joined at exit,
+wrap), so one address finds them, under ``rcoll/<job>/``: the job is
+torchrun's run id and attempt, else the job's first communicator's own keys,
+so that the attempts and jobs that share a store are told apart;
+``rcoll/job`` names the latest. The thread is stopped and joined at exit,
 before the interpreter finalizes (a thread inside a store call then would
-abort the process).
+abort the process), and ends by itself once the communicators it watches are
+gone.
 """
 from __future__ import annotations
 
 import atexit
+import collections
 import json
 import os
 import socket
@@ -28,11 +38,25 @@ import time
 import weakref
 from typing import Optional
 
-from . import _core
+from . import _core, _health
 
-DUMPS_KEY = "rcoll/trace/dumps"  # a counter: a failure anywhere in the job adds one
-STATUS_KEY = "rcoll/status/"     # + global rank
-WORLD_KEY = "rcoll/status/world"
+JOB_KEY = "rcoll/job"  # the latest job's id
+EDGE_WINDOW_S = 30.0   # what the published edge rates cover, at most
+WARN_AGAIN_S = 300.0   # a finding that lasts is said again this often
+
+
+def job_keys(job: str) -> dict:
+    base = f"rcoll/{job}/"
+    return {"world": base + "world", "dumps": base + "dumps", "health": base + "health",
+            "status": base + "status/"}  # + global rank
+
+
+def job_id(comm) -> str:
+    """The same on every rank of one job (attempt), new for the next."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run:
+        return f"{run}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    return comm.rendezvous_prefix.strip("/").replace("/", ".")
 
 
 def root_store(store):
@@ -43,7 +67,7 @@ def root_store(store):
 
 
 class _Store:
-    """set / add / check over rcoll's TcpStore or a torch.distributed.Store."""
+    """set / add / get-if-there over rcoll's TcpStore or a torch.distributed.Store."""
 
     def __init__(self, store):
         self.store = store
@@ -55,9 +79,24 @@ class _Store:
     def add(self, key: str, delta: int) -> int:
         return int(self.store.add(key, delta))
 
+    def get(self, key: str) -> Optional[bytes]:
+        if self._rcoll:
+            return self.store.get(key, 1.0) if self.store.check(key) else None
+        return bytes(self.store.get(key)) if self.store.check([key]) else None
+
+
+def edge_totals(comm) -> dict:
+    """{(peer, direction, transport): [bytes, seconds]} of `comm`, summed over its transports."""
+    totals = {}
+    for e in comm.edge_traffic():
+        t = totals.setdefault((e["peer"], e["direction"], e["transport"]), [0, 0.0])
+        t[0] += e["bytes"]
+        t[1] += e["seconds"]
+    return totals
+
 
 class _Watch:
-    def __init__(self, store, rank: int, world: int, interval: float):
+    def __init__(self, comm, store, rank: int, world: int, interval: float):
         store = root_store(store)
         if isinstance(store, _core.TcpStore) and store.address:
             # A connection of its own (the communicator's may be busy), which
@@ -65,15 +104,23 @@ class _Watch:
             host, _, port = store.address.rpartition(":")
             store = _core.TcpStore(host.strip("[]"), int(port), 2.0)
         self._store = _Store(store)
+        self._job = job_id(comm)
+        self._keys = job_keys(self._job)
         self._rank = rank
         self._world = world
         self._interval = interval
-        self._comms = []          # weak references to the watched _core.Communicators
+        settings = _core.settings()
+        self._straggler_ms = float(settings["straggler_ms"])
+        self._slow_ratio = float(settings["slow_link_ratio"])
+        self._comms = [weakref.ref(comm)]  # the watched _core.Communicators; the first is the job's world
         self._announced = set()   # ids of communicators whose failure the job was told of
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._seen_dumps: Optional[int] = None
         self._host = socket.gethostname()
+        # The first communicator's edge totals over the last EDGE_WINDOW_S: (time, totals), oldest first.
+        self._edge_history = collections.deque([(time.monotonic(), {})])
+        self._warned = {}         # finding -> when rank 0 last said it
         self._thread = threading.Thread(target=self._run, name="rcoll-watch", daemon=True)
         self._thread.start()
 
@@ -85,6 +132,9 @@ class _Watch:
         with self._lock:
             return any(ref() is not None for ref in self._comms)
 
+    def world_comm(self):
+        return self._comms[0]()
+
     def stop(self) -> None:
         self._stop.set()
         _core.wake_watch()
@@ -94,50 +144,137 @@ class _Watch:
     def _run(self) -> None:
         try:
             if self._rank == 0:
-                self._store.set(WORLD_KEY, str(self._world))
-            self._seen_dumps = self._store.add(DUMPS_KEY, 0)
+                self._store.set(self._keys["world"], str(self._world))
+                self._store.set(JOB_KEY, self._job)
+            self._seen_dumps = self._store.add(self._keys["dumps"], 0)
         except Exception:  # the store is gone (rank 0's process exited): nothing to watch
             return
         failures = 0
         while True:
+            woken = _core.watch_wakes()  # before the stop check: a stop() after it ends the wait below at once
             final = self._stop.is_set()
             try:
                 self._round(final)
             except Exception:
                 pass
-            if final:
+            if final or not self.watching():  # stopped, or its communicators are gone
                 return
             # Woken at once by a failure here (the job hears of it before this
             # rank's process can exit), else every interval; a last round at stop.
-            failures = _core.wait_for_failure(failures, self._interval)
+            failures = _core.wait_for_failure(failures, self._interval, woken)
 
     def _round(self, final: bool = False) -> None:
         errors = []
         with self._lock:
-            self._comms = [ref for ref in self._comms if ref() is not None]
             comms = [ref() for ref in self._comms]
         for comm in comms:
-            message = comm.poison_message()
+            message = comm.poison_message() if comm is not None else ""
             if message:
                 errors.append(message)
                 if id(comm) not in self._announced:
                     self._announced.add(id(comm))
-                    self._seen_dumps = self._store.add(DUMPS_KEY, 1)  # dumped here by the core already
+                    self._seen_dumps = self._store.add(self._keys["dumps"], 1)  # dumped here by the core already
         if final:  # at exit: only a failure the job has not heard of yet
             return
-        dumps = self._store.add(DUMPS_KEY, 0)
+        dumps = self._store.add(self._keys["dumps"], 0)
         if self._seen_dumps is not None and dumps > self._seen_dumps:
             self._seen_dumps = dumps
             _core.dump_trace("", "another rank of the job failed (its communicator's failure was announced "
                                  "on the store)")
-        self._publish(errors)
+        self._publish(errors, comms[0])
+        if self._rank == 0:
+            self._judge()
+        else:
+            raw = self._store.get(self._keys["health"])
+            if raw:
+                _set_health(json.loads(raw))
 
-    def _publish(self, errors) -> None:
+    def _edges(self, comm) -> list:
+        """What each edge of the job's world communicator carried over the last EDGE_WINDOW_S."""
+        if comm is None:
+            return []
+        now = time.monotonic()
+        totals = edge_totals(comm)
+        history = self._edge_history
+        while len(history) > 1 and now - history[1][0] >= EDGE_WINDOW_S:
+            history.popleft()
+        _, then = history[0]
+        history.append((now, totals))
+        edges = []
+        for key, (total_bytes, seconds) in sorted(totals.items()):
+            old_bytes, old_seconds = then.get(key, (0, 0.0))
+            if total_bytes > old_bytes:
+                edges.append({"peer": key[0], "direction": key[1], "transport": key[2],
+                              "bytes": total_bytes - old_bytes, "seconds": round(seconds - old_seconds, 6)})
+        return edges
+
+    def _publish(self, errors, comm) -> None:
         status = _core.trace_status()
+        names = status["groups"]
+        arrivals = {}
+        previous = {}  # group -> (seq, finished_ns) of its collective before
+        for group, seq, rooted, created_ns, finished_ns in status.pop("recent"):
+            before = previous.get(group)
+            outside = round((created_ns - before[1]) / 1e6, 3) if before and before[0] == seq - 1 else None
+            previous[group] = (seq, finished_ns)
+            if not rooted:  # its members leave together: the wait says when this rank came
+                arrivals.setdefault(names[group], []).append(
+                    [seq, round((finished_ns - created_ns) / 1e6, 3), outside])
         status.update(rank=self._rank, host=self._host, pid=os.getpid(), time=time.time(),
-                      interval=self._interval, errors=errors[-3:],
-                      attempt=os.environ.get("TORCHELASTIC_RESTART_COUNT", ""))
-        self._store.set(STATUS_KEY + str(self._rank), json.dumps(status))
+                      interval=self._interval, errors=errors[-3:], job=self._job,
+                      attempt=os.environ.get("TORCHELASTIC_RESTART_COUNT", ""),
+                      arrivals=arrivals, edges=self._edges(comm))
+        self._store.set(self._keys["status"] + str(self._rank), json.dumps(status))
+
+    def _judge(self) -> None:
+        """Rank 0: the job's health from every rank's status; a WARN per new finding."""
+        statuses = {}
+        for rank in range(self._world):
+            raw = self._store.get(self._keys["status"] + str(rank))
+            if raw:
+                statuses[rank] = json.loads(raw)
+        health = _health.judge(statuses, self._straggler_ms, self._slow_ratio)
+        health["time"] = time.time()
+        self._store.set(self._keys["health"], json.dumps(health))
+        _set_health(health)
+        now = time.monotonic()
+        findings = [(("straggler", s["group"], s["rank"]), _health.describe_straggler(s))
+                    for s in health["stragglers"]]
+        findings += [(("edge", e["src"], e["dst"], e["transport"]), _health.describe_slow_edge(e))
+                     for e in health["slow_edges"]]
+        for key, text in findings:
+            if now - self._warned.get(key, -WARN_AGAIN_S) >= WARN_AGAIN_S:
+                self._warned[key] = now
+                _core.log_warning(text)
+
+
+_HEALTH: dict = {}
+
+
+def _set_health(health: dict) -> None:
+    global _HEALTH
+    _HEALTH = health
+
+
+def health() -> dict:
+    """The job's latest health as rank 0 judged it ({} before its first round)."""
+    return _HEALTH
+
+
+def edges() -> list:
+    """This process's edges in the job's world communicator, since it was made:
+    src, dst, transport, bytes, seconds and rate (bytes/s)."""
+    w = _WATCH
+    comm = w.world_comm() if w is not None else None
+    if comm is None:
+        return []
+    me = w._rank
+    out = []
+    for (peer, direction, transport), (total, seconds) in sorted(edge_totals(comm).items()):
+        src, dst = (peer, me) if direction == "in" else (me, peer)
+        out.append({"src": src, "dst": dst, "transport": transport, "bytes": total, "seconds": seconds,
+                    "rate": total / seconds if seconds > 0 else 0.0})
+    return out
 
 
 _WATCH: Optional[_Watch] = None
@@ -165,9 +302,10 @@ def watch(comm, store, rank: int, world: int) -> None:
             _WATCH = None
         if _WATCH is None:
             try:
-                _WATCH = _Watch(store, rank, world, interval)
+                _WATCH = _Watch(comm, store, rank, world, interval)
             except Exception:
-                return
+                pass
+            return
         _WATCH.add(comm)
 
 

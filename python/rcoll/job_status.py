@@ -6,15 +6,17 @@ For each rank: host, pid, the op it is in and for how long, the ranks that op
 waits for (the ones that have not reached it), how many ops it is behind the
 furthest rank, its last error; a rank whose status stopped coming (stopped,
 crashed, or stuck outside rcoll with the GIL held) is named with its last
-known op.
+known op. Then what rank 0's watch found (_health.py): how late each rank
+arrives at collectives, the stragglers and the slow links.
 """
 from __future__ import annotations
 
 import json
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
-from ._watch import STATUS_KEY, WORLD_KEY
+from . import _health
+from ._watch import JOB_KEY, job_keys
 
 
 class _Reader:
@@ -51,18 +53,26 @@ def connect(address: str, timeout: float = 10.0) -> _Reader:
     return _Reader(host, int(port), kind, timeout)
 
 
-def read(reader: _Reader, world: Optional[int] = None) -> Dict[int, dict]:
-    if world is None:
-        raw = reader.get(WORLD_KEY)
+def read(reader: _Reader, world: Optional[int] = None, job: Optional[str] = None) -> Tuple[Dict[int, dict], dict]:
+    """Every rank's status, and the job's health ({} before rank 0's first round)."""
+    if job is None:
+        raw = reader.get(JOB_KEY)
         if raw is None:
             raise RuntimeError("no rcoll job has published its status on this store (rank 0 writes "
-                               f"{WORLD_KEY!r} within RCOLL_WATCH_INTERVAL of its start)")
+                               f"{JOB_KEY!r} within RCOLL_WATCH_INTERVAL of its start)")
+        job = raw.decode()
+    keys = job_keys(job)
+    if world is None:
+        raw = reader.get(keys["world"])
+        if raw is None:
+            raise RuntimeError(f"job {job!r} has published no status on this store")
         world = int(raw)
     statuses = {}
     for rank in range(world):
-        raw = reader.get(STATUS_KEY + str(rank))
+        raw = reader.get(keys["status"] + str(rank))
         statuses[rank] = json.loads(raw) if raw else None
-    return statuses
+    raw = reader.get(keys["health"])
+    return statuses, (json.loads(raw) if raw else {})
 
 
 def _describe(op: dict) -> str:
@@ -72,7 +82,8 @@ def _describe(op: dict) -> str:
     return f"{op['op']} #{op['seq']} ({op['dtype']} x {op['count']}{root})"
 
 
-def report(statuses: Dict[int, Optional[dict]], now: Optional[float] = None) -> List[str]:
+def report(statuses: Dict[int, Optional[dict]], now: Optional[float] = None,
+           health: Optional[dict] = None) -> List[str]:
     """The table's lines (and a summary line first)."""
     now = time.time() if now is None else now
     seen = {r: s for r, s in statuses.items() if s}
@@ -121,6 +132,23 @@ def report(statuses: Dict[int, Optional[dict]], now: Optional[float] = None) -> 
             note += f"  last error: {s['errors'][-1][:200]}"
         lines.append(f"{rank:>4}  {s['host'][:16]:<16} {s['pid']:>7}  {state[:34]:<34} {waited:>8}  "
                      f"{behind if behind > 0 else '':>6}  {note}")
+    return lines + health_report(health or {})
+
+
+def health_report(health: dict) -> List[str]:
+    """What rank 0's watch found: lateness per rank, stragglers, slow links."""
+    if not health:
+        return []
+    lines = [""]
+    for group, ranks in sorted(health.get("lateness_ms", {}).items()):
+        cells = ", ".join(f"{r}: {ms:+.0f}" for r, ms in sorted(ranks.items(), key=lambda kv: int(kv[0])))
+        lines.append(f"group {group}: how late each rank reaches collectives, ms (median): {cells}")
+    stragglers = health.get("stragglers", [])
+    slow = health.get("slow_edges", [])
+    lines += [f"STRAGGLER: {_health.describe_straggler(s)}" for s in stragglers]
+    lines += [f"SLOW LINK: {_health.describe_slow_edge(e)}" for e in slow]
+    if not stragglers and not slow:
+        lines.append(f"no straggler, no slow link (of {health.get('edges', 0)} edges metered)")
     return lines
 
 
@@ -129,11 +157,11 @@ def main(args) -> int:
     deadline = time.time() + args.wait
     while True:
         try:
-            statuses = read(reader, args.world)
+            statuses, health = read(reader, args.world, args.job)
             break
         except RuntimeError:
             if time.time() >= deadline:
                 raise
             time.sleep(0.5)
-    print("\n".join(report(statuses)))
+    print("\n".join(report(statuses, health=health)))
     return 0

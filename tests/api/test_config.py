@@ -56,11 +56,12 @@ def test_every_variable_is_documented_once():
 def test_durations_are_seconds_with_fractions(monkeypatch):
     for name in ("RCOLL_CONNECT_TIMEOUT", "RCOLL_TIMEOUT", "RCOLL_SHUTDOWN_TIMEOUT", "RCOLL_DEVICE_RUNTIME",
                  "RCOLL_ELASTIC_JOIN", "RCOLL_HOROVOD_IDLE_CYCLE", "RCOLL_WATCH_INTERVAL", "RCOLL_TRACE_DIR",
-                 "RCOLL_STATS_FILE", "RCOLL_METRICS_PORT"):
+                 "RCOLL_STATS_FILE", "RCOLL_METRICS_PORT", "RCOLL_STRAGGLER_MS", "RCOLL_SLOW_LINK_RATIO"):
         monkeypatch.delenv(name, raising=False)
     assert _core.settings() == {"connect_timeout": 300.0, "timeout": 1800.0, "shutdown_timeout": 10.0,
                                 "device_runtime": "rcoll._cuda", "elastic_join": False, "horovod_idle_cycle": 0.02,
-                                "watch_interval": 5.0, "trace_dir": "", "stats_file": "", "metrics_port": 0}
+                                "watch_interval": 5.0, "trace_dir": "", "stats_file": "", "metrics_port": 0,
+                                "straggler_ms": 50, "slow_link_ratio": 4}
     monkeypatch.setenv("RCOLL_CONNECT_TIMEOUT", "0.5")
     monkeypatch.setenv("RCOLL_TIMEOUT", "90")
     monkeypatch.setenv("RCOLL_SHUTDOWN_TIMEOUT", "0")
@@ -70,7 +71,7 @@ def test_durations_are_seconds_with_fractions(monkeypatch):
     assert _core.settings() == {"connect_timeout": 0.5, "timeout": 90.0, "shutdown_timeout": 0.0,
                                 "device_runtime": "rcoll_emulated_device", "elastic_join": True,
                                 "horovod_idle_cycle": 0.02, "watch_interval": 0.25, "trace_dir": "",
-                                "stats_file": "", "metrics_port": 0}
+                                "stats_file": "", "metrics_port": 0, "straggler_ms": 50, "slow_link_ratio": 4}
 
 
 @pytest.mark.parametrize("name,value,says", [

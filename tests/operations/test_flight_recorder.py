@@ -292,7 +292,7 @@ def test_status_names_a_stopped_rank_and_what_the_others_wait_in(tmp_path):
                                  capture_output=True, text=True, timeout=30, env=env)
             assert run.returncode == 0, run.stderr[-3000:]
             report = run.stdout
-            rows = {int(line.split()[0]): line for line in report.splitlines()[2:]}
+            rows = {int(line.split()[0]): line for line in report.split("\n\n")[0].splitlines()[2:]}
             if "NO STATUS" in rows[1] and all("allreduce #4" in rows[r] and "ranks [1]" in rows[r] for r in (0, 2)):
                 break
             time.sleep(0.5)
