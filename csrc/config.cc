@@ -140,9 +140,9 @@ const std::vector<ConfigVar>& configVars() {
        "`rcoll.dump_trace(path)` dumps"},
       {"RCOLL_WATCH_INTERVAL", "5",
        "seconds between a process's rounds with the job's store: it publishes its status (what "
-       "`python -m rcoll status` prints: one small key) and, when a rank's communicator failed, every "
-       "rank dumps its flight recorder (RCOLL_TRACE_DIR set), also ranks that are not in an rcoll op; "
-       "`0`: off (docs/operations.md)"},
+       "`python -m rcoll status` prints: one small key per rank), rank 0 judges the job's stragglers and "
+       "slow links, and, when a rank's communicator failed, every rank dumps its flight recorder "
+       "(RCOLL_TRACE_DIR set), also ranks that are not in an rcoll op; `0`: off (docs/operations.md)"},
       {"RCOLL_STATS_FILE", "",
        "write `rcoll.stats()` (count, bytes, time, algbw and busbw per op, algorithm and path; errors) as JSON to "
        "this file when the process exits; `{rank}` in it is replaced by the process's rank"},
@@ -151,12 +151,13 @@ const std::vector<ConfigVar>& configVars() {
        "rank, on the job's data interface (the first that RCOLL_SOCKET_IFNAME chooses); `0`: off"},
       {"RCOLL_STRAGGLER_MS", "50",
        "the job's watch (rank 0, each RCOLL_WATCH_INTERVAL) names a rank as a straggler when, over the last 64 "
-       "collectives without a root, it arrived last in at least half and by a median of at least this many "
-       "milliseconds after the other ranks (docs/operations.md)"},
+       "collectives without a root that every rank reported, it arrived last in at least half, by a median of at "
+       "least this many milliseconds after the others, and spent at least half of that longer than they did "
+       "between collectives (docs/operations.md)"},
       {"RCOLL_SLOW_LINK_RATIO", "4",
-       "the job's watch names an edge (one rank to another, one way) as slow when its large transfers over the "
-       "last 30 s reached less than the median of the other edges of its transport divided by this "
-       "(docs/operations.md)"},
+       "the job's watch names an edge between two hosts (one rank to another, one way) as slow when its large "
+       "transfers lately (the last rounds, up to 30 s) reached less than the median of the other such edges of its "
+       "transport divided by this (docs/operations.md)"},
       {"RCOLL_ELASTIC_JOIN", "0",
        "`1`: this process joins a job that is already running, at the store address (`MASTER_ADDR`, "
        "`MASTER_PORT`), with no rank of its own: `rcoll.init()` and `hvd.init()` wait (at most "

@@ -9,9 +9,13 @@
 // messages (lanes, queue pairs) overlap, so that several sockets to a peer
 // add up to the edge's rate rather than each one's share of it.
 //
-// began()/ended() come from the transport's progress thread only; sample()
-// from any thread (relaxed atomics: a reader may see a message's bytes a
-// moment before its time, which a window of seconds does not notice).
+// began()/ended() come from whichever thread drives the transport (its
+// progress thread, or a caller running an op inline, handed over under the
+// communicator's lock), one at a time; sample() from any thread (relaxed
+// atomics: a reader may see a message's bytes a moment before its time,
+// which a window of seconds does not notice). Each transport has its own
+// meter: where a peer is served by several (the collectives' and the
+// point-to-point engine's, or rails), their times add up rather than merge.
 #pragma once
 
 #include <atomic>

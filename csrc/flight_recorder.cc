@@ -118,6 +118,7 @@ int FlightRecorder::addGroup(Group group, int rank, size_t capacity, const std::
   last_enqueued_.push_back(-1);
   last_started_.push_back(-1);
   last_completed_.push_back(-1);
+  arrivals_.emplace_back();
   return static_cast<int>(groups_.size() - 1);
 }
 
@@ -185,7 +186,12 @@ void FlightRecorder::finished(uint64_t record, bool ok, const char* algorithm, c
   e->algorithm = algorithm ? algorithm : "";
   e->path = path ? path : "";
   e->error = error;
-  if (ok && e->op.kind != OpKind::kPointToPoint) last_completed_[static_cast<size_t>(e->op.group)] = e->op.seq;
+  if (ok && e->op.kind != OpKind::kPointToPoint) {
+    last_completed_[static_cast<size_t>(e->op.group)] = e->op.seq;
+    if (const OpTraits* traits = findOpTraits(e->op.kind)) {
+      arrivals_[static_cast<size_t>(e->op.group)].finished(e->op.seq, traits->rooted, e->created_ns, now);
+    }
+  }
 }
 
 void FlightRecorder::writeEntry(PickleWriter& w, const Entry& e) const {
@@ -338,19 +344,10 @@ FlightRecorder::Status FlightRecorder::status() const {
     p.started_ns = e.started_ns;
     st.pending.push_back(std::move(p));
   }
-  // Newest first until every group has its share, then put oldest first.
-  std::vector<size_t> taken(groups_.size(), 0);
-  size_t full = 0;
-  for (uint64_t r = next_record_; r > first && full < groups_.size(); --r) {
-    const Entry& e = ring_[(r - 1) % capacity_];
-    if (e.record != r - 1 || e.finished_ns == 0 || e.failed) continue;
-    const OpTraits* traits = findOpTraits(e.op.kind);
-    const size_t g = static_cast<size_t>(e.op.group);
-    if (traits == nullptr || taken[g] == kRecentArrivals) continue;
-    st.recent.push_back({e.op.group, e.op.seq, traits->rooted, e.created_ns, e.finished_ns});
-    if (++taken[g] == kRecentArrivals) ++full;
+  for (size_t g = 0; g < arrivals_.size(); ++g) {
+    for (const ArrivalLog::Sample& sample : arrivals_[g].samples())
+      st.arrivals.push_back({static_cast<int>(g), sample});
   }
-  std::reverse(st.recent.begin(), st.recent.end());
   return st;
 }
 

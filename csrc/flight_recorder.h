@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "arrival_log.h"
 #include "dtype.h"
 #include "op_kind.h"
 
@@ -80,25 +81,17 @@ class FlightRecorder {
     int64_t created_ns = 0;
     int64_t started_ns = 0;
   };
-  // A collective that finished: when this rank called it and when it ended.
-  // How long each rank waited in the same collective without a root tells
-  // which rank came last, and the time from one's end to the next one's call
-  // what it did in between (python/rcoll/_health.py), with no clocks
-  // compared across hosts.
+  // When this rank arrived at the group's collectives (arrival_log.h).
   struct Arrival {
     int group = 0;
-    uint64_t seq = 0;
-    bool rooted = false;  // a root's collective: its members do not leave together
-    int64_t created_ns = 0;
-    int64_t finished_ns = 0;
+    ArrivalLog::Sample sample;
   };
-  static constexpr size_t kRecentArrivals = 128;  // per group, in status()
   struct Status {
     int rank = -1;
     std::vector<std::string> groups;      // names, by id
     std::vector<int64_t> last_completed;  // by group id
     std::vector<Pending> pending;         // oldest first
-    std::vector<Arrival> recent;          // the last kRecentArrivals of each group, oldest first
+    std::vector<Arrival> arrivals;        // each group's kept samples, by group, then collective number
   };
   Status status() const;
 
@@ -149,6 +142,7 @@ class FlightRecorder {
   std::vector<int64_t> last_started_;  // per group: pg_status
   std::vector<int64_t> last_completed_;
   std::vector<int64_t> last_enqueued_;
+  std::vector<ArrivalLog> arrivals_;  // per group
   int rank_ = -1;
   std::string dir_;
   std::condition_variable failure_cv_;

@@ -11,6 +11,7 @@
 #include "device_runtime.h"
 #include "edge_plan.h"
 #include "error.h"
+#include "log.h"
 #include "net_interfaces.h"
 #include "rdma/ib_device.h"
 #include "socket_util.h"
@@ -33,6 +34,15 @@ void bindEnvironment(py::module_& m) {
         return out;
       },
       "Every RCOLL_* variable: (name, default, meaning).");
+
+  m.def(
+      "log",
+      [](const std::string& level, const std::string& message) {
+        const LogLevel l = level == "WARN" ? LogLevel::kWarn : level == "INFO" ? LogLevel::kInfo : LogLevel::kTrace;
+        if (logLevel() >= l) logMessage(l, message);
+      },
+      py::arg("level"), py::arg("message"),
+      "A line on stderr in rcoll's format at `level` (WARN, INFO or TRACE), shown when RCOLL_DEBUG lets it through.");
 
   m.def(
       "settings",

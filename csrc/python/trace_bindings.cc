@@ -7,7 +7,6 @@
 #include "dtype.h"
 #include "error.h"
 #include "flight_recorder.h"
-#include "log.h"
 #include "op_kind.h"
 #include "op_stats.h"
 #include "python/gil.h"
@@ -47,18 +46,21 @@ void bindFlightRecorder(py::module_& m) {
           pending.append(op);
         }
         d["pending"] = pending;
-        py::list recent;
-        for (const FlightRecorder::Arrival& a : st.recent) {
-          recent.append(py::make_tuple(a.group, a.seq, a.rooted, a.created_ns, a.finished_ns));
+        py::list arrivals;
+        for (const FlightRecorder::Arrival& a : st.arrivals) {
+          const double away_ms = static_cast<double>(a.sample.away_ns) / 1e6;
+          arrivals.append(py::make_tuple(
+              a.group, a.sample.seq, static_cast<double>(a.sample.wait_ns) / 1e6,
+              a.sample.away_ns == ArrivalLog::kUnknown ? py::object(py::none()) : py::object(py::float_(away_ms))));
         }
-        d["recent"] = recent;
+        d["arrivals"] = arrivals;
         return d;
       },
       "What `python -m rcoll status` shows of this process: rank, groups (names by id), last_completed (by "
       "group id: the last collective that finished) and pending (the ops not finished, oldest first: group, seq, op, "
       "dtype, count, "
-      "root or peer, state, created_ns, started_ns) and recent (the last collectives of each group that finished: "
-      "(group, seq, rooted, created_ns, finished_ns), oldest first).");
+      "root or peer, state, created_ns, started_ns) and arrivals (arrival_log.h: per kept collective without a root, "
+      "(group, seq, wait ms, away ms or None)).");
   m.def(
       "stats",
       [] {
@@ -97,9 +99,7 @@ void bindFlightRecorder(py::module_& m) {
   m.def(
       "wake_watch", [] { FlightRecorder::process().wake(); },
       "Ends the current wait_for_failure() at once, and any whose `woken` was read before.");
-  m.def(
-      "log_warning", [](const std::string& message) { RCOLL_WARN("%s", message.c_str()); }, py::arg("message"),
-      "A WARN line on stderr in rcoll's format (shown unless RCOLL_DEBUG turns warnings off).");
+
   m.def(
       "dump_trace",
       [](const std::string& path, const std::string& reason) {

@@ -13,14 +13,13 @@ Every round, one thread of each process
     collectives and what its edges carried (csrc/edge_meter.h), which
     ``python -m rcoll status`` reads;
   * rank 0 reads every rank's status, judges who is late and which edge is
-    slow (_health.py), publishes that as the job's health and says it in one
-    WARN per finding (again after WARN_AGAIN_S at most); the other ranks read
-    it for rcoll.stats().
+    slow (_health.py), publishes that as the job's health and says each
+    finding in one WARN; the other ranks read it for rcoll.stats().
 
 The keys live on the job's root store (under torch's prefixes, the store they
 wrap), so one address finds them, under ``rcoll/<job>/``: the job is
-torchrun's run id and attempt, else the job's first communicator's own keys,
-so that the attempts and jobs that share a store are told apart;
+torchrun's run id and attempt, so that the attempts that share torchrun's
+store are told apart (elsewhere a job's store is its own: ``default``);
 ``rcoll/job`` names the latest. The thread is stopped and joined at exit,
 before the interpreter finalizes (a thread inside a store call then would
 abort the process), and ends by itself once the communicators it watches are
@@ -29,7 +28,6 @@ gone.
 from __future__ import annotations
 
 import atexit
-import collections
 import json
 import os
 import socket
@@ -41,8 +39,6 @@ from typing import Optional
 from . import _core, _health
 
 JOB_KEY = "rcoll/job"  # the latest job's id
-EDGE_WINDOW_S = 30.0   # what the published edge rates cover, at most
-WARN_AGAIN_S = 300.0   # a finding that lasts is said again this often
 
 
 def job_keys(job: str) -> dict:
@@ -51,12 +47,13 @@ def job_keys(job: str) -> dict:
             "status": base + "status/"}  # + global rank
 
 
-def job_id(comm) -> str:
-    """The same on every rank of one job (attempt), new for the next."""
+def job_id() -> str:
+    """The same on every rank of one job (attempt), also on ranks that join
+    it later; new for torchrun's next attempt."""
     run = os.environ.get("TORCHELASTIC_RUN_ID")
     if run:
         return f"{run}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    return comm.rendezvous_prefix.strip("/").replace("/", ".")
+    return "default"
 
 
 def root_store(store):
@@ -80,6 +77,7 @@ class _Store:
         return int(self.store.add(key, delta))
 
     def get(self, key: str) -> Optional[bytes]:
+        """The value, or None when the key is not there (never waits for it)."""
         if self._rcoll:
             return self.store.get(key, 1.0) if self.store.check(key) else None
         return bytes(self.store.get(key)) if self.store.check([key]) else None
@@ -104,36 +102,41 @@ class _Watch:
             host, _, port = store.address.rpartition(":")
             store = _core.TcpStore(host.strip("[]"), int(port), 2.0)
         self._store = _Store(store)
-        self._job = job_id(comm)
+        self._job = job_id()
         self._keys = job_keys(self._job)
-        self._rank = rank
-        self._world = world
         self._interval = interval
         settings = _core.settings()
-        self._straggler_ms = float(settings["straggler_ms"])
-        self._slow_ratio = float(settings["slow_link_ratio"])
-        self._comms = [weakref.ref(comm)]  # the watched _core.Communicators; the first is the job's world
-        self._announced = set()   # ids of communicators whose failure the job was told of
+        self._judge = _health.Judge(float(settings["straggler_ms"]), float(settings["slow_link_ratio"]))
         self._lock = threading.Lock()
+        self._comms = []          # weak references to the watched _core.Communicators
+        self._world_comm = None   # the newest that spans the job (a shrink or grow makes another)
+        self._rank, self._world = rank, world
+        self.add(comm, rank, world)
+        self._announced = set()   # ids of communicators whose failure the job was told of
         self._stop = threading.Event()
         self._seen_dumps: Optional[int] = None
         self._host = socket.gethostname()
-        # The first communicator's edge totals over the last EDGE_WINDOW_S: (time, totals), oldest first.
-        self._edge_history = collections.deque([(time.monotonic(), {})])
-        self._warned = {}         # finding -> when rank 0 last said it
+        self._edge_window = _health.EdgeWindow(time.monotonic())
+        self._errors_said = set()  # kinds of error this thread met, each said once (INFO)
         self._thread = threading.Thread(target=self._run, name="rcoll-watch", daemon=True)
         self._thread.start()
 
-    def add(self, comm) -> None:
+    def add(self, comm, rank: int, world: int) -> None:
+        """`comm` spans the job when it has `world` ranks: its edges are the
+        ones published, and `rank` is this process's rank from now on."""
         with self._lock:
             self._comms.append(weakref.ref(comm))
+            if comm.size == world:
+                self._world_comm = weakref.ref(comm)
+                self._rank, self._world = rank, world
 
     def watching(self) -> bool:
         with self._lock:
             return any(ref() is not None for ref in self._comms)
 
     def world_comm(self):
-        return self._comms[0]()
+        with self._lock:
+            return (self._world_comm() if self._world_comm else None), self._rank
 
     def stop(self) -> None:
         self._stop.set()
@@ -155,13 +158,19 @@ class _Watch:
             final = self._stop.is_set()
             try:
                 self._round(final)
-            except Exception:
-                pass
+            except Exception as e:  # the store went away, or a bug: the rounds go on, the job too
+                self._said(e)
             if final or not self.watching():  # stopped, or its communicators are gone
                 return
             # Woken at once by a failure here (the job hears of it before this
             # rank's process can exit), else every interval; a last round at stop.
             failures = _core.wait_for_failure(failures, self._interval, woken)
+
+    def _said(self, error: Exception) -> None:
+        kind = f"{type(error).__name__}: {str(error)[:200]}"
+        if kind not in self._errors_said:
+            self._errors_said.add(kind)
+            _core.log("INFO", f"the job's watch round failed: {kind}")
 
     def _round(self, final: bool = False) -> None:
         errors = []
@@ -181,71 +190,45 @@ class _Watch:
             self._seen_dumps = dumps
             _core.dump_trace("", "another rank of the job failed (its communicator's failure was announced "
                                  "on the store)")
-        self._publish(errors, comms[0])
-        if self._rank == 0:
-            self._judge()
+        comm, rank = self.world_comm()
+        self._publish(errors, comm, rank)
+        if rank == 0:
+            self._judge_job()
         else:
             raw = self._store.get(self._keys["health"])
             if raw:
                 _set_health(json.loads(raw))
 
-    def _edges(self, comm) -> list:
-        """What each edge of the job's world communicator carried over the last EDGE_WINDOW_S."""
-        if comm is None:
-            return []
-        now = time.monotonic()
-        totals = edge_totals(comm)
-        history = self._edge_history
-        while len(history) > 1 and now - history[1][0] >= EDGE_WINDOW_S:
-            history.popleft()
-        _, then = history[0]
-        history.append((now, totals))
-        edges = []
-        for key, (total_bytes, seconds) in sorted(totals.items()):
-            old_bytes, old_seconds = then.get(key, (0, 0.0))
-            if total_bytes > old_bytes:
-                edges.append({"peer": key[0], "direction": key[1], "transport": key[2],
-                              "bytes": total_bytes - old_bytes, "seconds": round(seconds - old_seconds, 6)})
-        return edges
-
-    def _publish(self, errors, comm) -> None:
+    def _publish(self, errors, comm, rank: int) -> None:
         status = _core.trace_status()
         names = status["groups"]
         arrivals = {}
-        previous = {}  # group -> (seq, finished_ns) of its collective before
-        for group, seq, rooted, created_ns, finished_ns in status.pop("recent"):
-            before = previous.get(group)
-            outside = round((created_ns - before[1]) / 1e6, 3) if before and before[0] == seq - 1 else None
-            previous[group] = (seq, finished_ns)
-            if not rooted:  # its members leave together: the wait says when this rank came
-                arrivals.setdefault(names[group], []).append(
-                    [seq, round((finished_ns - created_ns) / 1e6, 3), outside])
-        status.update(rank=self._rank, host=self._host, pid=os.getpid(), time=time.time(),
+        for group, seq, wait_ms, away_ms in status.pop("arrivals"):
+            arrivals.setdefault(names[group], []).append([seq, round(wait_ms, 3),
+                                                          None if away_ms is None else round(away_ms, 3)])
+        edges = self._edge_window.update(edge_totals(comm), time.monotonic()) if comm is not None else []
+        status.update(rank=rank, host=self._host, pid=os.getpid(), time=time.time(),
                       interval=self._interval, errors=errors[-3:], job=self._job,
-                      attempt=os.environ.get("TORCHELASTIC_RESTART_COUNT", ""),
-                      arrivals=arrivals, edges=self._edges(comm))
-        self._store.set(self._keys["status"] + str(self._rank), json.dumps(status))
+                      attempt=os.environ.get("TORCHELASTIC_RESTART_COUNT", ""), arrivals=arrivals, edges=edges)
+        self._store.set(self._keys["status"] + str(rank), json.dumps(status))
 
-    def _judge(self) -> None:
-        """Rank 0: the job's health from every rank's status; a WARN per new finding."""
+    def _judge_job(self) -> None:
+        """Rank 0: the job's health from every rank's status; a WARN per finding."""
         statuses = {}
         for rank in range(self._world):
-            raw = self._store.get(self._keys["status"] + str(rank))
+            try:
+                raw = self._store.get(self._keys["status"] + str(rank))
+            except Exception as e:  # one slow answer costs that rank's status this round, not the judgement
+                self._said(e)
+                continue
             if raw:
                 statuses[rank] = json.loads(raw)
-        health = _health.judge(statuses, self._straggler_ms, self._slow_ratio)
+        health, warnings = self._judge.round(statuses, time.monotonic())
         health["time"] = time.time()
         self._store.set(self._keys["health"], json.dumps(health))
         _set_health(health)
-        now = time.monotonic()
-        findings = [(("straggler", s["group"], s["rank"]), _health.describe_straggler(s))
-                    for s in health["stragglers"]]
-        findings += [(("edge", e["src"], e["dst"], e["transport"]), _health.describe_slow_edge(e))
-                     for e in health["slow_edges"]]
-        for key, text in findings:
-            if now - self._warned.get(key, -WARN_AGAIN_S) >= WARN_AGAIN_S:
-                self._warned[key] = now
-                _core.log_warning(text)
+        for text in warnings:
+            _core.log("WARN", text)
 
 
 _HEALTH: dict = {}
@@ -262,13 +245,12 @@ def health() -> dict:
 
 
 def edges() -> list:
-    """This process's edges in the job's world communicator, since it was made:
+    """This process's edges in the job's communicator, since it was made:
     src, dst, transport, bytes, seconds and rate (bytes/s)."""
     w = _WATCH
-    comm = w.world_comm() if w is not None else None
+    comm, me = w.world_comm() if w is not None else (None, 0)
     if comm is None:
         return []
-    me = w._rank
     out = []
     for (peer, direction, transport), (total, seconds) in sorted(edge_totals(comm).items()):
         src, dst = (peer, me) if direction == "in" else (me, peer)
@@ -284,7 +266,9 @@ _WATCH_LOCK = threading.Lock()
 def watch(comm, store, rank: int, world: int) -> None:
     """Watches `comm` (a _core.Communicator). The first call of a process
     starts the rounds on `store` as global rank `rank` of `world`; later
-    communicators (torch sub-groups) are watched for failures on the same."""
+    communicators are watched for failures on the same: torch's sub-groups,
+    and the communicators a shrink or grow makes (which span the job: their
+    edges are published from then on, under the rank they give)."""
     global _WATCH
     if _WATCH is None:
         from . import _stats
@@ -306,7 +290,7 @@ def watch(comm, store, rank: int, world: int) -> None:
             except Exception:
                 pass
             return
-        _WATCH.add(comm)
+        _WATCH.add(comm, rank, world)
 
 
 def _stop() -> None:

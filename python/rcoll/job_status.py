@@ -139,7 +139,8 @@ def health_report(health: dict) -> List[str]:
     """What rank 0's watch found: lateness per rank, stragglers, slow links."""
     if not health:
         return []
-    lines = [""]
+    age = time.time() - health.get("time", time.time())
+    lines = ["", f"rank 0's judgement of {age:.0f} s ago (python/rcoll/_health.py):"]
     for group, ranks in sorted(health.get("lateness_ms", {}).items()):
         cells = ", ".join(f"{r}: {ms:+.0f}" for r, ms in sorted(ranks.items(), key=lambda kv: int(kv[0])))
         lines.append(f"group {group}: how late each rank reaches collectives, ms (median): {cells}")
