@@ -140,6 +140,22 @@ def test_edges_inside_one_host_are_not_judged():
     assert [(e["src"], e["dst"]) for e in _health.judge(statuses, 50, 4)["slow_edges"]] == [(1, 0)]
 
 
+# How both jobs end: rank 0 prints when and what its watch found, and what
+# `python -m rcoll status` shows of the job, run as an operator runs it.
+JOB_END = """
+if rank == 0:
+    print("AFTER", round(time.monotonic() - start, 1), flush=True)
+    print("HEALTH", json.dumps(health), flush=True)
+    store = f"torch://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    status = subprocess.run([sys.executable, "-m", "rcoll", "status", "--store", store], capture_output=True,
+                            text=True, timeout=60)
+    print("STATUS", status.returncode, status.stderr[-2000:], flush=True)
+    print(status.stdout, flush=True)
+dist.barrier()
+dist.destroy_process_group()
+print("DONE", flush=True)
+"""
+
 # Steps of training: a fixed amount of CPU work, then an allreduce of the
 # gradients; the slow rank shares its CPU with three busy processes.
 STRAGGLER_JOB = """
@@ -187,18 +203,7 @@ finally:
     for h in hogs:
         h.kill()
         h.wait()
-if rank == 0:
-    print("AFTER", round(time.monotonic() - start, 1), flush=True)
-    print("HEALTH", json.dumps(health), flush=True)
-    store = f"torch://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-    status = subprocess.run([sys.executable, "-m", "rcoll", "status", "--store", store], capture_output=True,
-                            text=True, timeout=60)
-    print("STATUS", status.returncode, status.stderr[-2000:], flush=True)
-    print(status.stdout, flush=True)
-dist.barrier()
-dist.destroy_process_group()
-print("DONE", flush=True)
-"""
+""" + JOB_END
 
 
 def _rank0_stderr(log_root: Path) -> str:
@@ -260,18 +265,7 @@ while True:
     dist.broadcast(done, 0)
     if done.item():
         break
-if rank == 0:
-    print("AFTER", round(time.monotonic() - start, 1), flush=True)
-    print("HEALTH", json.dumps(health), flush=True)
-    store = f"torch://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-    status = subprocess.run([sys.executable, "-m", "rcoll", "status", "--store", store], capture_output=True,
-                            text=True, timeout=60)
-    print("STATUS", status.returncode, status.stderr[-2000:], flush=True)
-    print(status.stdout, flush=True)
-dist.barrier()
-dist.destroy_process_group()
-print("DONE", flush=True)
-"""
+""" + JOB_END
 
 
 @needs_netns()
