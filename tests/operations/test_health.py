@@ -22,6 +22,7 @@ from support.emulated_hosts import Hosts, needs_netns, shape, torchrun_on_hosts
 from rcoll import _health
 
 RCOLL_WARN = r"^\[rcoll \d+ rank 0\] WARN: "
+TRIALS = int(os.environ.get("RCOLL_TEST_HEALTH_TRIALS", "1"))  # more to measure the detection times
 HOSTNAME_WARNING = r"\[c10d\] The hostname of the client socket cannot be retrieved"
 
 
@@ -216,7 +217,8 @@ def _rank0_stderr(log_root: Path) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs: one for the hogs, one for the others")
-def test_a_rank_slowed_by_cpu_hogs_beside_it_is_named_the_straggler(tmp_path):
+@pytest.mark.parametrize("trial", range(TRIALS))
+def test_a_rank_slowed_by_cpu_hogs_beside_it_is_named_the_straggler(tmp_path, trial):
     slow = 1
     outs = launch.torchrun(launch.write_script(tmp_path, STRAGGLER_JOB), 3, tmp_path, args=[str(slow)],
                            env={"RCOLL_WATCH_INTERVAL": "1", "OMP_NUM_THREADS": "1"}, allow=[RCOLL_WARN],
@@ -271,7 +273,8 @@ while True:
 @needs_netns()
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_the_edges_through_a_link_slowed_mid_job_are_named(tmp_path):
+@pytest.mark.parametrize("trial", range(TRIALS))
+def test_the_edges_through_a_link_slowed_mid_job_are_named(tmp_path, trial):
     """Four hosts at 1 Gbit/s: a few rounds name nothing; then host 3's link
     is shaped to a tenth while the job runs, and the edges through it are
     named within 30 s."""
