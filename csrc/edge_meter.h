@@ -23,6 +23,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
+
+#include "transport.h"
 
 namespace rcoll {
 
@@ -62,7 +65,13 @@ class EdgeMeter {
     if (p == nullptr) return {};
     return {p->bytes.load(std::memory_order_relaxed), p->nanos.load(std::memory_order_relaxed)};
   }
-  int peers() const { return size_; }
+  // Appends every peer this meter has seen, as `transport`'s, measured going `outgoing` or not.
+  void appendTo(std::vector<EdgeTraffic>* out, const char* transport, bool outgoing) const {
+    for (int peer = 0; peer < size_; ++peer) {
+      const Sample s = sample(peer);
+      if (s.bytes > 0 || s.nanos > 0) out->push_back({peer, outgoing, transport, s.bytes, s.nanos});
+    }
+  }
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -458,12 +458,7 @@ void TcpTransport::stopMetering(Connection& c) {
   meter_.ended(c.peer, 0);
 }
 
-void TcpTransport::edgeTraffic(std::vector<EdgeTraffic>* out) const {
-  for (int peer = 0; peer < meter_.peers(); ++peer) {
-    const EdgeMeter::Sample s = meter_.sample(peer);
-    if (s.bytes > 0 || s.nanos > 0) out->push_back({peer, false, name(), s.bytes, s.nanos});
-  }
-}
+void TcpTransport::edgeTraffic(std::vector<EdgeTraffic>* out) const { meter_.appendTo(out, name(), false); }
 
 bool TcpTransport::lastOpenLane(const Connection& c) const {
   for (int k = 0; k < lanes_; ++k) {

@@ -235,11 +235,6 @@ std::unique_ptr<Transport> makeVerbsTransport(const ConnectInfo& info, const Con
   return std::make_unique<VerbsTransport>(info, config, bind_host, port);
 }
 
-void VerbsTransport::edgeTraffic(std::vector<EdgeTraffic>* out) const {
-  for (int peer = 0; peer < meter_.peers(); ++peer) {
-    const EdgeMeter::Sample s = meter_.sample(peer);
-    if (s.bytes > 0 || s.nanos > 0) out->push_back({peer, true, name(), s.bytes, s.nanos});
-  }
-}
+void VerbsTransport::edgeTraffic(std::vector<EdgeTraffic>* out) const { meter_.appendTo(out, name(), true); }
 
 }  // namespace rcoll

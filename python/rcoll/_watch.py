@@ -251,12 +251,9 @@ def edges() -> list:
     comm, me = w.world_comm() if w is not None else (None, 0)
     if comm is None:
         return []
-    out = []
-    for (peer, direction, transport), (total, seconds) in sorted(edge_totals(comm).items()):
-        src, dst = (peer, me) if direction == "in" else (me, peer)
-        out.append({"src": src, "dst": dst, "transport": transport, "bytes": total, "seconds": seconds,
-                    "rate": total / seconds if seconds > 0 else 0.0})
-    return out
+    mine = [{"peer": peer, "direction": direction, "transport": transport, "bytes": total, "seconds": seconds}
+            for (peer, direction, transport), (total, seconds) in edge_totals(comm).items()]
+    return _health.edge_rates({me: {"edges": mine}})
 
 
 _WATCH: Optional[_Watch] = None

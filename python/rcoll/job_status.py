@@ -16,33 +16,10 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 from . import _health
-from ._watch import JOB_KEY, job_keys
+from ._watch import JOB_KEY, _Store, job_keys
 
 
-class _Reader:
-    """check/get over a torch TCPStore client or rcoll's own."""
-
-    def __init__(self, host: str, port: int, kind: str, timeout: float):
-        self.kind = kind
-        if kind == "torch":
-            from datetime import timedelta
-
-            import torch.distributed as dist
-
-            self.store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout),
-                                       wait_for_workers=False)
-        else:
-            from . import _core
-
-            self.store = _core.TcpStore(host, port, timeout)
-
-    def get(self, key: str) -> Optional[bytes]:
-        if self.kind == "torch":
-            return bytes(self.store.get(key)) if self.store.check([key]) else None
-        return self.store.get(key, 1.0) if self.store.check(key) else None
-
-
-def connect(address: str, timeout: float = 10.0) -> _Reader:
+def connect(address: str, timeout: float = 10.0) -> _Store:
     """`address`: torch://host:port (torchrun's or torch's TCPStore), rcoll://host:port
     (rcoll's own store: the numpy API under mpirun, srun or its own ranks)."""
     kind, _, rest = address.rpartition("://")
@@ -50,10 +27,19 @@ def connect(address: str, timeout: float = 10.0) -> _Reader:
     host = host.strip("[]")
     if kind not in ("torch", "rcoll"):
         raise ValueError(f"--store {address!r}: give torch://HOST:PORT or rcoll://HOST:PORT")
-    return _Reader(host, int(port), kind, timeout)
+    if kind == "torch":
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        return _Store(dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout),
+                                    wait_for_workers=False))
+    from . import _core
+
+    return _Store(_core.TcpStore(host, int(port), timeout))
 
 
-def read(reader: _Reader, world: Optional[int] = None, job: Optional[str] = None) -> Tuple[Dict[int, dict], dict]:
+def read(reader: _Store, world: Optional[int] = None, job: Optional[str] = None) -> Tuple[Dict[int, dict], dict]:
     """Every rank's status, and the job's health ({} before rank 0's first round)."""
     if job is None:
         raw = reader.get(JOB_KEY)
