@@ -65,7 +65,7 @@ def _check(job_dir, log_dir, outcomes, shm_before, killed_after=KILLED_AFTER):
     """Everything the module docstring promises, for one trial."""
     for node, (code, err) in enumerate(outcomes):
         assert code == 0, f"node {node}'s torchrun exited {code}\n{err[-4000:]}"
-        assert not launch.FATAL.search(err), f"node {node}'s torchrun:\n{err[-4000:]}"
+        launch.check_launcher_output(f"node {node}'s torchrun", err)
     assert any("exitcode: -9" in err for _, err in outcomes), "no agent reported the SIGKILLed worker"
     killed = json.loads((job_dir / "killed.json").read_text())
     assert killed["restart"] == 0 and killed["after"] == killed_after, killed
