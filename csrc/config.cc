@@ -111,10 +111,12 @@ const std::vector<ConfigVar>& configVars() {
       {"RCOLL_CONNECT_TIMEOUT", "300", "seconds to wait for the store and the peers at start-up"},
       {"RCOLL_PEER_TIMEOUT", "15",
        "seconds after which a peer whose host acknowledges nothing (a cut link, a host gone without closing "
-       "its sockets) is declared dead: every socket to a peer gets `TCP_USER_TIMEOUT` and keepalive probes, "
+       "its sockets) is declared dead: rcoll fails a socket whose data or probes its peer host has not "
+       "acknowledged for 2/3 of this, and probes idle ones (keepalive), "
        "so the op fails with a `PeerError` naming it within this bound, idle or not (with "
        "`RCOLL_SOCKET_STRIPE`, one link of several failing: its messages go on over the others). A slow process is not "
-       "dead (its kernel still acknowledges); an outage shorter than about half of this is survived. `0`: "
+       "dead, even one that reads nothing for minutes (its kernel still acknowledges); an outage shorter than about "
+       "half of this is survived. `0`: "
        "the kernel's defaults (about 15 minutes with data in flight, never on an idle connection)"},
       {"RCOLL_TIMEOUT", "1800", "default per-operation timeout in seconds (`rcoll.init(timeout=...)` overrides)"},
       {"RCOLL_IB_HCA", "",

@@ -112,9 +112,7 @@ bool TcpTransport::readNumbered(Connection& c, bool* finished) {
       }
       c.current = it->second;
       pair.waiting.erase(it);
-    } else if (pair.stash.fits(c.in_header.bytes)) {
-      c.stashing = pair.stash.start(c.in_header);
-    } else if (pair.stopped) {  // the last message before the peer's abort: read past it to the acks behind it
+    } else if (pair.readsAhead(c.in_header.bytes)) {
       c.stashing = pair.stash.start(c.in_header);
     } else {
       return false;  // wantsNumbered() leaves the socket unread until its receive is posted
@@ -156,7 +154,7 @@ bool TcpTransport::wantsNumbered(const Connection& c) const {
   if (isLaneControl(c.in_header) || c.current != nullptr || c.stashing) return true;
   const PairMessages& pair = pairs_[static_cast<size_t>(c.peer)];
   const uint32_t number = c.in_header.message;
-  return pair.waiting.count(number) > 0 || pair.stash.fits(c.in_header.bytes) || pair.stopped;
+  return pair.waiting.count(number) > 0 || pair.readsAhead(c.in_header.bytes);
 }
 
 // The next message's header (the number the next receive will take), from
@@ -236,9 +234,9 @@ void TcpTransport::takeControl(Connection& c, bool* finished) {
   *finished = true;
 }
 
-void TcpTransport::loseSocket(Connection& c, int err, const std::string& message) {
+void TcpTransport::loseSocket(Connection& c, int err, const std::string& message, const std::string& why) {
   if (numbered_ && err != 0 && isLinkFailure(err) && liveLanes(c.peer, &c) > 0) {
-    laneDown(c, errnoText(err));
+    laneDown(c, why.empty() ? errnoText(err) : why);
     return;
   }
   failConnection(c, ErrorKind::kPeer, message);
@@ -260,6 +258,7 @@ void TcpTransport::laneDown(Connection& c, const std::string& why) {
              info_.rank, c.peer, c.route.c_str(), why.c_str(), others);
   // Whatever was half read from it comes again on another socket.
   PairMessages& pair = pairs_[static_cast<size_t>(c.peer)];
+  pair.lost_a_socket = true;
   if (c.current != nullptr) {
     c.current->done = 0;
     pair.waiting[c.current->message] = c.current;

@@ -28,6 +28,13 @@ namespace {
 constexpr size_t kMaxAbortMessage = 4096;
 constexpr auto kAbortLinger = std::chrono::seconds(2);
 
+// The TCP transport judges its sockets' acknowledgements itself (ack_watch.h).
+SocketOptions dataSocketOptions(const Config& config) {
+  SocketOptions options = config.socketOptions();
+  options.owner_watches_acks = true;
+  return options;
+}
+
 std::string closedText(int peer) {
   return strFormat("rank %d closed its connection (its process exited, crashed or was killed)", peer);
 }
@@ -38,13 +45,14 @@ TcpTransport::TcpTransport(const ConnectInfo& info, const Config& config, const 
     : info_(info),
       config_(config),
       lanes_(std::max(1, config.sockets_per_peer)),
-      listener_(std::make_unique<PeerListener>(info, bind_host, config.socketOptions(), lanes_)),
+      listener_(std::make_unique<PeerListener>(info, bind_host, dataSocketOptions(config), lanes_)),
       connections_(static_cast<size_t>(info.size) * static_cast<size_t>(lanes_)),
       schedules_(static_cast<size_t>(info.size), Lanes{LaneSchedule(lanes_), LaneSchedule(lanes_)}),
       networks_(std::max(1, config.socket_networks)),
       numbered_(networks_ > 1 && lanes_ > 1),
       pairs_(numbered_ ? static_cast<size_t>(info.size) : 0),
-      meter_(info.size) {
+      meter_(info.size),
+      ack_watch_(config.peer_timeout) {
   listen_address_ = listener_->address();
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   RCOLL_INFO("tcp transport listening on %s (%d socket(s) per peer)", listen_address_.c_str(), lanes_);
@@ -90,13 +98,13 @@ void TcpTransport::adoptConnectedSocket(int peer, int fd) {
   }
   int k = 0;
   while (laneTo(peer, k) != nullptr) ++k;
-  applySocketOptions(fd, config_.socketOptions());  // the socket came from elsewhere
+  applySocketOptions(fd, dataSocketOptions(config_));  // the socket came from elsewhere
   adopt(peer, k, fd);
 }
 
 void TcpTransport::connect(int peer, const std::string& address, Deadline deadline) {
   for (int k = 0; k < lanes_; ++k) {
-    adopt(peer, k, dialPeer(info_, peer, laneAddress(address, k), deadline, config_.socketOptions(), k, lanes_));
+    adopt(peer, k, dialPeer(info_, peer, laneAddress(address, k), deadline, dataSocketOptions(config_), k, lanes_));
   }
   weighLanes(peer, /*dialer=*/true, deadline);
 }
@@ -179,8 +187,8 @@ bool TcpTransport::peekIncoming(int peer, WireHeader* header) {
 
 void TcpTransport::connectOnDemand(const std::vector<std::string>& addresses) {
   if (std::all_of(addresses.begin(), addresses.end(), [](const std::string& a) { return a.empty(); })) return;
-  on_demand_.start(std::make_unique<OnDemandConnector>(info_, std::move(listener_), addresses, config_.socketOptions(),
-                                                       lanes_, config_.connect_timeout),
+  on_demand_.start(std::make_unique<OnDemandConnector>(info_, std::move(listener_), addresses,
+                                                       dataSocketOptions(config_), lanes_, config_.connect_timeout),
                    info_.size);
 }
 
@@ -480,6 +488,8 @@ bool TcpTransport::wantsRead(const Connection& c) const {
 
 bool TcpTransport::driveAll() {
   bool completed = on_demand_.started() && adoptOnDemand();
+  const auto now = std::chrono::steady_clock::now();
+  if (ack_watch_.due(now)) completed |= loseSilentSockets(now);
   for (auto& c : connections_) {
     if (!c || c->failed || c->down) continue;
     if (!c->sends.empty() || c->hasControl()) completed |= driveSends(*c);
@@ -489,6 +499,25 @@ bool TcpTransport::driveAll() {
     if (c->ack_due && !c->failed && !c->down) completed |= driveSends(*c);
   }
   return completed;
+}
+
+// Sockets whose peer host acknowledged nothing for 2/3 of RCOLL_PEER_TIMEOUT
+// (ack_watch.h) are lost as the kernel's TCP_USER_TIMEOUT would have lost
+// them: a link under one of several sockets, or the peer.
+bool TcpTransport::loseSilentSockets(std::chrono::steady_clock::time_point now) {
+  bool lost = false;
+  for (auto& c : connections_) {
+    if (!c || c->failed || c->down || c->socket_broken || !ack_watch_.dead(c->fd, now, &c->silent_look)) continue;
+    const std::string silence = strFormat("its host acknowledged nothing for %.1f s",
+                                          static_cast<double>(ack_watch_.silentAfter().count()) / 1e3);
+    loseSocket(*c, ETIMEDOUT,
+               strFormat("lost the connection to rank %d: %s (RCOLL_PEER_TIMEOUT %.0f s): a link on the way or the "
+                         "host is down",
+                         c->peer, silence.c_str(), static_cast<double>(config_.peer_timeout.count()) / 1e3),
+               silence);
+    lost = true;
+  }
+  return lost;
 }
 
 void TcpTransport::progress(std::chrono::milliseconds timeout) {
@@ -508,6 +537,7 @@ void TcpTransport::progress(std::chrono::milliseconds timeout) {
     if (driveAll()) return;
     int wait_ms = millisecondsUntil(deadline);
     if (wait_ms <= 0) return;
+    wait_ms = static_cast<int>(std::min<long long>(wait_ms, maxSleep().count()));
     poll_fds_.clear();
     poll_fds_.push_back({wake_fd_, POLLIN, 0});
     if (!prepareSleep(&poll_fds_)) continue;  // bytes wait in an inbox
@@ -537,6 +567,10 @@ bool TcpTransport::prepareSleep(std::vector<pollfd>* fds) {
     if (events != 0) fds->push_back({c->fd, events, 0});
   }
   return may_sleep;
+}
+
+std::chrono::milliseconds TcpTransport::maxSleep() const {
+  return ack_watch_.untilDue(std::chrono::steady_clock::now());
 }
 
 // The next progressNow() reads and writes whatever became ready.
@@ -592,7 +626,11 @@ void TcpTransport::abortPeers(ErrorKind kind, const std::string& message) {
     // is still alive here, because the op has not been failed yet.
     // Several networks: what was read here is acknowledged first, or the
     // peer would take its last sends for lost.
-    if (!c->socket_broken && finishPartialSend(*c, deadline) && (!numbered_ || sendDueAck(*c, deadline))) {
+    // A socket whose peer's host acknowledged nothing at the AckWatch's last
+    // look (the other sockets over a link that just failed) is not tried:
+    // it would only hold this rank's failure up for the whole linger.
+    const bool silent = c->silent_look != std::chrono::steady_clock::time_point{};
+    if (!c->socket_broken && !silent && finishPartialSend(*c, deadline) && (!numbered_ || sendDueAck(*c, deadline))) {
       WireHeader h = makeAbortHeader(info_, kind, text.size());
       std::string why;
       if (sendAll(c->fd, &h, sizeof(h), deadline, &why)) sendAll(c->fd, text.data(), text.size(), deadline, &why);

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "ack_watch.h"
 #include "config.h"
 #include "edge_meter.h"
 #include "lane_schedule.h"
@@ -65,6 +66,7 @@ class TcpTransport : public Transport {
   Activity progressNow() override;
   bool prepareSleep(std::vector<pollfd>* fds) override;
   Activity finishSleep(const pollfd* fds, size_t count) override;
+  std::chrono::milliseconds maxSleep() const override;  // the next look at the sockets' acknowledgements
   TransportFailure failure(Request* request) const override;
   void release(Request* request) override;
   void interrupt() override;
@@ -107,7 +109,8 @@ class TcpTransport : public Transport {
   void takeControl(Connection& c, bool* finished);
   // A socket error: the link under one of several sockets failed (laneDown),
   // or the peer is gone (failConnection).
-  void loseSocket(Connection& c, int err, const std::string& message);
+  // `why`: for the WARN when only the link under it failed (else the errno's text).
+  void loseSocket(Connection& c, int err, const std::string& message, const std::string& why = "");
   void laneDown(Connection& c, const std::string& why);
   void sendAgain(Connection& d, uint64_t peer_holds);
   Connection* liveSendLane(int peer);
@@ -125,7 +128,8 @@ class TcpTransport : public Transport {
   void adoptOutcome(OnDemandPeers<TcpRequest>::Outcome& outcome, bool* failed);
   void adopt(int peer, int lane, int fd);
   Connection* laneTo(int peer, int k) const { return connections_[static_cast<size_t>(peer * lanes_ + k)].get(); }
-  bool driveAll();  // true if any request completed or failed
+  bool driveAll();                                                    // true if any request completed or failed
+  bool loseSilentSockets(std::chrono::steady_clock::time_point now);  // ack_watch_'s look: true if one was lost
   bool driveSends(Connection& c);
   bool driveRecvs(Connection& c);
   ssize_t readStream(Connection& c, char* dst, size_t want);
@@ -158,6 +162,7 @@ class TcpTransport : public Transport {
   bool settled_ = false;                 // settleAbort() ran
   OnDemandPeers<TcpRequest> on_demand_;  // not started when every peer connected at set-up
   EdgeMeter meter_;                      // large payloads read, per peer (Connection::metering)
+  AckWatch ack_watch_;                   // RCOLL_PEER_TIMEOUT, judged here (the kernel's timer is off)
 };
 
 }  // namespace rcoll

@@ -159,6 +159,9 @@ class Transport {
   //      announcement and handles what woke it (doorbell, completion event,
   //      side channel: a dead peer or an abort).
   virtual Activity finishSleep(const pollfd* fds, size_t count) = 0;
+  //  The longest the caller may sleep before (a) again: a timer of the
+  //  transport's own (the TCP transport's look at its sockets' acknowledgements).
+  virtual std::chrono::milliseconds maxSleep() const { return std::chrono::milliseconds::max(); }
   // The failure of a request in state kFailed.
   virtual TransportFailure failure(Request* request) const = 0;
   virtual void release(Request* request) = 0;

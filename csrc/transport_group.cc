@@ -80,7 +80,8 @@ bool TransportGroup::sleep(Deadline deadline) {
   if (may_sleep && !interrupted_.load(std::memory_order_relaxed)) {
     // Rounded up: a sub-millisecond remainder must sleep, not spin on poll(0).
     const auto left = deadline - std::chrono::steady_clock::now();
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(left + std::chrono::microseconds(999));
+    const auto ms = std::min(
+        std::chrono::duration_cast<std::chrono::milliseconds>(left + std::chrono::microseconds(999)), maxSleep());
     const int wait_ms = static_cast<int>(std::max<long long>(0, std::min<long long>(ms.count(), 1 << 30)));
     rc = ::poll(poll_fds_.data(), poll_fds_.size(), wait_ms);
     if (rc < 0) err = errno;
@@ -97,6 +98,12 @@ bool TransportGroup::sleep(Deadline deadline) {
     return true;
   }
   return finished;
+}
+
+std::chrono::milliseconds TransportGroup::maxSleep() const {
+  auto most = std::chrono::milliseconds::max();
+  for (const auto& child : children_) most = std::min(most, child->maxSleep());
+  return most;
 }
 
 bool TransportGroup::prepareSleep(std::vector<pollfd>* fds) {

@@ -34,6 +34,7 @@ class TransportGroup : public Transport {
   Activity progressNow() override;
   bool prepareSleep(std::vector<pollfd>* fds) override;
   Activity finishSleep(const pollfd* fds, size_t count) override;
+  std::chrono::milliseconds maxSleep() const override;
   void interrupt() override;
   void abortPeers(ErrorKind kind, const std::string& message) override;
   void settleAbort() override;

@@ -134,15 +134,20 @@ def test_a_link_down_for_one_second_is_survived(tmp_path):
 
 
 @pytest.mark.timeout(200 + float(os.environ.get("RCOLL_TEST_SLOW_SECONDS", 0)))
-def test_a_slow_rank_is_not_declared_dead(tmp_path):
+@pytest.mark.parametrize("mib", [4, 64], ids=["idle_sockets", "bytes_queued_to_it"])
+def test_a_slow_rank_is_not_declared_dead(tmp_path, mib):
     """Rank 3 sleeps 3.5 x RCOLL_PEER_TIMEOUT (RCOLL_TEST_SLOW_SECONDS: any
-    other time) before its second allreduce while the others wait in theirs, on
-    idle connections across the link: its kernel answers the keepalive probes,
-    so nobody fails and every result is right."""
-    ops = 20
+    other time) before its second allreduce while the others wait in theirs.
+    With 4 MiB allreduces the connections across the link are idle: its kernel
+    answers the keepalive probes. With 64 MiB ones the others have more queued
+    to its host than the socket buffers hold, so those sockets sit at a zero
+    window: its kernel answers the window probes (which Linux's
+    TCP_USER_TIMEOUT would not count: csrc/ack_watch.h). Either way nobody
+    fails and every result is right."""
+    ops = 20 if mib == 4 else 4
     slow = float(os.environ.get("RCOLL_TEST_SLOW_SECONDS", 3.5 * PEER_TIMEOUT))
     with TwoHosts(addrs=ADDRS, tag="slow") as hosts:
-        procs, _ = _start(hosts, tmp_path, ops, "--slow", f"3:{slow}")
+        procs, _ = _start(hosts, tmp_path, ops, "--slow", f"3:{slow}", "--elements", str(mib << 18))
         reports = _finish(procs, 120 + slow)
     for report, err in reports:
         assert report["error"] is None, (report, err[-2000:])
