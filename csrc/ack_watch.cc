@@ -27,21 +27,38 @@ std::chrono::milliseconds AckWatch::untilDue(Clock::time_point now) const {
   return std::chrono::duration_cast<std::chrono::milliseconds>(next_ - now) + std::chrono::milliseconds(1);
 }
 
-bool AckWatch::dead(int fd, Clock::time_point now, Clock::time_point* silent_look) const {
+bool AckWatch::dead(int fd, Clock::time_point now, Marks* marks) const {
   tcp_info info{};
   socklen_t len = sizeof(info);
   if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return false;  // the socket's own error says more
-  // A probe the peer's host answered may still count as one out (on
-  // loopback its answer comes before the count goes up), so one out proves
-  // nothing; two do.
-  const bool waits_for_ack = info.tcpi_unacked > 0 || info.tcpi_probes >= 2;
-  if (!waits_for_ack || info.tcpi_last_ack_recv < static_cast<uint32_t>(silent_after_.count())) {
-    *silent_look = Clock::time_point{};
+  return judge(Reading{info.tcpi_unacked, info.tcpi_probes, info.tcpi_last_ack_recv}, now, marks);
+}
+
+bool AckWatch::judge(const Reading& reading, Clock::time_point now, Marks* marks) const {
+  // Marks from looks long ago (the previous op's) tell nothing about now.
+  const bool in_step = recent(marks->last_look, now);
+  marks->last_look = now;
+  if (!owes(reading)) {
+    marks->owing_since = marks->silent_look = Clock::time_point{};
     return false;
   }
-  const bool in_a_row = *silent_look != Clock::time_point{} && now - *silent_look <= 3 * interval_;
-  *silent_look = now;
+  if (!in_step || marks->owing_since == Clock::time_point{}) marks->owing_since = now;
+  const auto heard = std::chrono::milliseconds(reading.last_ack_ms);
+  const auto silence = std::min(heard, std::chrono::duration_cast<std::chrono::milliseconds>(now - marks->owing_since));
+  if (silence < silent_after_) {
+    marks->silent_look = Clock::time_point{};
+    return false;
+  }
+  const bool in_a_row = in_step && marks->silent_look != Clock::time_point{};
+  marks->silent_look = now;
   return in_a_row;
+}
+
+bool AckWatch::silentLately(const Marks& marks, Clock::time_point now) const { return recent(marks.silent_look, now); }
+
+void leaveAcksToOwner(int fd) {
+  unsigned off = 0;
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &off, sizeof(off));
 }
 
 }  // namespace rcoll

@@ -199,17 +199,14 @@ void applySocketOptions(int fd, const SocketOptions& options) {
   const long long total_ms = options.dead_after.count();
   if (total_ms <= 0) return;
   // Unacknowledged data fails the socket after 2/3 of the bound (the kernel's
-  // timer, or the owner's AckWatch). An idle connection is probed after 1/3
-  // of it, then every 1/6: the kernel drops it at the first unanswered probe
-  // past the user timeout, so by 5/6 of the bound; an AckWatch sees the probes
-  // go unanswered just as it sees data.
+  // timer, or the owner's where it takes that over: ack_watch.h). An idle
+  // connection is probed after 1/3 of it, then every 1/6: the kernel drops it
+  // at the first unanswered probe past the user timeout, so by 5/6 of the bound.
   const unsigned user_timeout_ms = static_cast<unsigned>(std::min<long long>(total_ms * 2 / 3, INT_MAX));
   const int idle_s = static_cast<int>(std::max<long long>(1, total_ms / 3000));
   const int interval_s = static_cast<int>(std::max<long long>(1, total_ms / 6000));
   const int probes = 3;
-  if (!options.owner_watches_acks) {
-    (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms));
-  }
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms));
   (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
   (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
   (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s));

@@ -67,14 +67,10 @@ struct SocketOptions {
   // seconds, not after the kernel's retransmissions (15 minutes) or never
   // (an idle connection). A slow process is not dead: its kernel still acknowledges. 0: the kernel's defaults.
   std::chrono::milliseconds dead_after{0};
-  // The socket's owner judges unacknowledged data itself (ack_watch.h), so the
-  // kernel's TCP_USER_TIMEOUT stays off: it would also fail a socket whose
-  // peer is only slow to read.
-  bool owner_watches_acks = false;
 };
 // TCP_NODELAY, the buffer sizes, and for dead_after: TCP_USER_TIMEOUT (data
-// unacknowledged; unless the owner watches) and keepalive probes (an idle
-// connection), so that either fails the socket within dead_after.
+// unacknowledged) and keepalive probes (an idle connection), so that either
+// fails the socket within dead_after.
 void applySocketOptions(int fd, const SocketOptions& options);
 
 // An eventfd used as a doorbell: ring it (adds 1), or take every ring so far.

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "ack_watch.h"
 #include "message_stash.h"
 #include "request_lifecycle.h"
 #include "tcp_transport.h"
@@ -53,10 +54,10 @@ struct TcpTransport::Connection {
   // on the way (a peer that finished its last op and exited), so the peer
   // fails only once a receive is posted here or every lane is closed.
   bool closed_by_peer = false;
-  bool metering = false;                                // the payload being read counts in TcpTransport::meter_
-  bool failed = false;                                  // no more requests on this connection
-  bool socket_broken = false;                           // EOF or I/O error: nothing more can be sent either
-  std::chrono::steady_clock::time_point silent_look{};  // the AckWatch's last look that found it silent
+  bool metering = false;       // the payload being read counts in TcpTransport::meter_
+  bool failed = false;         // no more requests on this connection
+  bool socket_broken = false;  // EOF or I/O error: nothing more can be sent either
+  AckWatch::Marks acks;        // what the transport's AckWatch saw at its looks
   TransportFailure failure;
 
   // Several networks (tcp_failover.cc).
@@ -86,16 +87,18 @@ struct TcpTransport::PairMessages {
   std::optional<TransportFailure> stopped;  // the peer's abort, while its other sockets still bring acknowledgements
   bool lost_a_socket = false;               // one of the pair's sockets went down (tcp_failover.cc: laneDown)
 
-  // Whether a message of `bytes` that no receive has asked for yet is read
+  // Whether the message `header` announces, which no receive has asked for yet, is read
   // now (into the stash) rather than left in its socket. Past the stash's
   // bound it is read all the same where the pair lost a socket and a receive
-  // waits: the message that receive wants may come again behind this one on
+  // waits for an older message: that one may come again behind this one on
   // the same socket (sendAgain queues it after what the kernel already
-  // took), and a socket left unread would keep it there until the peer timed
-  // the socket out. After the peer's abort, everything is read, to reach
+  // took), and a socket left unread would keep it there for good. What this
+  // holds is bounded by what the peer sent ahead of the oldest message waited
+  // for. After the peer's abort, everything is read, to reach
   // the acknowledgements behind it.
-  bool readsAhead(uint64_t bytes) const {
-    return stash.fits(bytes) || (lost_a_socket && !waiting.empty()) || stopped.has_value();
+  bool readsAhead(const WireHeader& header) const {
+    return stash.fits(header.bytes) || stopped.has_value() ||
+           (lost_a_socket && !waiting.empty() && waiting.begin()->first < header.message);
   }
 };
 

@@ -112,7 +112,7 @@ bool TcpTransport::readNumbered(Connection& c, bool* finished) {
       }
       c.current = it->second;
       pair.waiting.erase(it);
-    } else if (pair.readsAhead(c.in_header.bytes)) {
+    } else if (pair.readsAhead(c.in_header)) {
       c.stashing = pair.stash.start(c.in_header);
     } else {
       return false;  // wantsNumbered() leaves the socket unread until its receive is posted
@@ -154,7 +154,7 @@ bool TcpTransport::wantsNumbered(const Connection& c) const {
   if (isLaneControl(c.in_header) || c.current != nullptr || c.stashing) return true;
   const PairMessages& pair = pairs_[static_cast<size_t>(c.peer)];
   const uint32_t number = c.in_header.message;
-  return pair.waiting.count(number) > 0 || pair.readsAhead(c.in_header.bytes);
+  return pair.waiting.count(number) > 0 || pair.readsAhead(c.in_header);
 }
 
 // The next message's header (the number the next receive will take), from

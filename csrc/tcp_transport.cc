@@ -28,13 +28,6 @@ namespace {
 constexpr size_t kMaxAbortMessage = 4096;
 constexpr auto kAbortLinger = std::chrono::seconds(2);
 
-// The TCP transport judges its sockets' acknowledgements itself (ack_watch.h).
-SocketOptions dataSocketOptions(const Config& config) {
-  SocketOptions options = config.socketOptions();
-  options.owner_watches_acks = true;
-  return options;
-}
-
 std::string closedText(int peer) {
   return strFormat("rank %d closed its connection (its process exited, crashed or was killed)", peer);
 }
@@ -45,7 +38,7 @@ TcpTransport::TcpTransport(const ConnectInfo& info, const Config& config, const 
     : info_(info),
       config_(config),
       lanes_(std::max(1, config.sockets_per_peer)),
-      listener_(std::make_unique<PeerListener>(info, bind_host, dataSocketOptions(config), lanes_)),
+      listener_(std::make_unique<PeerListener>(info, bind_host, config.socketOptions(), lanes_)),
       connections_(static_cast<size_t>(info.size) * static_cast<size_t>(lanes_)),
       schedules_(static_cast<size_t>(info.size), Lanes{LaneSchedule(lanes_), LaneSchedule(lanes_)}),
       networks_(std::max(1, config.socket_networks)),
@@ -81,6 +74,9 @@ bool TcpTransport::connected(int peer) const {
 
 void TcpTransport::adopt(int peer, int lane, int fd) {
   setNonBlocking(fd, true);  // dialPeer() and the listener applied the socket options already
+  // From here on ack_watch_ judges what the peer's host acknowledges: the
+  // kernel's timer would fail the socket of a peer that is only slow to read.
+  if (ack_watch_.enabled()) leaveAcksToOwner(fd);
   auto conn = std::make_unique<Connection>();
   conn->fd = fd;
   conn->peer = peer;
@@ -98,13 +94,13 @@ void TcpTransport::adoptConnectedSocket(int peer, int fd) {
   }
   int k = 0;
   while (laneTo(peer, k) != nullptr) ++k;
-  applySocketOptions(fd, dataSocketOptions(config_));  // the socket came from elsewhere
+  applySocketOptions(fd, config_.socketOptions());  // the socket came from elsewhere
   adopt(peer, k, fd);
 }
 
 void TcpTransport::connect(int peer, const std::string& address, Deadline deadline) {
   for (int k = 0; k < lanes_; ++k) {
-    adopt(peer, k, dialPeer(info_, peer, laneAddress(address, k), deadline, dataSocketOptions(config_), k, lanes_));
+    adopt(peer, k, dialPeer(info_, peer, laneAddress(address, k), deadline, config_.socketOptions(), k, lanes_));
   }
   weighLanes(peer, /*dialer=*/true, deadline);
 }
@@ -187,8 +183,8 @@ bool TcpTransport::peekIncoming(int peer, WireHeader* header) {
 
 void TcpTransport::connectOnDemand(const std::vector<std::string>& addresses) {
   if (std::all_of(addresses.begin(), addresses.end(), [](const std::string& a) { return a.empty(); })) return;
-  on_demand_.start(std::make_unique<OnDemandConnector>(info_, std::move(listener_), addresses,
-                                                       dataSocketOptions(config_), lanes_, config_.connect_timeout),
+  on_demand_.start(std::make_unique<OnDemandConnector>(info_, std::move(listener_), addresses, config_.socketOptions(),
+                                                       lanes_, config_.connect_timeout),
                    info_.size);
 }
 
@@ -507,7 +503,8 @@ bool TcpTransport::driveAll() {
 bool TcpTransport::loseSilentSockets(std::chrono::steady_clock::time_point now) {
   bool lost = false;
   for (auto& c : connections_) {
-    if (!c || c->failed || c->down || c->socket_broken || !ack_watch_.dead(c->fd, now, &c->silent_look)) continue;
+    if (!c || c->failed || c->down || c->socket_broken || c->closed_by_peer) continue;
+    if (!ack_watch_.dead(c->fd, now, &c->acks)) continue;
     const std::string silence = strFormat("its host acknowledged nothing for %.1f s",
                                           static_cast<double>(ack_watch_.silentAfter().count()) / 1e3);
     loseSocket(*c, ETIMEDOUT,
@@ -629,7 +626,7 @@ void TcpTransport::abortPeers(ErrorKind kind, const std::string& message) {
     // A socket whose peer's host acknowledged nothing at the AckWatch's last
     // look (the other sockets over a link that just failed) is not tried:
     // it would only hold this rank's failure up for the whole linger.
-    const bool silent = c->silent_look != std::chrono::steady_clock::time_point{};
+    const bool silent = ack_watch_.silentLately(c->acks, std::chrono::steady_clock::now());
     if (!c->socket_broken && !silent && finishPartialSend(*c, deadline) && (!numbered_ || sendDueAck(*c, deadline))) {
       WireHeader h = makeAbortHeader(info_, kind, text.size());
       std::string why;
