@@ -108,11 +108,8 @@ void describePort(const IbvApi& api, ibv_context* ctx, const std::string& dev, i
     if (std::memcmp(gid.raw, kZero, sizeof(kZero)) == 0) continue;  // unused entry
     GidDescription g;
     g.index = i;
-    char text[INET6_ADDRSTRLEN] = {};
-    inet_ntop(AF_INET6, gid.raw, text, sizeof(text));
-    g.address = text;
-    static const uint8_t kMappedPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-    g.ipv4_mapped = std::memcmp(gid.raw, kMappedPrefix, sizeof(kMappedPrefix)) == 0;
+    g.address = gidText(gid.raw);
+    g.ipv4_mapped = isIpv4MappedGid(gid.raw);
     g.link_local = gid.raw[0] == 0xfe && (gid.raw[1] & 0xc0) == 0x80;
     g.type = attr.link_layer == IBV_LINK_LAYER_ETHERNET ? gidType(api, ctx, dev, port_num, i) : "IB";
     g.netdev = readSysfs("/sys/class/infiniband/" + dev + "/ports/" + std::to_string(port_num) + "/gid_attrs/ndevs/" +
@@ -193,6 +190,17 @@ std::string gpuDirectSupport(const IbvApi* api) {
 
 bool hcaFilterAccepts(const std::string& filter, const std::string& device, int port) {
   return NameFilter(filter).accepts(device, port);
+}
+
+bool isIpv4MappedGid(const uint8_t* raw) {
+  static const uint8_t kMappedPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return std::memcmp(raw, kMappedPrefix, sizeof(kMappedPrefix)) == 0;
+}
+
+std::string gidText(const uint8_t* raw) {
+  char text[INET6_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET6, raw, text, sizeof(text));
+  return text;
 }
 
 int chooseGid(const std::vector<GidDescription>& gids, int override_index, std::string* reason) {

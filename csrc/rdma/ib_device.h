@@ -85,6 +85,11 @@ std::vector<IbPortChoice> chooseIbPorts(const Config& config);
 // in *reason when none is usable. `override_index` >= 0 is RCOLL_IB_GID_INDEX.
 int chooseGid(const std::vector<GidDescription>& gids, int override_index, std::string* reason);
 
+// A GID's 16 bytes: whether they hold an IPv4 address (::ffff:a.b.c.d, the
+// RoCE v2 GID of an IPv4 address), and as text.
+bool isIpv4MappedGid(const uint8_t* raw);
+std::string gidText(const uint8_t* raw);
+
 // True when `device`:`port` passes an RCOLL_IB_HCA filter ("" passes all).
 bool hcaFilterAccepts(const std::string& filter, const std::string& device, int port);
 

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "log.h"
+#include "rdma/ib_device.h"
 #include "rdma/ibv_api.h"
 #include "rdma/verbs_transport_internal.h"
 #include "socket_util.h"
@@ -145,6 +146,16 @@ bool VerbsTransport::connectQp(Connection& c, const QpInfo& theirs, std::string*
   }
   if (theirs.ethernet != (port_.ethernet ? 1 : 0)) {
     *why = "one rank uses RoCE (Ethernet) and the other InfiniBand: select matching ports with RCOLL_IB_HCA";
+    return false;
+  }
+  // RoCE v2 packets are IPv4 or IPv6 by the GIDs at both ends: one of each
+  // family never connects (the writes would only time out after every retry).
+  if (port_.ethernet && port_.gid_index >= 0 && isIpv4MappedGid(gid_) != isIpv4MappedGid(theirs.gid)) {
+    *why = strFormat(
+        "this rank's GID %s and the peer's GID %s are of different IP families (IPv4-mapped and IPv6), and RoCE "
+        "connects only one family: give the ports' netdevs addresses of one family, or set RCOLL_IB_GID_INDEX on "
+        "every rank to GIDs of one family",
+        gidText(gid_).c_str(), gidText(theirs.gid).c_str());
     return false;
   }
   ibv_qp_attr attr{};

@@ -5,9 +5,10 @@ The host kernel of the project's machines has no RDMA, and its /dev/kvm cannot r
 a stock kernel, so this boots Debian's kernel under TCG with a busybox initramfs.
 The guest has no disk image: it mounts the host's /usr /etc /opt /var /root /home
 /srv read-only over virtio-9p (with tmpfs overlays so tools can write), the project
-directory read-write at the same path, then creates four Soft-RoCE devices on two
+directory read-write at the same path, then creates six Soft-RoCE devices on three
 veth pairs (rxe0 on sr0 = 192.0.2.1, rxe1 on sr1 = 192.0.2.2; rxe2 on sr2 =
-198.51.100.1, rxe3 on sr3 = 198.51.100.2: a second port each, for rails) and runs
+198.51.100.1, rxe3 on sr3 = 198.51.100.2: a second port each, for rails; rxe4 on
+sr4 = 2001:db8:5::1, rxe5 on sr5 = 2001:db8:5::2: a network with IPv6 alone) and runs
 the command in a chroot. Host-built binaries, the project's Python and pytest run unchanged.
 
     guest.py prepare              # download + unpack the kernel, build the initramfs
@@ -52,7 +53,9 @@ from typing import Dict, List, Optional, Tuple
 ADDR0, ADDR1 = "192.0.2.1", "192.0.2.2"   # TEST-NET-1: never routed anywhere real
 # A second pair, for a rank with two ports (rails): rxe2 on sr2 and rxe3 on sr3.
 ADDR2, ADDR3 = "198.51.100.1", "198.51.100.2"   # TEST-NET-2
-DEVICES = ("rxe0", "rxe1", "rxe2", "rxe3")
+# A third pair with IPv6 addresses only (the documentation prefix): rxe4 on sr4, rxe5 on sr5.
+ADDR4, ADDR5 = "2001:db8:5::1", "2001:db8:5::2"
+DEVICES = ("rxe0", "rxe1", "rxe2", "rxe3", "rxe4", "rxe5")
 
 # Host directories the chroot sees. All get a tmpfs overlay: writes (apt lock files,
 # ~/.cache, /etc/hostname, ...) must succeed without ever reaching the host.
@@ -570,7 +573,7 @@ reboot -f
 
 # Runs in the chroot with the host's /bin/sh (dash). Recipe: /work/shared/softroce.md.
 SETUP_SH = r"""set -eu
-A0=%(a0)s A1=%(a1)s A2=%(a2)s A3=%(a3)s
+A0=%(a0)s A1=%(a1)s A2=%(a2)s A3=%(a3)s A4=%(a4)s A5=%(a5)s
 # No udev in the guest: load what its rules would (uverbs for /dev/infiniband,
 # rdma_ucm for librdmacm).
 modprobe -a veth rdma_rxe ib_uverbs rdma_ucm
@@ -584,6 +587,7 @@ modprobe -a veth rdma_rxe ib_uverbs rdma_ucm
 # rp_filter: the packets arrive with a source address that is local.
 ip link add sr0 type veth peer name sr1
 ip link add sr2 type veth peer name sr3
+ip link add sr4 type veth peer name sr5
 for c in all default sr0 sr1 sr2 sr3; do
     echo 0 > /proc/sys/net/ipv4/conf/$c/rp_filter
     echo 1 > /proc/sys/net/ipv4/conf/$c/accept_local
@@ -610,10 +614,26 @@ rule add pref 103 iif lo to $A2 lookup 103
 rule add pref 200 lookup local
 rule del pref 0 lookup local
 EOF
+# The IPv6 pair, the same way (IPv6 has no rp_filter and takes local sources);
+# nodad: the addresses are usable at once, not after duplicate detection.
+ip -6 -batch - <<EOF
+addr add $A4/64 dev sr4 nodad
+addr add $A5/64 dev sr5 nodad
+link set sr4 up
+link set sr5 up
+route add $A5/128 dev sr4 src $A4 table 104
+route add $A4/128 dev sr5 src $A5 table 105
+rule add pref 104 iif lo to $A5 lookup 104
+rule add pref 105 iif lo to $A4 lookup 105
+rule add pref 200 lookup local
+rule del pref 0 lookup local
+EOF
 rdma link add rxe0 type rxe netdev sr0
 rdma link add rxe1 type rxe netdev sr1
 rdma link add rxe2 type rxe netdev sr2
 rdma link add rxe3 type rxe netdev sr3
+rdma link add rxe4 type rxe netdev sr4
+rdma link add rxe5 type rxe netdev sr5
 
 # GIDs are filled in asynchronously once the link is up; wait for the IPv4
 # RoCE v2 entry of both devices and remember its index for the command.
@@ -633,12 +653,28 @@ roce_v2_ipv4_index() {
     done
     return 1
 }
+# The same for the RoCE v2 entry of the device's global IPv6 address.
+roce_v2_ipv6_index() {
+    d=/sys/class/infiniband/$1/ports/1
+    for g in $(ls $d/gids | sort -n); do
+        read -r gid < $d/gids/$g
+        case $gid in
+        2001:0db8:*)
+            type=; read -r type < $d/gid_attrs/types/$g 2>/dev/null
+            if [ "$type" = "RoCE v2" ]; then
+                echo $g; return 0
+            fi ;;
+        esac
+    done
+    return 1
+}
 i=0
 until idx0=$(roce_v2_ipv4_index rxe0) && idx1=$(roce_v2_ipv4_index rxe1) &&
-      roce_v2_ipv4_index rxe2 >/dev/null && roce_v2_ipv4_index rxe3 >/dev/null; do
+      roce_v2_ipv4_index rxe2 >/dev/null && roce_v2_ipv4_index rxe3 >/dev/null &&
+      roce_v2_ipv6_index rxe4 >/dev/null && roce_v2_ipv6_index rxe5 >/dev/null; do
     i=$((i + 1))
     if [ $i -ge 150 ]; then
-        echo "softroce-setup: no RoCE v2 IPv4 GID on rxe0..rxe3 after 15 s" >&2
+        echo "softroce-setup: no RoCE v2 IPv4 GID on rxe0..rxe3 or IPv6 GID on rxe4, rxe5 after 15 s" >&2
         exit 1
     fi
     sleep 0.1
@@ -647,8 +683,9 @@ done
 cat > /run/rcoll-softroce/env.sh <<EOF
 export RCOLL_SOFTROCE_GID_INDEX=$idx0
 EOF
-echo "softroce-setup: rxe0@sr0=$A0 rxe1@sr1=$A1 rxe2@sr2=$A2 rxe3@sr3=$A3, RoCE v2 IPv4 GID index $idx0"
-""" % {"a0": ADDR0, "a1": ADDR1, "a2": ADDR2, "a3": ADDR3}
+echo "softroce-setup: rxe0@sr0=$A0 rxe1@sr1=$A1 rxe2@sr2=$A2 rxe3@sr3=$A3 rxe4@sr4=$A4 rxe5@sr5=$A5," \
+     "RoCE v2 IPv4 GID index $idx0"
+""" % {"a0": ADDR0, "a1": ADDR1, "a2": ADDR2, "a3": ADDR3, "a4": ADDR4, "a5": ADDR5}
 
 # The built-in self-test (`run --check`); dash in the chroot, host tools only.
 CHECK_SH = r"""
@@ -727,7 +764,8 @@ section "pyverbs (/usr/bin/python3)"
 out=$(/usr/bin/python3 -c \
     'import pyverbs.device as d; print(" ".join(sorted(x.name.decode() for x in d.get_device_list())))' 2>&1)
 echo "$out"
-if [ "$out" = "rxe0 rxe1 rxe2 rxe3" ]; then ok "pyverbs lists rxe0 to rxe3"; else bad "pyverbs device list"; fi
+if [ "$out" = "rxe0 rxe1 rxe2 rxe3 rxe4 rxe5" ]; then ok "pyverbs lists rxe0 to rxe5"
+else bad "pyverbs device list"; fi
 
 section "done"
 echo "CHECK SUMMARY: $pass passed, $fail failed"
@@ -753,7 +791,7 @@ def guest_env(extra: Dict[str, str], pass_names: List[str]) -> Dict[str, str]:
     env.update(extra)
     env["RCOLL_SOFTROCE_GUEST"] = "1"
     env["RCOLL_SOFTROCE_DEVICES"] = ",".join(DEVICES)
-    env["RCOLL_SOFTROCE_ADDRS"] = f"{ADDR0},{ADDR1},{ADDR2},{ADDR3}"
+    env["RCOLL_SOFTROCE_ADDRS"] = f"{ADDR0},{ADDR1},{ADDR2},{ADDR3},{ADDR4},{ADDR5}"
     return env
 
 

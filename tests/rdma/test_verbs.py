@@ -127,6 +127,75 @@ def test_gid_index_override_is_respected(monkeypatch):
     assert port["chosen_gid"] == 0 and "RCOLL_IB_GID_INDEX=0" in port["gid_reason"]
 
 
+# A network with IPv6 alone (rxe4 on sr4, rxe5 on sr5: no IPv4 address, so no
+# IPv4-mapped GID). The ranks meet at a store on an IPv6 address, their
+# handshake sockets (the side channel, which also carries aborts) listen on
+# IPv6, and the queue pairs address the RoCE v2 GID of the IPv6 address.
+# Ranks are processes started as a launcher starts them (RANK, WORLD_SIZE,
+# MASTER_ADDR, MASTER_PORT); each one's exit code and stderr are checked.
+IPV6_RANK = r"""
+import json
+import numpy as np
+import rcoll
+from rcoll import _core
+comm = rcoll.init(timeout=120)
+rank, world = comm.rank, comm.size
+ok = True
+for dtype in (np.float32, np.float64, np.int64, np.uint8):
+    for n in (0, 1, 7, 1000, 300_001):
+        x = (np.arange(n) % 50 + rank).astype(dtype)
+        comm.allreduce(x)
+        ok &= bool((x == (world * (np.arange(n) % 50) + world * (world - 1) // 2).astype(dtype)).all())
+got = comm.allgather(np.full(3, rank, np.int32)).reshape(world, 3)
+ok &= got[:, 0].tolist() == list(range(world))
+comm.barrier()
+print(json.dumps({"transport": comm.transport, "ok": ok, "selection": _core.rdma_report()["selection"]}))
+comm.shutdown()
+"""
+
+
+def test_a_network_with_ipv6_alone():
+    import sys
+    world, addresses = 2, os.environ["RCOLL_SOFTROCE_ADDRS"].split(",")[4:6]
+    port = spawn.free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR=addresses[0],
+                   MASTER_PORT=str(port), RCOLL_TRANSPORT="ib", RCOLL_IB_HCA=f"rxe{4 + rank}",
+                   RCOLL_SOCKET_IFNAME=f"=sr{4 + rank}", RCOLL_DEBUG="INFO", RCOLL_CONNECT_TIMEOUT="120")
+        procs.append(subprocess.Popen([sys.executable, "-c", IPV6_RANK], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outcomes = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        outcomes.append((p.returncode, out, err))
+    for rank, (code, out, err) in enumerate(outcomes):
+        assert code == 0 and "Traceback" not in err, (rank, code, out, err[-3000:])
+        report = json.loads(out.strip().splitlines()[-1])
+        assert report["transport"] == "ib" and report["ok"], (rank, report)
+        # The GID of the device's own IPv6 address, chosen because there is no IPv4-mapped one.
+        assert f"RoCE v2 {addresses[rank]}" in report["selection"], report["selection"]
+        assert "RoCE v2 (IPv6)" in report["selection"], report["selection"]
+        assert f"handshakes at [{addresses[rank]}]:" in err, err[-3000:]
+
+
+
+def test_gids_of_different_ip_families_are_refused_at_set_up():
+    """Rank 0 takes the link-local IPv6 GID (index 0), rank 1 the IPv4-mapped one: RoCE v2 cannot connect an
+    IPv6 GID to an IPv4 one, and both ranks say so when they swap queue pairs, instead of every write timing
+    out after its retries."""
+    env = _ib(RCOLL_IB_GID_INDEX=["0", os.environ["RCOLL_SOFTROCE_GID_INDEX"]])
+    for rank, (name, message, seconds) in enumerate(spawn.run(vw.set_up_and_allreduce, 2, timeout=300, env=env)):
+        assert name != "ok", (rank, message)
+        assert f"rank {rank}: setting up the RDMA connection to rank {1 - rank}" in message, (rank, message)
+        assert "different IP families" in message and "fe80::" in message and "::ffff:192.0.2." in message, message
+        assert seconds < 30, (rank, seconds)
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_transport_is_verbs(world):
     assert rank_threads.run(vw.transport_of, world, timeout=120, env=IB) == ["ib"] * world

@@ -113,3 +113,16 @@ def gone_during_the_queue_pair_exchange(rank, world):
     except rcoll.RcollError as exc:
         return type(exc).__name__, str(exc), time.monotonic() - start
     return "no error", "", time.monotonic() - start
+
+
+def set_up_and_allreduce(rank, world):
+    """The communicator's set-up and one allreduce: ("ok", "", seconds) or the error's class, text and when."""
+    start = time.monotonic()
+    try:
+        comm = rcoll.init(rank, world, timeout=60)
+        x = np.ones(4, np.float32)
+        comm.allreduce(x)
+        comm.shutdown()
+    except rcoll.RcollError as exc:
+        return type(exc).__name__, str(exc), time.monotonic() - start
+    return "ok", "", time.monotonic() - start
