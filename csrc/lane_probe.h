@@ -4,15 +4,30 @@
 // a share in proportion: a 1 Gbit/s NIC beside a 250 Mbit/s one takes four
 // messages of every five, not one of two.
 //
-// Once the acceptor says go (one byte on lane 0), the dialer writes
-// kProbeBytes on every lane at once; the acceptor times
-// each lane's last byte from the first byte on any lane, turns the rates into
-// weights (1 to kMaxWeight, the fastest lane kMaxWeight) and sends them back
-// on lane 0. Both ends then hold the same weights. Sockets are non-blocking;
-// every wait is bounded by `deadline` (RcollError kTimeout / kPeer, naming
-// both ranks).
+// The measurement is over a time window, not a byte count. A host's ranks
+// share its NICs, and their pairs measure while others do: had each lane
+// carried a fixed number of bytes, another pair's fast lane would finish
+// early and leave its slow lane competing with ours alone, so our slow lane
+// would look slower than it is (at 2 x 4 ranks, a 250 Mbit/s link beside a
+// 1 Gbit/s one got weights of 1 to 4 of 16, 2.7 on average). Over one
+// window every pair streams on all of its lanes at once, so a pair that
+// joins or leaves takes about the same part of each link from ours. TCP
+// still shares a slow link unevenly between flows over so short a time, so
+// single pairs may still read low; on average the weights come out right.
+//
+// The exchange: the acceptor says go (one byte on lane 0); the dialer
+// streams zeros on every lane, keeping little unsent (TCP_NOTSENT_LOWAT, so
+// that what it queued drains fast); the acceptor counts what each lane
+// brings between kProbeWarmup (past the links' bursts and TCP's start) and
+// kProbeWarmup + kProbeWindow after the first byte, then says stop (one byte
+// on lane 0); the dialer ends each lane with a byte 1 and the acceptor reads
+// up to it. The acceptor turns the rates into weights (1 to kMaxWeight, the
+// fastest lane kMaxWeight) and sends them back on lane 0, so both ends hold
+// the same. Sockets are non-blocking; every wait is bounded by `deadline`
+// (RcollError kTimeout / kPeer, naming both ranks).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <vector>
 
@@ -20,12 +35,18 @@
 
 namespace rcoll {
 
-constexpr size_t kProbeBytes = size_t{2} << 20;
+constexpr std::chrono::milliseconds kProbeWarmup{15};
+constexpr std::chrono::milliseconds kProbeWindow{50};
 constexpr int kMaxWeight = 16;
 
 std::vector<int> probeLanesAsDialer(const std::vector<int>& fds, Deadline deadline, int rank, int peer);
 // `rates`: each lane's measured bytes per second.
 std::vector<int> probeLanesAsAcceptor(const std::vector<int>& fds, Deadline deadline, int rank, int peer,
                                       std::vector<double>* rates);
+
+// Rates to weights: within a fifth of the fastest counts as the fastest (a
+// short measurement on busy cores varies that much, and equal NICs should
+// share equally), the others in proportion, at least 1.
+std::vector<int> weightsFromRates(const std::vector<double>& rates);
 
 }  // namespace rcoll

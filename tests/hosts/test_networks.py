@@ -119,7 +119,7 @@ def test_ranks_without_a_common_network_fail_with_a_config_error_on_every_rank()
 
 @needs_netns()
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("per_host, second_rate", [(2, "1gbit"), (4, "1gbit"), (2, "250mbit")])
+@pytest.mark.parametrize("per_host, second_rate", [(2, "1gbit"), (4, "1gbit"), (2, "250mbit"), (4, "250mbit")])
 def test_two_nics_per_host_carry_one_collective_together(per_host, second_rate):
     """Each host has eth0 and eth1 on networks of their own; with RCOLL_SOCKET_STRIPE=1 every pair of ranks on
     different hosts connects on both, measures them, and a collective's segments take turns on them in
@@ -138,14 +138,20 @@ def test_two_nics_per_host_carry_one_collective_together(per_host, second_rate):
     shares = [re.findall(r"the sockets to rank \d+ take shares (\d+) \(\d+ MB/s\), (\d+) \(\d+ MB/s\)", err)
               for _, _, err in outcomes[:per_host]]
     assert all(shares), [err[-2000:] for _, _, err in outcomes[:per_host]]
-    for fast, slow in (pair for rank_shares in shares for pair in rank_shares):
-        if second_rate == "250mbit":
-            assert int(fast) == 16 and int(slow) <= 7, shares  # 4 of 16, give or take the measurement
-        else:
-            assert min(int(fast), int(slow)) >= 10, shares  # equal links (16), give or take it on busy cores
+    # Each pair's weights (16 for the faster socket) come from 50 ms in which TCP shares each link unevenly
+    # between the host's pairs, so one pair may read from 1 to 7; their mean is the links' ratio (4 of 16:
+    # 3.7 to 4.3 in 8 runs at 4 ranks per host, where a measurement by bytes gave 2.1 to 2.6).
+    pairs = [(int(fast), int(slow)) for rank_shares in shares for fast, slow in rank_shares]
+    mean_fast = sum(fast for fast, _ in pairs) / len(pairs)
+    mean_slow = sum(slow for _, slow in pairs) / len(pairs)
+    print(f"{per_host} ranks per host, {second_rate} second link: weights {pairs}")
+    if second_rate == "250mbit":
+        assert mean_fast >= 14 and 3 <= mean_slow <= 6, shares  # 16 and 4
+    else:
+        assert min(mean_fast, mean_slow) >= 12, shares  # equal links: 16 and 16
     # The allreduce moves tens of MB across. Host 0's ranks only accept, so what they sent is the job's alone
-    # (the dialers also sent the measurement, 2 MiB per socket): equal links carry about half each, a
-    # 250 Mbit/s link beside a 1 Gbit/s one about a fifth.
+    # (the dialers also sent the measurement): equal links carry about half each, a 250 Mbit/s link beside a
+    # 1 Gbit/s one about a fifth, with four ranks on a host as with two (their pairs measure at once).
     eth0, eth1 = sent[0]
     assert eth0 + eth1 > 20e6, sent
     if second_rate == "250mbit":

@@ -13,17 +13,22 @@
 #include <exception>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "agreed_settings.h"
 #include "algorithms.h"
 #include "edge_plan.h"
 #include "error.h"
+#include "lane_probe.h"
 #include "lane_schedule.h"
 #include "name_filter.h"
+#include "socket_util.h"
 #include "net_interfaces.h"
 #include "op_route.h"
 #include "op_table.h"
@@ -364,6 +369,74 @@ void testNetworkChoices() {
   check(first == 80, "weights 16:4: four messages of every five on the first lane");
 }
 
+// `lanes` connected pairs on 127.0.0.1, non-blocking: {dialer ends, acceptor ends}.
+std::pair<std::vector<int>, std::vector<int>> loopbackLanes(int lanes) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  check(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 && ::listen(listener, lanes) == 0 &&
+            ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0,
+        "a loopback listener");
+  std::vector<int> dialer, acceptor;
+  for (int k = 0; k < lanes; ++k) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    check(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0, "connect on loopback");
+    dialer.push_back(fd);
+    acceptor.push_back(::accept(listener, nullptr, nullptr));
+  }
+  ::close(listener);
+  for (int fd : dialer) setNonBlocking(fd, true);
+  for (int fd : acceptor) setNonBlocking(fd, true);
+  return {dialer, acceptor};
+}
+
+// The sockets of a pair over several networks, measured when it connects
+// (csrc/lane_probe.h): rates to weights, and the exchange itself over two
+// loopback sockets (real links: tests/hosts/test_networks.py).
+void testLaneProbe() {
+  check(weightsFromRates({125e6, 31e6}) == std::vector<int>{16, 4}, "1 Gbit/s beside 250 Mbit/s: 16 and 4");
+  check(weightsFromRates({100e6, 85e6}) == std::vector<int>{16, 16}, "within a fifth of the fastest: equal");
+  check(weightsFromRates({100e6, 0.0}) == std::vector<int>{16, 1}, "a lane that moved nothing still gets 1");
+  check(weightsFromRates({0.0, 0.0}) == std::vector<int>{16, 16}, "nothing measured: equal");
+
+  auto [dialer, acceptor] = loopbackLanes(2);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  std::vector<int> dialed, accepted;
+  std::vector<double> rates;
+  std::string failed;
+  std::thread other([&, fds = dialer] {
+    try {
+      dialed = probeLanesAsDialer(fds, deadline, 1, 0);
+    } catch (const std::exception& e) {
+      failed = e.what();
+    }
+  });
+  try {
+    accepted = probeLanesAsAcceptor(acceptor, deadline, 0, 1, &rates);
+  } catch (const std::exception& e) {
+    failed += e.what();
+  }
+  other.join();
+  check(failed.empty(), "the probe: " + failed);
+  check(accepted.size() == 2 && dialed == accepted, "both ends hold the same weights");
+  check(rates.size() == 2 && rates[0] > 1e6 && rates[1] > 1e6, "loopback moves megabytes per second");
+  // The streams are in step: what follows the probe on each socket is read whole, and nothing else is there.
+  std::string why;
+  for (size_t k = 0; k < 2; ++k) {
+    const char sent[3] = {'o', 'k', static_cast<char>('0' + k)};
+    char got[3] = {};
+    check(sendAll(dialer[k], sent, 3, deadline, &why) && recvAll(acceptor[k], got, 3, deadline, &why) &&
+              std::string(got, 3) == std::string(sent, 3),
+          "lane " + std::to_string(k) + " in step after the probe " + why);
+    char extra = 0;
+    check(::recv(acceptor[k], &extra, 1, MSG_DONTWAIT) < 0, "nothing left over on lane " + std::to_string(k));
+  }
+  for (int fd : dialer) ::close(fd);
+  for (int fd : acceptor) ::close(fd);
+}
+
 }  // namespace
 
 int main() {
@@ -374,6 +447,7 @@ int main() {
     testOpChecks();
     testRoutes();
     testNetworkChoices();
+    testLaneProbe();
   } catch (const std::exception& e) {
     check(false, std::string("unexpected exception: ") + e.what());
   }
