@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 #include "error.h"
 
@@ -47,7 +48,7 @@ int pollLanes(std::vector<pollfd>* pfds, int timeout_ms, int rank, int peer) {
 // written is still unsent (TCP_NOTSENT_LOWAT); 0 restores the system's value.
 class LittleUnsent {
  public:
-  explicit LittleUnsent(const std::vector<int>& fds) : fds_(fds) { set(kNotSentLowat); }
+  explicit LittleUnsent(std::vector<int> fds) : fds_(std::move(fds)) { set(kNotSentLowat); }
   ~LittleUnsent() { set(0); }
   LittleUnsent(const LittleUnsent&) = delete;
   LittleUnsent& operator=(const LittleUnsent&) = delete;
@@ -56,7 +57,7 @@ class LittleUnsent {
   void set(int bytes) {
     for (int fd : fds_) (void)setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &bytes, sizeof(bytes));
   }
-  const std::vector<int>& fds_;
+  const std::vector<int> fds_;
 };
 
 // Writes zeros on every lane until the acceptor's stop comes on lane 0.
@@ -92,7 +93,7 @@ struct LaneCount {
   bool ended = false;
 };
 
-// Reads what came on lane `i`; false when nothing was there.
+// Reads what came on a lane's socket `fd`; false when nothing was there.
 bool readLane(int fd, std::vector<char>* sink, LaneCount* lane, int rank, int peer) {
   const ssize_t got = ::recv(fd, sink->data(), sink->size(), MSG_DONTWAIT);
   if (got == 0) probeFailed(rank, peer, "the peer closed a socket");
@@ -104,7 +105,7 @@ bool readLane(int fd, std::vector<char>* sink, LaneCount* lane, int rank, int pe
   const char* end = begin + got;
   const char* other = std::find_if(begin, end, [](char c) { return c != 0; });
   if (other != end) {
-    // The end byte is the last the dialer writes on a lane.
+    // The end byte is the last the dialer writes on a lane before the weights come back.
     if (other != end - 1 || *other != kLaneEnd) probeFailed(rank, peer, "the measurement's stream is out of step");
     lane->ended = true;
   }
@@ -152,7 +153,8 @@ std::vector<int> probeLanesAsAcceptor(const std::vector<int>& fds, Deadline dead
   if (!sendAll(fds[0], &kGo, 1, deadline, &why)) probeFailed(rank, peer, why);
   std::vector<char> sink(256 << 10);
   std::vector<LaneCount> lanes(fds.size());
-  std::vector<uint64_t> at_start;  // bytes per lane when the window opened and closed
+  // Bytes per lane when the window opened, and when it closed.
+  std::vector<uint64_t> at_start;
   std::vector<uint64_t> at_end;
   Clock::time_point first{};  // the first byte on any lane
   Clock::time_point opened{};

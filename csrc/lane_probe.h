@@ -9,7 +9,7 @@
 // carried a fixed number of bytes, another pair's fast lane would finish
 // early and leave its slow lane competing with ours alone, so our slow lane
 // would look slower than it is (at 2 x 4 ranks, a 250 Mbit/s link beside a
-// 1 Gbit/s one got weights of 1 to 4 of 16, 2.7 on average). Over one
+// 1 Gbit/s one got weights of 1 to 4 of 16, 2.1 to 2.6 on average). Over one
 // window every pair streams on all of its lanes at once, so a pair that
 // joins or leaves takes about the same part of each link from ours. TCP
 // still shares a slow link unevenly between flows over so short a time, so

@@ -25,6 +25,6 @@ def test_guest_boots_and_self_check_passes():
                  "CHECK PASS: rxe0 has a RoCE v2 IPv4 GID at index",
                  "CHECK PASS: ibv_rc_pingpong rxe0 -> rxe1",
                  "CHECK PASS: RoCE traffic crossed the veth pair",
-                 "CHECK PASS: pyverbs lists rxe0 to rxe3",
+                 "CHECK PASS: pyverbs lists rxe0 to rxe5",
                  "CHECK SUMMARY: 6 passed, 0 failed"):
         assert line in proc.stdout, report

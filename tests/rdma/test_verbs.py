@@ -11,6 +11,7 @@ and a numpy import per rank; a killed rank and torch need processes.
 import json
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -39,8 +40,6 @@ def _ib(**extra):
     env = dict(IB)
     env.update(extra)
     return env
-
-
 
 
 PYVERBS_LISTING = r"""
@@ -155,7 +154,6 @@ comm.shutdown()
 
 
 def test_a_network_with_ipv6_alone():
-    import sys
     world, addresses = 2, os.environ["RCOLL_SOFTROCE_ADDRS"].split(",")[4:6]
     port = spawn.free_port()
     procs = []
@@ -184,7 +182,6 @@ def test_a_network_with_ipv6_alone():
         assert f"handshakes at [{addresses[rank]}]:" in err, err[-3000:]
 
 
-
 def test_gids_of_different_ip_families_are_refused_at_set_up():
     """Rank 0 takes the link-local IPv6 GID (index 0), rank 1 the IPv4-mapped one: RoCE v2 cannot connect an
     IPv6 GID to an IPv4 one, and both ranks say so when they swap queue pairs, instead of every write timing
@@ -195,6 +192,7 @@ def test_gids_of_different_ip_families_are_refused_at_set_up():
         assert f"rank {rank}: setting up the RDMA connection to rank {1 - rank}" in message, (rank, message)
         assert "different IP families" in message and "fe80::" in message and "::ffff:192.0.2." in message, message
         assert seconds < 30, (rank, seconds)
+
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_transport_is_verbs(world):

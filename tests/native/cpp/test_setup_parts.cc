@@ -1,10 +1,12 @@
-// Standalone tests for the parts of a communicator's set-up that need no
-// peers: the topology every rank computes from the published hosts
+// Standalone tests for the parts of a communicator's set-up, most of which
+// need no peers: the topology every rank computes from the published hosts
 // (csrc/topology.cc), the rings the algorithms build in its host order
 // (csrc/algorithms.cc), the agreed settings (csrc/agreed_settings.cc), the op
 // table's checks (csrc/op_table.cc), the route chooser (csrc/op_route.cc) and
 // the network choices: interfaces, dial addresses, subnets shared by all, the
-// lane schedule (csrc/net_interfaces.cc, name_filter.cc, lane_schedule.cc).
+// lane schedule (csrc/net_interfaces.cc, name_filter.cc, lane_schedule.cc),
+// and the measurement of a pair's sockets over several networks
+// (csrc/lane_probe.cc, both ends over loopback sockets).
 // Built and run by tests/native/test_cpp.py under ASan + UBSan. Exit status is
 // nonzero on any failure.
 
@@ -18,6 +20,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -405,21 +408,23 @@ void testLaneProbe() {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   std::vector<int> dialed, accepted;
   std::vector<double> rates;
-  std::string failed;
+  std::string dialer_failed, acceptor_failed;
   std::thread other([&, fds = dialer] {
     try {
       dialed = probeLanesAsDialer(fds, deadline, 1, 0);
     } catch (const std::exception& e) {
-      failed = e.what();
+      dialer_failed = e.what();
     }
   });
   try {
     accepted = probeLanesAsAcceptor(acceptor, deadline, 0, 1, &rates);
   } catch (const std::exception& e) {
-    failed += e.what();
+    acceptor_failed = e.what();
+    for (int fd : acceptor) ::shutdown(fd, SHUT_RDWR);  // the dialer fails at once, not at the deadline
   }
   other.join();
-  check(failed.empty(), "the probe: " + failed);
+  check(dialer_failed.empty() && acceptor_failed.empty(),
+        "the probe: dialer: " + dialer_failed + "; acceptor: " + acceptor_failed);
   check(accepted.size() == 2 && dialed == accepted, "both ends hold the same weights");
   check(rates.size() == 2 && rates[0] > 1e6 && rates[1] > 1e6, "loopback moves megabytes per second");
   // The streams are in step: what follows the probe on each socket is read whole, and nothing else is there.
@@ -431,7 +436,12 @@ void testLaneProbe() {
               std::string(got, 3) == std::string(sent, 3),
           "lane " + std::to_string(k) + " in step after the probe " + why);
     char extra = 0;
-    check(::recv(acceptor[k], &extra, 1, MSG_DONTWAIT) < 0, "nothing left over on lane " + std::to_string(k));
+    check(::recv(acceptor[k], &extra, 1, MSG_DONTWAIT) < 0 && ::recv(dialer[k], &extra, 1, MSG_DONTWAIT) < 0,
+          "nothing left over either way on lane " + std::to_string(k));
+    int lowat = -1;
+    socklen_t len = sizeof(lowat);
+    check(::getsockopt(dialer[k], IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, &len) == 0 && lowat == 0,
+          "the dialer's TCP_NOTSENT_LOWAT is back to the system's on lane " + std::to_string(k));
   }
   for (int fd : dialer) ::close(fd);
   for (int fd : acceptor) ::close(fd);
