@@ -635,16 +635,18 @@ rdma link add rxe3 type rxe netdev sr3
 rdma link add rxe4 type rxe netdev sr4
 rdma link add rxe5 type rxe netdev sr5
 
-# GIDs are filled in asynchronously once the link is up; wait for the IPv4
-# RoCE v2 entry of both devices and remember its index for the command.
-roce_v2_ipv4_index() {
-    # The table has 1024 entries; `read` is a builtin, where `cat` would cost an
-    # exec (~0.2 s under TCG) per entry.
+# GIDs are filled in asynchronously once the link is up; wait for the RoCE v2
+# entries (IPv4 on rxe0 to rxe3, IPv6 on rxe4 and rxe5) and remember rxe0's
+# index for the command.
+roce_v2_index() {
+    # $1: the device; $2: a pattern for the GID's text (IPv4-mapped addresses
+    # are 0000:0000:0000:0000:0000:ffff:...). The table has 1024 entries;
+    # `read` is a builtin, where `cat` would cost an exec (~0.2 s under TCG) per entry.
     d=/sys/class/infiniband/$1/ports/1
     for g in $(ls $d/gids | sort -n); do
         read -r gid < $d/gids/$g
         case $gid in
-        0000:0000:0000:0000:0000:ffff:*)
+        $2)
             type=; read -r type < $d/gid_attrs/types/$g 2>/dev/null
             if [ "$type" = "RoCE v2" ]; then
                 echo $g; return 0
@@ -653,21 +655,8 @@ roce_v2_ipv4_index() {
     done
     return 1
 }
-# The same for the RoCE v2 entry of the device's global IPv6 address.
-roce_v2_ipv6_index() {
-    d=/sys/class/infiniband/$1/ports/1
-    for g in $(ls $d/gids | sort -n); do
-        read -r gid < $d/gids/$g
-        case $gid in
-        2001:0db8:*)
-            type=; read -r type < $d/gid_attrs/types/$g 2>/dev/null
-            if [ "$type" = "RoCE v2" ]; then
-                echo $g; return 0
-            fi ;;
-        esac
-    done
-    return 1
-}
+roce_v2_ipv4_index() { roce_v2_index $1 '0000:0000:0000:0000:0000:ffff:*'; }
+roce_v2_ipv6_index() { roce_v2_index $1 '2001:0db8:*'; }
 i=0
 until idx0=$(roce_v2_ipv4_index rxe0) && idx1=$(roce_v2_ipv4_index rxe1) &&
       roce_v2_ipv4_index rxe2 >/dev/null && roce_v2_ipv4_index rxe3 >/dev/null &&
