@@ -1,5 +1,7 @@
 #include "config.h"
 
+#include <sys/socket.h>
+
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -126,6 +128,10 @@ const std::vector<ConfigVar>& configVars() {
       {"RCOLL_IB_GID_INDEX", "",
        "RoCE GID index; default: scan the GID table, prefer RoCE v2 with an IPv4-mapped address, "
        "skip link-local and empty entries"},
+      {"RCOLL_IB_ADDR_FAMILY", "",
+       "`AF_INET` (`ipv4`) or `AF_INET6` (`ipv6`): the IP family of the RoCE GID chosen automatically, as "
+       "NCCL_IB_ADDR_FAMILY (a dual-stack fabric routed for one family); default: IPv4 where the port's "
+       "netdev has an IPv4 address, else IPv6"},
       {"RCOLL_IB_TIMEOUT", "16", "RC ack timeout exponent (4.096 us x 2^value per retry)"},
       {"RCOLL_IB_RETRY_CNT", "7", "RC retries before a silent peer is declared unreachable"},
       {"RCOLL_IB_MR_CACHE_BYTES", "4G", "unused memory registrations kept for reuse (0: register per operation)"},
@@ -251,6 +257,13 @@ long parseInt(const char* name, const std::string& value, long lo, long hi) {
 
 bool parseFlag(const char* name, const std::string& value) { return parseInt(name, value, 0, 1) == 1; }
 
+int parseAddressFamily(const char* name, const std::string& value) {
+  if (value.empty()) return AF_UNSPEC;
+  if (value == "AF_INET" || value == "ipv4" || value == "4") return AF_INET;
+  if (value == "AF_INET6" || value == "ipv6" || value == "6") return AF_INET6;
+  throwError(ErrorKind::kConfig, strFormat("%s=%s: expected AF_INET (ipv4) or AF_INET6 (ipv6)", name, value.c_str()));
+}
+
 // Seconds, fractions allowed ("0.5"), at least `min_seconds`; `zero_ok` lets 0 through.
 std::chrono::milliseconds parseSeconds(const char* name, const std::string& value, bool zero_ok) {
   char* end = nullptr;
@@ -347,6 +360,7 @@ Config Config::fromEnvironment(const Settings& overrides) {
   ifSet("RCOLL_HOSTID", [&](const char*, S v) { c.host_id = v; });
   ifSet("RCOLL_IB_HCA", [&](const char*, S v) { c.ib_hca = v; });
   ifSet("RCOLL_IB_GID_INDEX", [&](const char* n, S v) { c.ib_gid_index = static_cast<int>(parseInt(n, v, 0, 65535)); });
+  ifSet("RCOLL_IB_ADDR_FAMILY", [&](const char* n, S v) { c.ib_addr_family = parseAddressFamily(n, v); });
   ifSet("RCOLL_IB_TIMEOUT", [&](const char* n, S v) { c.ib_timeout = static_cast<int>(parseInt(n, v, 1, 31)); });
   ifSet("RCOLL_IB_RETRY_CNT", [&](const char* n, S v) { c.ib_retry_cnt = static_cast<int>(parseInt(n, v, 0, 7)); });
   ifSet("RCOLL_IB_MR_CACHE_BYTES", [&](const char* n, S v) { c.ib_mr_cache_bytes = parseByteSize(n, v); });

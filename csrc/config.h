@@ -62,12 +62,13 @@ struct Config {
   size_t cuda_ipc_direct_bytes = 1 << 20;       // RCOLL_CUDA_IPC_DIRECT_BYTES: see configVars()
   size_t cuda_ipc_hosts_min_bytes = 128 << 10;  // RCOLL_CUDA_IPC_HOSTS_MIN_BYTES: see configVars()
   enum class Gdr { kOff, kAuto, kOn };
-  Gdr gdr = Gdr::kAuto;                            // RCOLL_GDR: GPUDirect RDMA for device buffers over verbs
-  std::string host_id;                             // RCOLL_HOSTID: this rank's host identity (edge_plan.h)
-  std::string ib_hca;                              // RCOLL_IB_HCA: device/port filter (rdma/ib_device.h)
-  int ib_gid_index = -1;                           // RCOLL_IB_GID_INDEX: -1 = choose automatically
-  int ib_timeout = 16;                             // RCOLL_IB_TIMEOUT: RC ack timeout exponent
-  int ib_retry_cnt = 7;                            // RCOLL_IB_RETRY_CNT
+  Gdr gdr = Gdr::kAuto;    // RCOLL_GDR: GPUDirect RDMA for device buffers over verbs
+  std::string host_id;     // RCOLL_HOSTID: this rank's host identity (edge_plan.h)
+  std::string ib_hca;      // RCOLL_IB_HCA: device/port filter (rdma/ib_device.h)
+  int ib_gid_index = -1;   // RCOLL_IB_GID_INDEX: -1 = choose automatically
+  int ib_addr_family = 0;  // RCOLL_IB_ADDR_FAMILY: AF_INET, AF_INET6, or 0 (AF_UNSPEC: IPv4 where there is one)
+  int ib_timeout = 16;     // RCOLL_IB_TIMEOUT: RC ack timeout exponent
+  int ib_retry_cnt = 7;    // RCOLL_IB_RETRY_CNT
   size_t ib_mr_cache_bytes = size_t{4} << 30;      // RCOLL_IB_MR_CACHE_BYTES: unused registrations kept
   std::string timeline;                            // RCOLL_TIMELINE: trace file prefix ("" = no trace)
   size_t trace_buffer_size = 2000;                 // RCOLL_TRACE_BUFFER_SIZE: ops the flight recorder keeps (0 = off)

@@ -87,7 +87,7 @@ std::string gidType(const IbvApi& api, ibv_context* ctx, const std::string& dev,
 }
 
 void describePort(const IbvApi& api, ibv_context* ctx, const std::string& dev, int port_num, int override_gid,
-                  PortDescription* out) {
+                  int family, PortDescription* out) {
   ibv_port_attr attr{};
   out->port = port_num;
   if (api.query_port(ctx, static_cast<uint8_t>(port_num), &attr) != 0) {
@@ -117,7 +117,7 @@ void describePort(const IbvApi& api, ibv_context* ctx, const std::string& dev, i
     out->gids.push_back(g);
   }
   if (attr.link_layer == IBV_LINK_LAYER_ETHERNET) {
-    out->chosen_gid = chooseGid(out->gids, override_gid, &out->gid_reason);
+    out->chosen_gid = chooseGid(out->gids, override_gid, family, &out->gid_reason);
   } else {
     // InfiniBand routes by LID inside a subnet; the GRH (and so a GID) is only
     // needed across subnets, which RCOLL_IB_GID_INDEX can ask for.
@@ -146,7 +146,7 @@ DeviceDescription describeDevice(const IbvApi& api, ibv_device* device, const Co
     d.max_cqe = attr.max_cqe;
     for (int p = 1; p <= attr.phys_port_cnt; ++p) {
       d.ports.emplace_back();
-      describePort(api, ctx, d.name, p, config.ib_gid_index, &d.ports.back());
+      describePort(api, ctx, d.name, p, config.ib_gid_index, config.ib_addr_family, &d.ports.back());
     }
   }
   api.close_device(ctx);
@@ -203,7 +203,7 @@ std::string gidText(const uint8_t* raw) {
   return text;
 }
 
-int chooseGid(const std::vector<GidDescription>& gids, int override_index, std::string* reason) {
+int chooseGid(const std::vector<GidDescription>& gids, int override_index, int family, std::string* reason) {
   if (override_index >= 0) {
     for (const GidDescription& g : gids) {
       if (g.index == override_index) {
@@ -214,9 +214,11 @@ int chooseGid(const std::vector<GidDescription>& gids, int override_index, std::
     *reason = strFormat("RCOLL_IB_GID_INDEX=%d names an empty GID table entry", override_index);
     return -1;
   }
-  // Lower rank = better; link-local entries are never chosen automatically.
-  auto score = [](const GidDescription& g) {
+  // Lower rank = better; link-local entries, and those of the other family
+  // where RCOLL_IB_ADDR_FAMILY names one, are never chosen automatically.
+  auto score = [family](const GidDescription& g) {
     if (g.link_local) return 99;
+    if ((family == AF_INET && !g.ipv4_mapped) || (family == AF_INET6 && g.ipv4_mapped)) return 99;
     if (g.type == "RoCE v2") return g.ipv4_mapped ? 0 : 1;
     if (g.type == "RoCE v1") return g.ipv4_mapped ? 2 : 3;
     return 4;  // type unknown (old kernel)
@@ -226,16 +228,20 @@ int chooseGid(const std::vector<GidDescription>& gids, int override_index, std::
     if (score(g) < 99 && (best == nullptr || score(g) < score(*best))) best = &g;
   }
   if (best == nullptr) {
-    *reason =
-        "no routable GID (only link-local or empty entries: give the RoCE netdev an IP address, "
-        "or set RCOLL_IB_GID_INDEX)";
+    *reason = family == AF_UNSPEC
+                  ? "no routable GID (only link-local or empty entries: give the RoCE netdev an IP address, "
+                    "or set RCOLL_IB_GID_INDEX)"
+                  : strFormat(
+                        "no routable GID of RCOLL_IB_ADDR_FAMILY's family (%s: give the RoCE netdev an "
+                        "address of that family, or leave RCOLL_IB_ADDR_FAMILY unset)",
+                        family == AF_INET ? "IPv4" : "IPv6");
     return -1;
   }
   static const char* kWhy[] = {"RoCE v2 with an IPv4-mapped address", "RoCE v2 (IPv6)", "RoCE v1, IPv4-mapped",
                                "RoCE v1", "GID type unknown"};
-  *reason =
-      strFormat("index %d: %s %s%s%s (%s)", best->index, best->type.empty() ? "?" : best->type.c_str(),
-                best->address.c_str(), best->netdev.empty() ? "" : " on ", best->netdev.c_str(), kWhy[score(*best)]);
+  *reason = strFormat("index %d: %s %s%s%s (%s%s)", best->index, best->type.empty() ? "?" : best->type.c_str(),
+                      best->address.c_str(), best->netdev.empty() ? "" : " on ", best->netdev.c_str(),
+                      kWhy[score(*best)], family == AF_UNSPEC ? "" : ", RCOLL_IB_ADDR_FAMILY");
   return best->index;
 }
 

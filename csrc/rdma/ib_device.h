@@ -82,8 +82,9 @@ IbPortChoice chooseIbPort(const Config& config);
 std::vector<IbPortChoice> chooseIbPorts(const Config& config);
 
 // The GID rcoll picks among `gids` (see the file comment); -1 with the reason
-// in *reason when none is usable. `override_index` >= 0 is RCOLL_IB_GID_INDEX.
-int chooseGid(const std::vector<GidDescription>& gids, int override_index, std::string* reason);
+// in *reason when none is usable. `override_index` >= 0 is RCOLL_IB_GID_INDEX;
+// `family` (AF_INET, AF_INET6 or 0 for either) is RCOLL_IB_ADDR_FAMILY.
+int chooseGid(const std::vector<GidDescription>& gids, int override_index, int family, std::string* reason);
 
 // A GID's 16 bytes: whether they hold an IPv4 address (::ffff:a.b.c.d, the
 // RoCE v2 GID of an IPv4 address), and as text.

@@ -153,8 +153,8 @@ bool VerbsTransport::connectQp(Connection& c, const QpInfo& theirs, std::string*
   if (port_.ethernet && port_.gid_index >= 0 && isIpv4MappedGid(gid_) != isIpv4MappedGid(theirs.gid)) {
     *why = strFormat(
         "this rank's GID %s and the peer's GID %s are of different IP families (one IPv4-mapped, one IPv6), and RoCE "
-        "connects only one family: give the ports' netdevs addresses of one family, or set RCOLL_IB_GID_INDEX on "
-        "every rank to GIDs of one family",
+        "connects only one family: set RCOLL_IB_ADDR_FAMILY (or RCOLL_IB_GID_INDEX) on every rank to one family, or "
+        "give the ports' netdevs addresses of one family",
         gidText(gid_).c_str(), gidText(theirs.gid).c_str());
     return false;
   }

@@ -7,7 +7,8 @@ The guest has no disk image: it mounts the host's /usr /etc /opt /var /root /hom
 /srv read-only over virtio-9p (with tmpfs overlays so tools can write), the project
 directory read-write at the same path, then creates six Soft-RoCE devices on three
 veth pairs (rxe0 on sr0 = 192.0.2.1, rxe1 on sr1 = 192.0.2.2; rxe2 on sr2 =
-198.51.100.1, rxe3 on sr3 = 198.51.100.2: a second port each, for rails; rxe4 on
+198.51.100.1, rxe3 on sr3 = 198.51.100.2: a second port each, for rails, dual-stack
+with 2001:db8:2::1 and ::2 as well; rxe4 on
 sr4 = 2001:db8:5::1, rxe5 on sr5 = 2001:db8:5::2: a network with IPv6 alone) and runs
 the command in a chroot. Host-built binaries, the project's Python and pytest run unchanged.
 
@@ -51,8 +52,10 @@ from typing import Dict, List, Optional, Tuple
 # The guest's fixed network and device layout; tests may read these back from the
 # RCOLL_SOFTROCE_* variables exported in the guest.
 ADDR0, ADDR1 = "192.0.2.1", "192.0.2.2"   # TEST-NET-1: never routed anywhere real
-# A second pair, for a rank with two ports (rails): rxe2 on sr2 and rxe3 on sr3.
+# A second pair, for a rank with two ports (rails): rxe2 on sr2 and rxe3 on sr3,
+# with IPv6 addresses too (a dual-stack network).
 ADDR2, ADDR3 = "198.51.100.1", "198.51.100.2"   # TEST-NET-2
+ADDR2_6, ADDR3_6 = "2001:db8:2::1", "2001:db8:2::2"
 # A third pair with IPv6 addresses only (the documentation prefix): rxe4 on sr4, rxe5 on sr5.
 ADDR4, ADDR5 = "2001:db8:5::1", "2001:db8:5::2"
 DEVICES = ("rxe0", "rxe1", "rxe2", "rxe3", "rxe4", "rxe5")
@@ -573,7 +576,7 @@ reboot -f
 
 # Runs in the chroot with the host's /bin/sh (dash). Recipe: /work/shared/softroce.md.
 SETUP_SH = r"""set -eu
-A0=%(a0)s A1=%(a1)s A2=%(a2)s A3=%(a3)s A4=%(a4)s A5=%(a5)s
+A0=%(a0)s A1=%(a1)s A2=%(a2)s A3=%(a3)s A4=%(a4)s A5=%(a5)s B2=%(b2)s B3=%(b3)s
 # No udev in the guest: load what its rules would (uverbs for /dev/infiniband,
 # rdma_ucm for librdmacm).
 modprobe -a veth rdma_rxe ib_uverbs rdma_ucm
@@ -614,15 +617,22 @@ rule add pref 103 iif lo to $A2 lookup 103
 rule add pref 200 lookup local
 rule del pref 0 lookup local
 EOF
-# The IPv6 pair, the same way (IPv6 has no rp_filter and takes local sources);
-# nodad: the addresses are usable at once, not after duplicate detection.
+# The IPv6 pair and the second pair's IPv6 addresses, the same way (IPv6 has
+# no rp_filter and takes local sources); nodad: the addresses are usable at
+# once, not after duplicate detection.
 ip -6 -batch - <<EOF
+addr add $B2/64 dev sr2 nodad
+addr add $B3/64 dev sr3 nodad
 addr add $A4/64 dev sr4 nodad
 addr add $A5/64 dev sr5 nodad
 link set sr4 up
 link set sr5 up
+route add $B3/128 dev sr2 src $B2 table 102
+route add $B2/128 dev sr3 src $B3 table 103
 route add $A5/128 dev sr4 src $A4 table 104
 route add $A4/128 dev sr5 src $A5 table 105
+rule add pref 102 iif lo to $B3 lookup 102
+rule add pref 103 iif lo to $B2 lookup 103
 rule add pref 104 iif lo to $A5 lookup 104
 rule add pref 105 iif lo to $A4 lookup 105
 rule add pref 200 lookup local
@@ -636,7 +646,7 @@ rdma link add rxe4 type rxe netdev sr4
 rdma link add rxe5 type rxe netdev sr5
 
 # GIDs are filled in asynchronously once the link is up; wait for the RoCE v2
-# entries (IPv4 on rxe0 to rxe3, IPv6 on rxe4 and rxe5) and remember rxe0's
+# entries (IPv4 on rxe0 to rxe3, IPv6 on rxe2 to rxe5) and remember rxe0's
 # index for the command.
 roce_v2_index() {
     # $1: the device; $2: a pattern for the GID's text (IPv4-mapped addresses
@@ -660,10 +670,11 @@ roce_v2_ipv6_index() { roce_v2_index $1 '2001:0db8:*'; }
 i=0
 until idx0=$(roce_v2_ipv4_index rxe0) && idx1=$(roce_v2_ipv4_index rxe1) &&
       roce_v2_ipv4_index rxe2 >/dev/null && roce_v2_ipv4_index rxe3 >/dev/null &&
+      roce_v2_ipv6_index rxe2 >/dev/null && roce_v2_ipv6_index rxe3 >/dev/null &&
       roce_v2_ipv6_index rxe4 >/dev/null && roce_v2_ipv6_index rxe5 >/dev/null; do
     i=$((i + 1))
     if [ $i -ge 150 ]; then
-        echo "softroce-setup: no RoCE v2 IPv4 GID on rxe0..rxe3 or IPv6 GID on rxe4, rxe5 after 15 s" >&2
+        echo "softroce-setup: no RoCE v2 IPv4 GID on rxe0..rxe3 or IPv6 GID on rxe2..rxe5 after 15 s" >&2
         exit 1
     fi
     sleep 0.1
@@ -674,7 +685,7 @@ export RCOLL_SOFTROCE_GID_INDEX=$idx0
 EOF
 echo "softroce-setup: rxe0@sr0=$A0 rxe1@sr1=$A1 rxe2@sr2=$A2 rxe3@sr3=$A3 rxe4@sr4=$A4 rxe5@sr5=$A5," \
      "RoCE v2 IPv4 GID index $idx0"
-""" % {"a0": ADDR0, "a1": ADDR1, "a2": ADDR2, "a3": ADDR3, "a4": ADDR4, "a5": ADDR5}
+""" % {"a0": ADDR0, "a1": ADDR1, "a2": ADDR2, "a3": ADDR3, "a4": ADDR4, "a5": ADDR5, "b2": ADDR2_6, "b3": ADDR3_6}
 
 # The built-in self-test (`run --check`); dash in the chroot, host tools only.
 CHECK_SH = r"""

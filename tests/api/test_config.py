@@ -90,6 +90,7 @@ def test_durations_are_seconds_with_fractions(monkeypatch):
     ("RCOLL_CUDA_IPC_SLOT_BYTES", "1K", "RCOLL_CUDA_IPC_SLOT_BYTES=1K must be between 4K and 1G"),
     ("RCOLL_CUDA_IPC_DIRECT_BYTES", "much", "RCOLL_CUDA_IPC_DIRECT_BYTES=much is not a byte size"),
     ("RCOLL_GDR", "yes", "RCOLL_GDR=yes is not one of auto, 0, 1"),
+    ("RCOLL_IB_ADDR_FAMILY", "inet", r"RCOLL_IB_ADDR_FAMILY=inet: expected AF_INET \(ipv4\) or AF_INET6 \(ipv6\)"),
 ])
 def test_a_bad_value_is_a_config_error_naming_the_variable(monkeypatch, name, value, says):
     monkeypatch.setenv(name, value)

@@ -194,6 +194,19 @@ def test_gids_of_different_ip_families_are_refused_at_set_up():
         assert seconds < 30, (rank, seconds)
 
 
+@pytest.mark.parametrize("family, gid", [(None, "::ffff:198.51.100."), ("ipv6", "2001:db8:2::")])
+def test_the_ip_family_of_the_gid_can_be_chosen(family, gid):
+    """rxe2 and rxe3 sit on a dual-stack network: the ranks take the IPv4-mapped GID by default, the IPv6 one with
+    RCOLL_IB_ADDR_FAMILY=ipv6, and the job runs over either."""
+    env = {"RCOLL_TRANSPORT": "ib", "RCOLL_IB_HCA": ["rxe2", "rxe3"]}
+    if family:
+        env["RCOLL_IB_ADDR_FAMILY"] = family
+    for rank, (transport, ok, selection) in enumerate(spawn.run(vw.transport_and_gid, 2, timeout=300, env=env)):
+        assert transport == "ib" and ok, (rank, transport, selection)
+        assert f"RoCE v2 {gid}" in selection, (rank, selection)
+        assert ("RCOLL_IB_ADDR_FAMILY" in selection) == bool(family), (rank, selection)
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_transport_is_verbs(world):
     assert rank_threads.run(vw.transport_of, world, timeout=120, env=IB) == ["ib"] * world

@@ -126,3 +126,14 @@ def set_up_and_allreduce(rank, world):
     except rcoll.RcollError as exc:
         return type(exc).__name__, str(exc), time.monotonic() - start
     return "ok", "", time.monotonic() - start
+
+
+def transport_and_gid(rank, world):
+    """This rank's transport, whether an allreduce over it was exact, and the port and GID it chose."""
+    from rcoll import _core
+    comm = rcoll.init(rank, world, timeout=60)
+    x = np.full(100_003, rank + 1, np.float64)
+    comm.allreduce(x)
+    out = (comm.transport, bool((x == world * (world + 1) / 2).all()), _core.rdma_report()["selection"])
+    comm.shutdown()
+    return out

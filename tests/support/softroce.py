@@ -3,7 +3,7 @@
 The machines this project runs on have no RDMA in their kernel; the guest started by
 scripts/softroce/guest.py has six Soft-RoCE devices on three veth pairs (rxe0 on
 192.0.2.1 and rxe1 on 192.0.2.2; rxe2 on 198.51.100.1 and rxe3 on 198.51.100.2, a
-second port for each side; RoCE v2 IPv4 GID at index 1; rxe4 on 2001:db8:5::1 and
+second port for each side, with 2001:db8:2::1 and ::2 too; RoCE v2 IPv4 GID at index 1; rxe4 on 2001:db8:5::1 and
 rxe5 on 2001:db8:5::2, a network with IPv6 alone) and sees the project directory read-write at
 the same path, so a test on the host can re-run pytest (or any command) inside it:
 

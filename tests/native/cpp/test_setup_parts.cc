@@ -34,6 +34,7 @@
 #include "socket_util.h"
 #include "net_interfaces.h"
 #include "op_route.h"
+#include "rdma/ib_device.h"
 #include "op_table.h"
 #include "topology.h"
 #include "unit_check.h"
@@ -447,6 +448,27 @@ void testLaneProbe() {
   for (int fd : acceptor) ::close(fd);
 }
 
+// Which RoCE GID a port uses (csrc/rdma/ib_device.cc), on a dual-stack
+// netdev's table: IPv4 by default, either family when asked for, never a
+// link-local one, and a reason that names the setting when none fits.
+void testGidChoice() {
+  const std::vector<GidDescription> dual = {{0, "fe80::1", "RoCE v2", "eth0", false, true},
+                                            {1, "::ffff:192.0.2.1", "RoCE v1", "eth0", true, false},
+                                            {2, "::ffff:192.0.2.1", "RoCE v2", "eth0", true, false},
+                                            {3, "2001:db8::1", "RoCE v2", "eth0", false, false}};
+  std::string why;
+  check(chooseGid(dual, -1, AF_UNSPEC, &why) == 2 && why.find("IPv4-mapped") != std::string::npos,
+        "default: RoCE v2 with the IPv4 address, " + why);
+  check(chooseGid(dual, -1, AF_INET6, &why) == 3 && why.find("RCOLL_IB_ADDR_FAMILY") != std::string::npos,
+        "RCOLL_IB_ADDR_FAMILY=AF_INET6: the global IPv6 entry, " + why);
+  check(chooseGid(dual, -1, AF_INET, &why) == 2, "RCOLL_IB_ADDR_FAMILY=AF_INET: the IPv4 entry");
+  const std::vector<GidDescription> ipv4_only(dual.begin(), dual.begin() + 3);
+  check(chooseGid(ipv4_only, -1, AF_INET6, &why) == -1 && why.find("IPv6") != std::string::npos &&
+            why.find("RCOLL_IB_ADDR_FAMILY") != std::string::npos,
+        "no entry of the family asked for: none, saying why: " + why);
+  check(chooseGid(dual, 0, AF_INET, &why) == 0, "RCOLL_IB_GID_INDEX wins over the family");
+}
+
 }  // namespace
 
 int main() {
@@ -458,6 +480,7 @@ int main() {
     testRoutes();
     testNetworkChoices();
     testLaneProbe();
+    testGidChoice();
   } catch (const std::exception& e) {
     check(false, std::string("unexpected exception: ") + e.what());
   }
