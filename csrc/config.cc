@@ -225,6 +225,13 @@ size_t parseByteSize(const std::string& name, const std::string& value) {
   return static_cast<size_t>(number * scale);
 }
 
+int addressFamilyNamed(const std::string& value) {
+  if (value.empty()) return AF_UNSPEC;
+  if (value == "AF_INET" || value == "ipv4" || value == "4") return AF_INET;
+  if (value == "AF_INET6" || value == "ipv6" || value == "6") return AF_INET6;
+  return -1;
+}
+
 namespace {
 
 // 4096 -> "4K", 1 << 30 -> "1G": bounds in the form users write them.
@@ -258,10 +265,11 @@ long parseInt(const char* name, const std::string& value, long lo, long hi) {
 bool parseFlag(const char* name, const std::string& value) { return parseInt(name, value, 0, 1) == 1; }
 
 int parseAddressFamily(const char* name, const std::string& value) {
-  if (value.empty()) return AF_UNSPEC;
-  if (value == "AF_INET" || value == "ipv4" || value == "4") return AF_INET;
-  if (value == "AF_INET6" || value == "ipv6" || value == "6") return AF_INET6;
-  throwError(ErrorKind::kConfig, strFormat("%s=%s: expected AF_INET (ipv4) or AF_INET6 (ipv6)", name, value.c_str()));
+  const int family = addressFamilyNamed(value);
+  if (family < 0) {
+    throwError(ErrorKind::kConfig, strFormat("%s=%s: expected AF_INET (ipv4) or AF_INET6 (ipv6)", name, value.c_str()));
+  }
+  return family;
 }
 
 // Seconds, fractions allowed ("0.5"), at least `min_seconds`; `zero_ok` lets 0 through.

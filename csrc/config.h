@@ -100,4 +100,9 @@ struct Config {
 // "4M", "65536", "64k" -> bytes. Throws RcollError(kConfig) naming `name`.
 size_t parseByteSize(const std::string& name, const std::string& value);
 
+// An address-family setting (RCOLL_SOCKET_FAMILY, RCOLL_IB_ADDR_FAMILY): ""
+// is AF_UNSPEC, AF_INET / ipv4 / 4 and AF_INET6 / ipv6 / 6 the families, -1
+// anything else (each caller words its own error).
+int addressFamilyNamed(const std::string& value);
+
 }  // namespace rcoll

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <iterator>
 
+#include "config.h"
 #include "error.h"
 #include "name_filter.h"
 #include "socket_util.h"
@@ -97,12 +98,12 @@ std::vector<std::pair<std::string, int>> hostPorts(const std::string& published)
 }
 
 int familyOf(const std::string& setting, int rank) {
-  if (setting.empty()) return AF_UNSPEC;
-  if (setting == "AF_INET" || setting == "ipv4" || setting == "4") return AF_INET;
-  if (setting == "AF_INET6" || setting == "ipv6" || setting == "6") return AF_INET6;
-  throwError(
-      ErrorKind::kConfig,
-      strFormat("rank %d: RCOLL_SOCKET_FAMILY=%s: expected AF_INET (ipv4) or AF_INET6 (ipv6)", rank, setting.c_str()));
+  const int family = addressFamilyNamed(setting);
+  if (family < 0) {
+    const char* expected = "expected AF_INET (ipv4) or AF_INET6 (ipv6)";
+    throwError(ErrorKind::kConfig, strFormat("rank %d: RCOLL_SOCKET_FAMILY=%s: %s", rank, setting.c_str(), expected));
+  }
+  return family;
 }
 
 }  // namespace
