@@ -11,8 +11,12 @@ namespace {
 
 // One registration per rail, handed out as one handle.
 struct RailsMemory {
-  std::vector<MemoryHandle> handles;
+  std::vector<MemoryHandle> handles;  // rail i's is handles[i]; a partial registration holds the first ones
 };
+
+void deregisterEach(const std::vector<std::unique_ptr<Transport>>& rails, const RailsMemory& memory) {
+  for (size_t i = 0; i < memory.handles.size(); ++i) rails[i]->deregisterMemory(memory.handles[i]);
+}
 
 }  // namespace
 
@@ -79,30 +83,43 @@ void RailsTransport::setPeers(std::vector<bool> served) {
   Transport::setPeers(std::move(served));
 }
 
+// A rail that cannot register (it throws: the port's memory limit, say)
+// leaves no registration behind on the rails before it.
 MemoryHandle RailsTransport::registerMemory(void* data, size_t bytes) {
   auto memory = std::make_unique<RailsMemory>();
-  for (auto& rail : children_) memory->handles.push_back(rail->registerMemory(data, bytes));
+  memory->handles.reserve(children_.size());
+  try {
+    for (auto& rail : children_) memory->handles.push_back(rail->registerMemory(data, bytes));
+  } catch (...) {
+    deregisterEach(children_, *memory);
+    throw;
+  }
   return memory.release();
 }
 
 MemoryHandle RailsTransport::registerDeviceMemory(void* data, size_t bytes, int dmabuf_fd, uint64_t dmabuf_offset,
                                                   std::string* why) {
   auto memory = std::make_unique<RailsMemory>();
-  for (auto& rail : children_) {
-    MemoryHandle h = rail->registerDeviceMemory(data, bytes, dmabuf_fd, dmabuf_offset, why);
-    if (h == nullptr) {
-      for (size_t i = 0; i < memory->handles.size(); ++i) children_[i]->deregisterMemory(memory->handles[i]);
-      return nullptr;
+  memory->handles.reserve(children_.size());
+  try {
+    for (auto& rail : children_) {
+      MemoryHandle h = rail->registerDeviceMemory(data, bytes, dmabuf_fd, dmabuf_offset, why);
+      if (h == nullptr) {  // `why` says why: the caller stages through host memory
+        deregisterEach(children_, *memory);
+        return nullptr;
+      }
+      memory->handles.push_back(h);
     }
-    memory->handles.push_back(h);
+  } catch (...) {
+    deregisterEach(children_, *memory);
+    throw;
   }
   return memory.release();
 }
 
 void RailsTransport::deregisterMemory(MemoryHandle handle) {
   std::unique_ptr<RailsMemory> memory(static_cast<RailsMemory*>(handle));
-  if (!memory) return;
-  for (size_t i = 0; i < memory->handles.size(); ++i) children_[i]->deregisterMemory(memory->handles[i]);
+  if (memory) deregisterEach(children_, *memory);
 }
 
 void RailsTransport::invalidateMemory(const void* data, size_t bytes) {

@@ -6,7 +6,8 @@
 // the network choices: interfaces, dial addresses, subnets shared by all, the
 // lane schedule (csrc/net_interfaces.cc, name_filter.cc, lane_schedule.cc),
 // and the measurement of a pair's sockets over several networks
-// (csrc/lane_probe.cc, both ends over loopback sockets).
+// (csrc/lane_probe.cc, both ends over loopback sockets); a registration over
+// several RDMA ports that one port refuses (csrc/rails_transport.cc).
 // Built and run by tests/native/test_cpp.py under ASan + UBSan. Exit status is
 // nonzero on any failure.
 
@@ -36,6 +37,7 @@
 #include "op_route.h"
 #include "rdma/ib_device.h"
 #include "op_table.h"
+#include "rails_transport.h"
 #include "topology.h"
 #include "unit_check.h"
 
@@ -469,6 +471,96 @@ void testGidChoice() {
   check(chooseGid(dual, 0, AF_INET, &why) == 0, "RCOLL_IB_GID_INDEX wins over the family");
 }
 
+// A rail of RailsTransport that only registers memory: it counts what it
+// holds, and refuses (throws, or says no) when told to.
+class RegisteringRail : public Transport {
+ public:
+  enum class Refusal { kNone, kThrow, kNull };
+  RegisteringRail(int* held, Refusal refusal) : held_(held), refusal_(refusal) {}
+
+  const char* name() const override { return "fake"; }
+  std::string listenAddress() const override { return ""; }
+  void connect(int, const std::string&, Deadline) override {}
+  int accept(Deadline) override { return -1; }
+  void closeListener() override {}
+  bool connected(int) const override { return false; }
+  MemoryHandle registerMemory(void* data, size_t) override { return take(data); }
+  MemoryHandle registerDeviceMemory(void* data, size_t, int, uint64_t, std::string* why) override {
+    if (refusal_ == Refusal::kNull) {
+      *why = "this port cannot reach device memory";
+      return nullptr;
+    }
+    return take(data);
+  }
+  void deregisterMemory(MemoryHandle handle) override {
+    if (handle != nullptr) --*held_;
+  }
+  Request* isend(int, const WireHeader&, const void*, size_t) override { return nullptr; }
+  Request* irecv(int, const WireHeader&, void*, size_t) override { return nullptr; }
+  void progress(std::chrono::milliseconds) override {}
+  Activity progressNow() override { return Activity::kIdle; }
+  bool prepareSleep(std::vector<pollfd>*) override { return true; }
+  Activity finishSleep(const pollfd*, size_t) override { return Activity::kIdle; }
+  TransportFailure failure(Request*) const override { return {}; }
+  void release(Request*) override {}
+  void interrupt() override {}
+  void abortPeers(ErrorKind, const std::string&) override {}
+
+ private:
+  MemoryHandle take(void* data) {
+    if (refusal_ == Refusal::kThrow) throwError(ErrorKind::kGeneric, "ibv_reg_mr: Cannot allocate memory");
+    ++*held_;
+    return data;
+  }
+  int* held_;
+  Refusal refusal_;
+};
+
+// A registration that the last of three ports refuses leaves nothing
+// registered on the first two, whether it throws or says no.
+void testRailsRegistration() {
+  using Refusal = RegisteringRail::Refusal;
+  for (Refusal refusal : {Refusal::kThrow, Refusal::kNull}) {
+    int held = 0;
+    std::vector<std::unique_ptr<Transport>> rails;
+    rails.push_back(std::make_unique<RegisteringRail>(&held, Refusal::kNone));
+    rails.push_back(std::make_unique<RegisteringRail>(&held, Refusal::kNone));
+    rails.push_back(std::make_unique<RegisteringRail>(&held, refusal));
+    ConnectInfo info;
+    info.rank = 0;
+    info.size = 2;
+    RailsTransport transport(info, std::move(rails), std::chrono::microseconds(0));
+    char buffer[64];
+    std::string why;
+    bool threw = false;
+    MemoryHandle handle = nullptr;
+    try {
+      handle = refusal == Refusal::kThrow ? transport.registerMemory(buffer, sizeof(buffer))
+                                          : transport.registerDeviceMemory(buffer, sizeof(buffer), -1, 0, &why);
+    } catch (const RcollError& e) {
+      threw = std::string(e.what()).find("Cannot allocate memory") != std::string::npos;
+    }
+    const char* how = refusal == Refusal::kThrow ? "a port that throws" : "a port that says no";
+    check(handle == nullptr, std::string("no handle past ") + how);
+    check(refusal == Refusal::kThrow ? threw : !why.empty(), std::string("the refusal reaches the caller: ") + how);
+    check(held == 0,
+          std::string("nothing left registered on the other ports past ") + how + ": " + std::to_string(held));
+  }
+  int held = 0;
+  std::vector<std::unique_ptr<Transport>> rails;
+  rails.push_back(std::make_unique<RegisteringRail>(&held, Refusal::kNone));
+  rails.push_back(std::make_unique<RegisteringRail>(&held, Refusal::kNone));
+  ConnectInfo info;
+  info.rank = 0;
+  info.size = 2;
+  RailsTransport transport(info, std::move(rails), std::chrono::microseconds(0));
+  char buffer[64];
+  MemoryHandle handle = transport.registerMemory(buffer, sizeof(buffer));
+  check(handle != nullptr && held == 2, "one registration per port");
+  transport.deregisterMemory(handle);
+  check(held == 0, "deregistered on every port");
+}
+
 }  // namespace
 
 int main() {
@@ -481,6 +573,7 @@ int main() {
     testNetworkChoices();
     testLaneProbe();
     testGidChoice();
+    testRailsRegistration();
   } catch (const std::exception& e) {
     check(false, std::string("unexpected exception: ") + e.what());
   }
