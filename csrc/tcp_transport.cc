@@ -482,9 +482,10 @@ bool TcpTransport::wantsRead(const Connection& c) const {
   return !c.recvs.empty();
 }
 
-bool TcpTransport::driveAll() {
+// `now`: the caller's clock reading, for the AckWatch's looks (the spin
+// loop reads the clock on every pass anyway).
+bool TcpTransport::driveAll(std::chrono::steady_clock::time_point now) {
   bool completed = on_demand_.started() && adoptOnDemand();
-  const auto now = std::chrono::steady_clock::now();
   if (ack_watch_.due(now)) completed |= loseSilentSockets(now);
   for (auto& c : connections_) {
     if (!c || c->failed || c->down) continue;
@@ -526,12 +527,13 @@ void TcpTransport::progress(std::chrono::milliseconds timeout) {
   // sched_yield() keeps the spin polite: it hands the core to any runnable
   // thread, often the very peer this rank waits for.
   const auto spin_until = start + std::min<std::chrono::microseconds>(config_.spin, timeout);
-  while (std::chrono::steady_clock::now() < spin_until) {
-    if (driveAll()) return;
+  auto now = start;
+  for (; now < spin_until; now = std::chrono::steady_clock::now()) {
+    if (driveAll(now)) return;
     sched_yield();
   }
-  for (;;) {
-    if (driveAll()) return;
+  for (;; now = std::chrono::steady_clock::now()) {
+    if (driveAll(now)) return;
     int wait_ms = millisecondsUntil(deadline);
     if (wait_ms <= 0) return;
     wait_ms = static_cast<int>(std::min<long long>(wait_ms, maxSleep().count()));
@@ -547,7 +549,9 @@ void TcpTransport::progress(std::chrono::milliseconds timeout) {
   }
 }
 
-Activity TcpTransport::progressNow() { return driveAll() ? Activity::kFinished : Activity::kIdle; }
+Activity TcpTransport::progressNow() {
+  return driveAll(std::chrono::steady_clock::now()) ? Activity::kFinished : Activity::kIdle;
+}
 
 // Sockets need no announcement: the kernel wakes whoever polls them. Bytes
 // already in an inbox would not wake anyone, though: with a receive waiting

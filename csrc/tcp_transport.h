@@ -128,7 +128,7 @@ class TcpTransport : public Transport {
   void adoptOutcome(OnDemandPeers<TcpRequest>::Outcome& outcome, bool* failed);
   void adopt(int peer, int lane, int fd);
   Connection* laneTo(int peer, int k) const { return connections_[static_cast<size_t>(peer * lanes_ + k)].get(); }
-  bool driveAll();                                                    // true if any request completed or failed
+  bool driveAll(std::chrono::steady_clock::time_point now);           // true if any request completed or failed
   bool loseSilentSockets(std::chrono::steady_clock::time_point now);  // ack_watch_'s look: true if one was lost
   bool driveSends(Connection& c);
   bool driveRecvs(Connection& c);
