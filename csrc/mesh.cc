@@ -464,7 +464,7 @@ bool MeshBuilder::agreeOnVerbs(Store& store, const std::string& prefix, Deadline
   for (const IbPortChoice& p : *ports)
     names += strFormat("%s%s:%d", names.empty() ? "" : ", ", p.device.c_str(), p.port);
   RCOLL_INFO("rank %d: RDMA between hosts over %s%s", rank_, names.c_str(),
-             ports->size() > 1 ? " (a pair's messages take turns on them)" : "");
+             ports->size() > 1 ? " (a pair's messages spread over them in shares measured per pair)" : "");
   return true;
 }
 

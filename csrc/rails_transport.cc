@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "error.h"
+#include "log.h"
+#include "rails_probe.h"
 #include "socket_util.h"
 
 namespace rcoll {
@@ -24,7 +26,12 @@ RailsTransport::RailsTransport(const ConnectInfo& info, std::vector<std::unique_
                                std::chrono::microseconds spin)
     : TransportGroup(info, std::move(rails), spin),
       sends_(static_cast<size_t>(info.size), std::vector<uint64_t>(children_.size())),
-      recvs_(static_cast<size_t>(info.size), std::vector<uint64_t>(children_.size())) {}
+      recvs_(static_cast<size_t>(info.size), std::vector<uint64_t>(children_.size())),
+      weights_(static_cast<size_t>(info.size), std::vector<int>(children_.size(), 1)) {}
+
+// The rails first: a peer's write may still be on its way into the probe's
+// scratch memory until their connections are gone.
+RailsTransport::~RailsTransport() { children_.clear(); }
 
 std::string RailsTransport::listenAddress() const {
   std::string out;
@@ -41,6 +48,7 @@ void RailsTransport::connect(int peer, const std::string& address, Deadline dead
                          info_.rank, peer, parts.size(), children_.size()));
   }
   for (size_t i = 0; i < parts.size(); ++i) children_[i]->connect(peer, parts[i], deadline);
+  weighRails(peer, /*dialer=*/true, deadline);
 }
 
 int RailsTransport::accept(Deadline deadline) {
@@ -48,11 +56,36 @@ int RailsTransport::accept(Deadline deadline) {
   for (size_t i = 1; i < children_.size(); ++i) {
     while (!children_[i]->connected(peer)) children_[i]->accept(deadline);  // other peers stay connected
   }
+  weighRails(peer, /*dialer=*/false, deadline);
   return peer;
 }
 
+// Peers connected at set-up: both ends measure the rails once, before the
+// pair's first message (rails_probe.h). Peers connected on first use keep
+// equal shares at both ends.
+void RailsTransport::weighRails(int peer, bool dialer, Deadline deadline) {
+  if (probe_scratch_.empty()) probe_scratch_.resize(railProbeScratchBytes(children_.size()));
+  std::vector<Transport*> rails;
+  for (auto& rail : children_) rails.push_back(rail.get());
+  std::vector<double> rates;
+  weights_[static_cast<size_t>(peer)] =
+      probeRails(*this, rails, info_, peer, dialer, deadline, probe_scratch_.data(), &rates);
+  std::string said;
+  for (size_t i = 0; i < rails.size(); ++i) {
+    said += strFormat("%s%d", i ? ", " : "", weights_[static_cast<size_t>(peer)][i]);
+    if (!rates.empty()) said += strFormat(" (%.0f MB/s)", rates[i] / 1e6);
+  }
+  RCOLL_INFO("rank %d: the RDMA ports to rank %d take shares %s", info_.rank, peer, said.c_str());
+}
+
+// No more peers at set-up: the probe's scratch memory is let go (its
+// registrations with it).
 void RailsTransport::closeListener() {
   for (auto& rail : children_) rail->closeListener();
+  if (!probe_scratch_.empty()) {
+    invalidateMemory(probe_scratch_.data(), probe_scratch_.size());
+    std::vector<char>().swap(probe_scratch_);
+  }
 }
 
 bool RailsTransport::connected(int peer) const {
@@ -126,19 +159,31 @@ void RailsTransport::invalidateMemory(const void* data, size_t bytes) {
   for (auto& rail : children_) rail->invalidateMemory(data, bytes);
 }
 
-// The rail that has carried the fewest bytes to (or from) `peer` so far, the
-// lowest on a tie; each message counts its payload and a header's worth, so
-// that empty ones take turns too. Both ends see the same sizes in the same
-// order (a receive is posted for what its sender sends), so they pick alike.
+// The rail that has carried the fewest bytes to (or from) `peer` for its
+// weight (rails_probe.h: the pair's measured shares, equal until measured),
+// counting the message about to go, the lowest on a tie; each message counts
+// its payload and a header's worth, so that empty ones take turns too. Both
+// ends hold the same weights and see the same sizes in the same order (a
+// receive is posted for what its sender sends), so they pick alike.
 size_t RailsTransport::railFor(std::vector<std::vector<uint64_t>>* load, int peer, size_t bytes) const {
   if (peer < 0 || peer >= info_.size) {
     throwError(ErrorKind::kInvalidArgument, strFormat("rank %d: rank %d is not a peer of this communicator (size %d)",
                                                       info_.rank, peer, info_.size));
   }
   std::vector<uint64_t>& carried = (*load)[static_cast<size_t>(peer)];
-  const size_t i = static_cast<size_t>(std::min_element(carried.begin(), carried.end()) - carried.begin());
-  carried[i] += bytes + sizeof(WireHeader);
-  return i;
+  const std::vector<int>& weights = weights_[static_cast<size_t>(peer)];
+  const uint64_t cost = bytes + sizeof(WireHeader);
+  __extension__ typedef unsigned __int128 Wide;  // (bytes so far) x (weight) cannot overflow it
+  size_t best = 0;
+  for (size_t i = 1; i < carried.size(); ++i) {
+    // (carried[i] + cost) / weights[i] < (carried[best] + cost) / weights[best], without division
+    if (Wide(carried[i] + cost) * static_cast<unsigned>(weights[best]) <
+        Wide(carried[best] + cost) * static_cast<unsigned>(weights[i])) {
+      best = i;
+    }
+  }
+  carried[best] += cost;
+  return best;
 }
 
 Request* RailsTransport::isend(int peer, const WireHeader& header, const void* data, size_t bytes) {

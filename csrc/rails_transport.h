@@ -3,14 +3,16 @@
 // messages spread over them.
 //
 // Each message to a peer goes on the rail that has carried the fewest bytes
-// to it so far, and the receive posted for it reads that same rail (the
-// receiver counts the same sizes in the same order), so both ends agree
-// without a word, the rails carry equal bytes whatever the pattern of sizes,
-// and the per-pair order that the interface promises holds (completions may
-// come out of order across rails; callers test each request). Ranks that
-// disagree on a message's size (a mismatched op) may then look on different
-// rails: the first header either side checks, or the op's timeout, still
-// reports it. Every rail is a
+// to it so far for its weight, and the receive posted for it reads that same
+// rail (the receiver counts the same sizes in the same order, with the same
+// weights), so both ends agree without a word, the rails carry bytes in
+// proportion to their weights whatever the pattern of sizes, and the per-pair
+// order that the interface promises holds (completions may come out of order
+// across rails; callers test each request). The weights are measured when
+// the pair connects at set-up (rails_probe.h); peers connected on first use
+// keep equal ones. Ranks that disagree on a message's size (a mismatched op)
+// may then look on different rails: the first header either side checks, or
+// the op's timeout, still reports it. Every rail is a
 // whole transport of its own (the verbs transport on one port: its device
 // context, protection domain, completion queue, registrations and queue
 // pairs); this one only deals the messages out, registers memory with every
@@ -35,6 +37,7 @@ class RailsTransport : public TransportGroup {
  public:
   RailsTransport(const ConnectInfo& info, std::vector<std::unique_ptr<Transport>> rails,
                  std::chrono::microseconds spin);
+  ~RailsTransport() override;
 
   const char* name() const override { return children_.front()->name(); }
   std::string listenAddress() const override;  // "address|address|..."
@@ -62,9 +65,12 @@ class RailsTransport : public TransportGroup {
 
  private:
   size_t railFor(std::vector<std::vector<uint64_t>>* load, int peer, size_t bytes) const;
+  void weighRails(int peer, bool dialer, Deadline deadline);
 
   std::vector<std::vector<uint64_t>> sends_;  // per peer, per rail: bytes given to it so far, each way
   std::vector<std::vector<uint64_t>> recvs_;
+  std::vector<std::vector<int>> weights_;  // per peer, per rail: its share (rails_probe.h)
+  std::vector<char> probe_scratch_;        // what the probes' messages read and write, until closeListener()
 };
 
 }  // namespace rcoll

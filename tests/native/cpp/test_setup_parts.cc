@@ -7,7 +7,9 @@
 // lane schedule (csrc/net_interfaces.cc, name_filter.cc, lane_schedule.cc),
 // and the measurement of a pair's sockets over several networks
 // (csrc/lane_probe.cc, both ends over loopback sockets); a registration over
-// several RDMA ports that one port refuses (csrc/rails_transport.cc).
+// several RDMA ports that one port refuses, and the shares of a pair's
+// messages measured over rails of different speeds (csrc/rails_transport.cc,
+// rails_probe.cc).
 // Built and run by tests/native/test_cpp.py under ASan + UBSan. Exit status is
 // nonzero on any failure.
 
@@ -471,19 +473,21 @@ void testGidChoice() {
   check(chooseGid(dual, 0, AF_INET, &why) == 0, "RCOLL_IB_GID_INDEX wins over the family");
 }
 
-// A rail of RailsTransport that only registers memory: it counts what it
-// holds, and refuses (throws, or says no) when told to.
-class RegisteringRail : public Transport {
+// A rail of RailsTransport, connected to rank 1 from the start: it counts the
+// memory it holds and refuses (throws, or says no) when told to, and it
+// completes `per_step` of its messages, oldest first, each time it is driven,
+// so that rails of different steps look as fast as their steps.
+class FakeRail : public Transport {
  public:
   enum class Refusal { kNone, kThrow, kNull };
-  RegisteringRail(int* held, Refusal refusal) : held_(held), refusal_(refusal) {}
+  FakeRail(int* held, Refusal refusal, int per_step = 1) : held_(held), refusal_(refusal), per_step_(per_step) {}
 
   const char* name() const override { return "fake"; }
   std::string listenAddress() const override { return ""; }
   void connect(int, const std::string&, Deadline) override {}
-  int accept(Deadline) override { return -1; }
+  int accept(Deadline) override { return 1; }
   void closeListener() override {}
-  bool connected(int) const override { return false; }
+  bool connected(int peer) const override { return peer == 1; }
   MemoryHandle registerMemory(void* data, size_t) override { return take(data); }
   MemoryHandle registerDeviceMemory(void* data, size_t, int, uint64_t, std::string* why) override {
     if (refusal_ == Refusal::kNull) {
@@ -495,11 +499,18 @@ class RegisteringRail : public Transport {
   void deregisterMemory(MemoryHandle handle) override {
     if (handle != nullptr) --*held_;
   }
-  Request* isend(int, const WireHeader&, const void*, size_t) override { return nullptr; }
-  Request* irecv(int, const WireHeader&, void*, size_t) override { return nullptr; }
-  void progress(std::chrono::milliseconds) override {}
-  Activity progressNow() override { return Activity::kIdle; }
-  bool prepareSleep(std::vector<pollfd>*) override { return true; }
+  Request* isend(int, const WireHeader&, const void*, size_t) override { return queue(); }
+  Request* irecv(int, const WireHeader&, void*, size_t) override { return queue(); }
+  void progress(std::chrono::milliseconds) override { progressNow(); }
+  Activity progressNow() override {
+    int completed = 0;
+    while (completed < per_step_ && next_ < requests_.size()) {
+      requests_[next_++]->state = Request::State::kDone;
+      ++completed;
+    }
+    return completed > 0 ? Activity::kFinished : Activity::kIdle;
+  }
+  bool prepareSleep(std::vector<pollfd>*) override { return next_ == requests_.size(); }
   Activity finishSleep(const pollfd*, size_t) override { return Activity::kIdle; }
   TransportFailure failure(Request*) const override { return {}; }
   void release(Request*) override {}
@@ -512,24 +523,58 @@ class RegisteringRail : public Transport {
     ++*held_;
     return data;
   }
+  Request* queue() {
+    requests_.push_back(std::make_unique<Request>());
+    return requests_.back().get();
+  }
   int* held_;
   Refusal refusal_;
+  int per_step_;
+  std::vector<std::unique_ptr<Request>> requests_;
+  size_t next_ = 0;
 };
+
+ConnectInfo pairInfo() {
+  ConnectInfo info;
+  info.rank = 0;
+  info.size = 2;
+  return info;
+}
+
+// The acceptor's measurement of two rails, one four times as fast as the
+// other: when the fast one has brought its messages, the slow one has a
+// quarter of its own, so the shares are 16 and 4; then the pair's messages
+// go four of every five on the fast rail, also when sizes vary.
+void testRailsShares() {
+  int held = 0;
+  std::vector<std::unique_ptr<Transport>> rails;
+  rails.push_back(std::make_unique<FakeRail>(&held, FakeRail::Refusal::kNone, 4));
+  rails.push_back(std::make_unique<FakeRail>(&held, FakeRail::Refusal::kNone, 1));
+  RailsTransport transport(pairInfo(), std::move(rails), std::chrono::microseconds(0));
+  check(transport.accept(std::chrono::steady_clock::now() + std::chrono::seconds(10)) == 1, "rank 1 accepted");
+  std::vector<size_t> on(2);  // bytes, a header's worth per message included
+  char buffer[4096];
+  for (int m = 0; m < 1000; ++m) {
+    const size_t bytes = m % 3 == 0 ? sizeof(buffer) : static_cast<size_t>(m % 1000);
+    Request* r = transport.isend(1, WireHeader{}, buffer, bytes);
+    on[static_cast<size_t>(r->rail)] += bytes + sizeof(WireHeader);
+  }
+  check(on[0] > 3.9 * on[1] && on[0] < 4.1 * on[1],
+        "bytes on the rails in proportion to 16:4: " + std::to_string(on[0]) + ", " + std::to_string(on[1]));
+  transport.closeListener();
+}
 
 // A registration that the last of three ports refuses leaves nothing
 // registered on the first two, whether it throws or says no.
 void testRailsRegistration() {
-  using Refusal = RegisteringRail::Refusal;
+  using Refusal = FakeRail::Refusal;
   for (Refusal refusal : {Refusal::kThrow, Refusal::kNull}) {
     int held = 0;
     std::vector<std::unique_ptr<Transport>> rails;
-    rails.push_back(std::make_unique<RegisteringRail>(&held, Refusal::kNone));
-    rails.push_back(std::make_unique<RegisteringRail>(&held, Refusal::kNone));
-    rails.push_back(std::make_unique<RegisteringRail>(&held, refusal));
-    ConnectInfo info;
-    info.rank = 0;
-    info.size = 2;
-    RailsTransport transport(info, std::move(rails), std::chrono::microseconds(0));
+    rails.push_back(std::make_unique<FakeRail>(&held, Refusal::kNone));
+    rails.push_back(std::make_unique<FakeRail>(&held, Refusal::kNone));
+    rails.push_back(std::make_unique<FakeRail>(&held, refusal));
+    RailsTransport transport(pairInfo(), std::move(rails), std::chrono::microseconds(0));
     char buffer[64];
     std::string why;
     bool threw = false;
@@ -548,12 +593,9 @@ void testRailsRegistration() {
   }
   int held = 0;
   std::vector<std::unique_ptr<Transport>> rails;
-  rails.push_back(std::make_unique<RegisteringRail>(&held, Refusal::kNone));
-  rails.push_back(std::make_unique<RegisteringRail>(&held, Refusal::kNone));
-  ConnectInfo info;
-  info.rank = 0;
-  info.size = 2;
-  RailsTransport transport(info, std::move(rails), std::chrono::microseconds(0));
+  rails.push_back(std::make_unique<FakeRail>(&held, Refusal::kNone));
+  rails.push_back(std::make_unique<FakeRail>(&held, Refusal::kNone));
+  RailsTransport transport(pairInfo(), std::move(rails), std::chrono::microseconds(0));
   char buffer[64];
   MemoryHandle handle = transport.registerMemory(buffer, sizeof(buffer));
   check(handle != nullptr && held == 2, "one registration per port");
@@ -574,6 +616,7 @@ int main() {
     testLaneProbe();
     testGidChoice();
     testRailsRegistration();
+    testRailsShares();
   } catch (const std::exception& e) {
     check(false, std::string("unexpected exception: ") + e.what());
   }
