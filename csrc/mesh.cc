@@ -463,8 +463,9 @@ bool MeshBuilder::agreeOnVerbs(Store& store, const std::string& prefix, Deadline
   std::string names;
   for (const IbPortChoice& p : *ports)
     names += strFormat("%s%s:%d", names.empty() ? "" : ", ", p.device.c_str(), p.port);
-  RCOLL_INFO("rank %d: RDMA between hosts over %s%s", rank_, names.c_str(),
-             ports->size() > 1 ? " (a pair's messages spread over them in shares measured per pair)" : "");
+  RCOLL_INFO(
+      "rank %d: RDMA between hosts over %s%s", rank_, names.c_str(),
+      ports->size() > 1 ? " (a pair connected at set-up spreads its messages over them in shares it measures)" : "");
   return true;
 }
 

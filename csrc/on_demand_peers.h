@@ -63,14 +63,17 @@ class OnDemandPeers {
 
   // What the connector finished, to adopt now, oldest first. `in_setup`
   // (accept()): at most one set-up peer among them, which accept() returns;
-  // the other set-up peers stay for the next call.
+  // the other set-up peers stay for the next call. Otherwise (progress())
+  // only peers on demand: a set-up peer's connection is accept()'s to return,
+  // also when progress() runs during set-up (the rails' measurement,
+  // rails_probe.h, drives its rails while other peers dial in).
   std::deque<Outcome> take(bool in_setup) {
     for (Outcome& o : connector_->take()) delivered_.push_back(std::move(o));
     std::deque<Outcome> now, later;
     bool setup_peer_taken = false;
     for (Outcome& o : delivered_) {
       const bool setup_peer = !connector_->onDemand(o.peer);
-      if (in_setup && setup_peer && setup_peer_taken) {
+      if (setup_peer && (!in_setup || setup_peer_taken)) {
         later.push_back(std::move(o));
         continue;
       }

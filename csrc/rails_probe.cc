@@ -132,23 +132,41 @@ std::vector<int> probeAsAcceptor(Transport& group, const std::vector<Transport*>
             rails[i]->irecv(peer, probeHeader(info, peer, kRailProbeBytes), at, kRailProbeBytes));
       }
     }
-    const Clock::time_point posted = Clock::now();
-    std::vector<size_t> counts;  // each rail's messages when the first rail had all of its own
-    Clock::time_point first_done{};
+    // From the first message on any rail (credits and queue pairs warmed
+    // up) to the first rail that has all of its own: what each brought.
+    std::vector<size_t> at_start;
+    std::vector<size_t> at_end;
+    Clock::time_point started{};
+    Clock::time_point ended{};
+    auto counts = [&] {
+      std::vector<size_t> c;
+      for (const RailRequests& r : probe.rails()) c.push_back(r.done);
+      return c;
+    };
     probe.look();
     for (;;) {
-      const bool any = std::any_of(probe.rails().begin(), probe.rails().end(),
-                                   [&](const RailRequests& r) { return probe.railDone(r); });
-      if (any && counts.empty()) {
-        first_done = Clock::now();
-        for (const RailRequests& r : probe.rails()) counts.push_back(r.done);
+      const auto& rails_now = probe.rails();
+      if (at_start.empty() &&
+          std::any_of(rails_now.begin(), rails_now.end(), [](const RailRequests& r) { return r.done > 0; })) {
+        started = Clock::now();
+        at_start = counts();
+      }
+      if (at_end.empty() &&
+          std::any_of(rails_now.begin(), rails_now.end(), [&](const RailRequests& r) { return probe.railDone(r); })) {
+        ended = Clock::now();
+        at_end = counts();
       }
       if (probe.allDone()) break;
       probe.step();
     }
-    const double seconds = std::max(1e-9, std::chrono::duration<double>(first_done - posted).count());
+    const double seconds = std::max(1e-9, std::chrono::duration<double>(ended - started).count());
     rates->clear();
-    for (size_t c : counts) rates->push_back(static_cast<double>(c * kRailProbeBytes) / seconds);
+    for (size_t i = 0; i < at_end.size(); ++i) {
+      rates->push_back(static_cast<double>((at_end[i] - at_start[i]) * kRailProbeBytes) / seconds);
+    }
+    if (std::all_of(rates->begin(), rates->end(), [](double r) { return r == 0; })) {
+      rates->assign(at_end.size(), 1.0);  // every rail's messages came at once: nothing to tell them apart
+    }
   }
   const std::vector<int> measured = weightsFromRates(*rates);
   std::copy(measured.begin(), measured.end(), weights);

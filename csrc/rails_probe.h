@@ -7,9 +7,11 @@
 // verbs. The acceptor posts kRailProbeMessages receives of kRailProbeBytes on
 // every rail; the dialer posts as many sends on every rail at once (a verbs
 // send waits for its receive's credit, so the acceptor's receives are there
-// first). When the first rail has brought all of its messages, the acceptor
-// counts what each rail had brought by then: over that time every rail was
-// busy, so the counts are the rails' rates relative to each other. Timing
+// first). From the first message on any rail to the first rail that has
+// brought all of its own, the acceptor counts what each rail brought: over
+// that time every rail was busy, so the counts are the rails' rates relative
+// to each other (one way, dialer to acceptor; the shares serve both ways, as
+// a port's two directions run at one speed). Timing
 // each rail to its own last message would not do: another pair of this host
 // whose fast rail finished early would leave our slow rail less contended,
 // and it would look faster than it is (lane_probe.h says the same of the
