@@ -208,4 +208,13 @@ std::vector<int> probeLanesAsAcceptor(const std::vector<int>& fds, Deadline dead
   return weights;
 }
 
+std::string describeShares(const std::vector<int>& weights, const std::vector<double>& rates) {
+  std::string said;
+  for (size_t k = 0; k < weights.size(); ++k) {
+    said += strFormat("%s%d", k ? ", " : "", weights[k]);
+    if (k < rates.size()) said += strFormat(" (%.0f MB/s)", rates[k] / 1e6);
+  }
+  return said;
+}
+
 }  // namespace rcoll

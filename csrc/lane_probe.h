@@ -30,6 +30,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "socket_util.h"
@@ -49,5 +50,9 @@ std::vector<int> probeLanesAsAcceptor(const std::vector<int>& fds, Deadline dead
 // short measurement on busy cores varies that much, and equal NICs should
 // share equally), the others in proportion, at least 1.
 std::vector<int> weightsFromRates(const std::vector<double>& rates);
+
+// "16 (58 MB/s), 6 (21 MB/s)": the shares for an INFO line, each with its
+// rate where the caller measured them (`rates` empty: the other end did).
+std::string describeShares(const std::vector<int>& weights, const std::vector<double>& rates);
 
 }  // namespace rcoll

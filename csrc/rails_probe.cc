@@ -87,6 +87,12 @@ class Probe {
     look();
   }
 
+  // Drives the rails until every request is done.
+  void waitAll() {
+    look();
+    while (!allDone()) step();
+  }
+
   std::deque<RailRequests>& rails() { return rails_; }
 
  private:
@@ -112,8 +118,7 @@ std::vector<int> probeAsDialer(Transport& group, const std::vector<Transport*>& 
           rails[i]->isend(peer, probeHeader(info, info.rank, kRailProbeBytes), scratch, kRailProbeBytes));
     }
   }
-  probe.look();
-  while (!probe.allDone()) probe.step();
+  probe.waitAll();
   return std::vector<int>(weights, weights + rails.size());
 }
 
@@ -173,8 +178,7 @@ std::vector<int> probeAsAcceptor(Transport& group, const std::vector<Transport*>
   Probe probe(group, info, peer, deadline);
   probe.add(rails[0]).requests.push_back(
       rails[0]->isend(peer, probeHeader(info, info.rank, weight_bytes), weights, weight_bytes));
-  probe.look();
-  while (!probe.allDone()) probe.step();
+  probe.waitAll();
   return measured;
 }
 

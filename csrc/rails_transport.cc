@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "error.h"
+#include "lane_probe.h"
 #include "log.h"
 #include "rails_probe.h"
 #include "socket_util.h"
@@ -70,12 +71,8 @@ void RailsTransport::weighRails(int peer, bool dialer, Deadline deadline) {
   std::vector<double> rates;
   weights_[static_cast<size_t>(peer)] =
       probeRails(*this, rails, info_, peer, dialer, deadline, probe_scratch_.data(), &rates);
-  std::string said;
-  for (size_t i = 0; i < rails.size(); ++i) {
-    said += strFormat("%s%d", i ? ", " : "", weights_[static_cast<size_t>(peer)][i]);
-    if (!rates.empty()) said += strFormat(" (%.0f MB/s)", rates[i] / 1e6);
-  }
-  RCOLL_INFO("rank %d: the RDMA ports to rank %d take shares %s", info_.rank, peer, said.c_str());
+  RCOLL_INFO("rank %d: the RDMA ports to rank %d take shares %s", info_.rank, peer,
+             describeShares(weights_[static_cast<size_t>(peer)], rates).c_str());
 }
 
 // No more peers at set-up: the probe's scratch memory is let go (its

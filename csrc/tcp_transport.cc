@@ -118,12 +118,8 @@ void TcpTransport::weighLanes(int peer, bool dialer, Deadline deadline) {
   Lanes& lanes = schedules_[static_cast<size_t>(peer)];
   lanes.sends.setWeights(weights);
   lanes.recvs.setWeights(weights);
-  std::string said;
-  for (size_t k = 0; k < weights.size(); ++k) {
-    said += strFormat("%s%d", k ? ", " : "", weights[k]);
-    if (!rates.empty()) said += strFormat(" (%.0f MB/s)", rates[k] / 1e6);
-  }
-  RCOLL_INFO("rank %d: the sockets to rank %d take shares %s", info_.rank, peer, said.c_str());
+  RCOLL_INFO("rank %d: the sockets to rank %d take shares %s", info_.rank, peer,
+             describeShares(weights, rates).c_str());
 }
 
 // Lanes of different peers may come in any order: returns the first peer
