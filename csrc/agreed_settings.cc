@@ -57,6 +57,9 @@ const AgreedSetting kAgreedSettings[kAgreedSettingCount] = {
     // A rank that connects at start-up would wait for a peer that connects on first use.
     {"RCOLL_RUNTIME_CONNECT", [](const Config& c) -> uint64_t { return c.runtime_connect ? 1 : 0; },
      [](Config& c, uint64_t v) { c.runtime_connect = v != 0; }},
+    // rcoll.horovod's cached rounds gather records of this size (agreed_reduce.h).
+    {"RCOLL_HOROVOD_INLINE_BYTES", [](const Config& c) -> uint64_t { return c.horovod_inline_bytes; },
+     [](Config& c, uint64_t v) { c.horovod_inline_bytes = static_cast<size_t>(v); }},
 };
 
 void fillRandom(void* out, size_t bytes) {

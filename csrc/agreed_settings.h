@@ -15,7 +15,7 @@
 
 namespace rcoll {
 
-constexpr int kAgreedSettingCount = 12;
+constexpr int kAgreedSettingCount = 13;
 
 #pragma pack(push, 1)
 struct JobInfo {

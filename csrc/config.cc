@@ -175,6 +175,10 @@ const std::vector<ConfigVar>& configVars() {
        "rcoll.horovod: milliseconds between negotiation rounds, at most, after three quiet rounds (no op "
        "submitted or pending anywhere): an op submitted then waits up to this long for the other ranks "
        "(docs/horovod.md)"},
+      {"RCOLL_HOROVOD_INLINE_BYTES", "256",
+       "rcoll.horovod: a synchronous allreduce of a host tensor of at most this many bytes, with a name "
+       "every rank has used before for the same op, completes in the round that agrees on it (one "
+       "collective instead of two); `0` turns this off. Rank 0's value holds for every rank (docs/horovod.md)"},
       {"RCOLL_SHUTDOWN_TIMEOUT", "10",
        "seconds `shutdown()` (and `destroy_process_group`) lets pending operations finish before "
        "aborting them"},
@@ -391,6 +395,8 @@ Config Config::fromEnvironment(const Settings& overrides) {
   ifSet("RCOLL_ELASTIC_JOIN", [&](const char* n, S v) { c.elastic_join = parseFlag(n, v); });
   ifSet("RCOLL_HOROVOD_IDLE_CYCLE",
         [&](const char* n, S v) { c.horovod_idle_cycle = std::chrono::milliseconds(parseInt(n, v, 0, 60000)); });
+  ifSet("RCOLL_HOROVOD_INLINE_BYTES",
+        [&](const char* n, S v) { c.horovod_inline_bytes = static_cast<size_t>(parseInt(n, v, 0, 65536)); });
   return c;
 }
 

@@ -84,6 +84,7 @@ struct Config {
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};           // RCOLL_TIMEOUT: per op
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(10)};  // RCOLL_SHUTDOWN_TIMEOUT
   std::chrono::milliseconds horovod_idle_cycle{20};  // RCOLL_HOROVOD_IDLE_CYCLE (rcoll.horovod's controller)
+  size_t horovod_inline_bytes = 256;                 // RCOLL_HOROVOD_INLINE_BYTES (agreed_reduce.h's capacity)
   bool elastic_join = false;  // RCOLL_ELASTIC_JOIN: rcoll.init() / hvd.init() join a running job (python/rcoll/grow.py)
 
   // Reads the environment, `overrides` first; throws RcollError(kConfig) naming

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 
+#include "agreed_reduce.h"
 #include "communicator.h"
 #include "config.h"
 #include "device_runtime.h"
@@ -202,6 +203,13 @@ py::object runArrays(Communicator& c, int kind, py::handle array, py::handle out
 const void* ptr(uintptr_t address) { return reinterpret_cast<const void*>(address); }
 void* mptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
+// A negotiating front end's rounds (agreed_reduce.h) over its fixed offer
+// and agreed buffers: bound once, then one call per round with what changes.
+struct AgreedRound {
+  std::shared_ptr<Communicator> comm;
+  AgreedReduceArgs args;
+};
+
 // The error that ended `c`, as an instance of the exception class of its kind; None while it is healthy.
 py::object communicatorError(const Communicator& c) {
   const std::string message = c.poisonMessage();
@@ -351,6 +359,28 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("source_rank", &Work::sourceRank,
                              "recv: the sender (known once a receive from any source has matched), else -1.");
 
+  py::class_<AgreedRound>(m, "AgreedRound")
+      .def(
+          "__call__",
+          [](AgreedRound& r, size_t offer_bytes, int64_t tag, uintptr_t input, uintptr_t out, size_t count, int dtype,
+             int op) {
+            AgreedReduceArgs args = r.args;
+            args.offer_bytes = offer_bytes;
+            args.tag = tag;
+            if (tag >= 0) {
+              args.input = ptr(input);
+              args.out = mptr(out);
+              args.count = count;
+              args.dtype = toDataType(dtype);
+              args.op = toReduceOp(op);
+            }
+            return withoutGil([&] { return agreeAndReduce(*r.comm, args); });
+          },
+          "offer_bytes"_a, "tag"_a, "input"_a = 0, "out"_a = 0, "count"_a = 0, "dtype"_a = 0, "op"_a = 0,
+          "One round over the first `offer_bytes` of the buffers (the same on every rank): `agreed` becomes the "
+          "AND of every rank's offer; True when every rank handed in its input "
+          "under `tag` (-1: none), that candidate is agreed, and `out` holds the inputs reduced in rank order.");
+
   py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator")
       .def(py::init(releasingGil([](std::shared_ptr<Store> store, int rank, int size, const std::string& name,
                                     double timeout, const std::string& bind_hint, const Settings& settings) {
@@ -386,6 +416,8 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("device_path", &Communicator::devicePath)
       .def_property_readonly("timeout", [](const Communicator& c) { return c.defaultTimeout().count() / 1000.0; })
       .def_property_readonly("chunk_bytes", [](const Communicator& c) { return c.config().chunk_bytes; })
+      .def_property_readonly("horovod_inline_bytes",
+                             [](const Communicator& c) { return c.config().horovod_inline_bytes; })
       // The collectives validate and enqueue. With blocking=True the caller is
       // about to wait, so a host op may run right here (Launch::kCallerWaits):
       // the GIL is released for the call either way.
@@ -402,6 +434,20 @@ PYBIND11_MODULE(_core, m) {
            "op by their codes (op ignored where the kind does not reduce, root where it has none), timeout in "
            "seconds (0: the communicator's). device >= 0: the buffers are on that GPU, and the op is ordered after "
            "the work queued on `stream` (0: the legacy default stream).")
+      .def(
+          "agreed_round",
+          [](std::shared_ptr<Communicator> c, uintptr_t offer, uintptr_t agreed, size_t candidates_at,
+             size_t payload_capacity) {
+            AgreedRound round{std::move(c), {}};
+            round.args.offer = reinterpret_cast<const uint8_t*>(offer);
+            round.args.agreed = reinterpret_cast<uint8_t*>(agreed);
+            round.args.candidates_at = candidates_at;
+            round.args.payload_capacity = payload_capacity;
+            return round;
+          },
+          "offer"_a, "agreed"_a, "candidates_at"_a, "payload_capacity"_a,
+          "An AgreedRound over these buffers (addresses; they must outlive it): agreement on a bit vector and "
+          "a small allreduce in one collective (agreed_reduce.h).")
       .def("alltoall",
            releasingGil([](Communicator& c, uintptr_t send, uintptr_t recv, const std::vector<int64_t>& send_counts,
                            const std::vector<int64_t>& send_displs, const std::vector<int64_t>& recv_counts,

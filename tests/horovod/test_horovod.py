@@ -41,6 +41,33 @@ def test_adasum_and_cached_negotiation_under_torchrun(tmp_path, world):
     launch.torchrun(launch.write_script(tmp_path, (JOBS / "adasum_job.py").read_text()), world, tmp_path)
 
 
+@pytest.mark.parametrize("world, env", [(1, {}), (2, {}), (3, {}), (4, {}), (2, {"RCOLL_HOROVOD_INLINE_BYTES": "0"}),
+                                        (3, {"RCOLL_HOROVOD_INLINE_BYTES": "16"})],
+                         ids=["1", "2", "3", "4", "2-off", "3-16B"])
+def test_small_named_allreduce_finishes_in_the_round_that_agrees_on_it(tmp_path, world, env):
+    launch.torchrun(launch.write_script(tmp_path, (JOBS / "inline_job.py").read_text()), world, tmp_path, env=env)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_rank_killed_between_inline_allreduces_fails_the_others_without_a_hang(tmp_path, world):
+    """The last rank SIGKILLs itself in a loop of small named allreduces (started as a scheduler starts
+    ranks, so nothing kills the others): each other rank's next allreduce raises HorovodInternalError."""
+    script = launch.write_script(tmp_path, (JOBS / "inline_job.py").read_text())
+    port = str(launch.free_port())
+    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=launch._clean_env({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
+                                                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                                                     "KILL_AT": "30"}))
+             for r in range(world)]
+    try:
+        outputs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        launch.kill_leftovers(procs)
+    assert procs[-1].returncode == -signal.SIGKILL, (procs[-1].returncode, outputs[-1][1][-3000:])
+    for rank, (p, (_, err)) in enumerate(zip(procs[:-1], outputs[:-1])):
+        assert p.returncode == 0, f"rank {rank} exited {p.returncode}:\n{err[-4000:]}"
+
+
 def test_script_without_launcher_runs_as_one_process(tmp_path):
     """`python train.py` with no launcher: one rank, as in Horovod."""
     launch.run_ranks(launch.write_script(tmp_path, (JOBS / "adasum_job.py").read_text()), [{}])

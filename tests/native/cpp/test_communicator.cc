@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "agreed_reduce.h"
 #include "communicator.h"
 #include "error.h"
 #include "tcp_store.h"
@@ -189,6 +190,96 @@ void abortRace(int rank, Communicator& comm) {
   if (aborter.joinable()) aborter.join();
 }
 
+// agreeAndReduce (agreed_reduce.h): the AND of the offers, and a reduction
+// only when every rank handed in the same agreed candidate.
+void agreedReduce(int rank, Communicator& comm) {
+  const int P = comm.size();
+  uint8_t offer[3], agreed[3];
+  AgreedReduceArgs a;
+  a.offer = offer;
+  a.agreed = agreed;
+  a.offer_bytes = sizeof offer;
+  a.candidates_at = 1;
+  a.payload_capacity = 64;
+  a.dtype = DataType::kInt32;
+  a.op = ReduceOp::kSum;
+  // Every rank offers candidates 3 and 9 (and one of its own): both are
+  // agreed, and the inputs tagged 9 are summed in rank order.
+  offer[0] = 0xF0 | static_cast<uint8_t>(rank);
+  offer[1] = static_cast<uint8_t>(1u << 3 | 1u << (4 + rank % 4));
+  offer[2] = 1u << 1;  // candidate 9
+  std::vector<int32_t> input = {rank + 1, -rank, 7};
+  std::vector<int32_t> out(3, -99);
+  a.tag = 9;
+  a.input = input.data();
+  a.out = out.data();
+  a.count = 3;
+  const bool folded = agreeAndReduce(comm, a);
+  check(folded, "every rank tagged agreed candidate 9: folded", rank);
+  uint8_t header = 0xFF, bits = 0xFF;
+  for (int r = 0; r < P; ++r) {
+    header &= static_cast<uint8_t>(0xF0 | r);
+    bits &= static_cast<uint8_t>(1u << 3 | 1u << (4 + r % 4));
+  }
+  check(agreed[0] == header && agreed[1] == bits && agreed[2] == (1u << 1), "agreed is the AND of the offers", rank);
+  check(out[0] == P * (P + 1) / 2 && out[1] == -P * (P - 1) / 2 && out[2] == 7 * P, "the inputs summed", rank);
+
+  // In place, float avg: divided once by the world size.
+  std::vector<float> values = {1.0f + static_cast<float>(rank), 2.0f};
+  a.dtype = DataType::kFloat32;
+  a.op = ReduceOp::kAvg;
+  a.input = a.out = values.data();
+  a.count = 2;
+  check(agreeAndReduce(comm, a), "in place avg folded", rank);
+  check(values[0] == (1.0f + static_cast<float>(P + 1) / 2.0f - 1.0f) && values[1] == 2.0f, "avg in place", rank);
+
+  // One rank hands in nothing: no rank folds, nobody's output changes.
+  std::vector<int32_t> untouched(3, -5);
+  a.dtype = DataType::kInt32;
+  a.op = ReduceOp::kMax;
+  a.input = input.data();
+  a.out = untouched.data();
+  a.count = 3;
+  a.tag = rank == P - 1 ? -1 : 9;
+  check(!agreeAndReduce(comm, a) && untouched[0] == -5, "a rank without a tag: not folded", rank);
+  // Every rank tags candidate 3, which one rank did not offer: not folded.
+  a.tag = 3;
+  if (rank == 0) offer[1] = 0;
+  check(!agreeAndReduce(comm, a) && untouched[0] == -5 && (P == 1 || agreed[1] == 0),
+        "a candidate not everyone offered: not folded", rank);
+  offer[1] = 1u << 3;
+  // The same tag with another count on one rank: every rank is told which.
+  a.count = rank == P - 1 && P > 1 ? 2 : 3;
+  bool named = false;
+  try {
+    agreeAndReduce(comm, a);
+  } catch (const RcollError& e) {
+    named = e.kind() == ErrorKind::kInvalidArgument &&
+            std::string(e.what()).find("rank " + std::to_string(P - 1) + " 2 elements") != std::string::npos;
+  }
+  check(named || P == 1, "inputs that differ under one tag: an InvalidArgument naming the rank", rank);
+  // An input over the capacity is refused before anything is sent.
+  a.count = 17;
+  bool refused = false;
+  try {
+    agreeAndReduce(comm, a);
+  } catch (const RcollError& e) {
+    refused = e.kind() == ErrorKind::kInvalidArgument;
+  }
+  check(refused, "an input over the capacity: InvalidArgument", rank);
+  // The communicator goes on.
+  a.count = 1;
+  a.tag = 3;
+  a.out = untouched.data();
+  check(agreeAndReduce(comm, a) && untouched[0] == P, "after the errors: folded again", rank);
+  // The agreement alone (a large communicator across hosts): the AND, nothing folded.
+  a.agreement_only = true;
+  offer[0] = static_cast<uint8_t>(0xF0 | rank);
+  untouched[0] = -5;
+  check(!agreeAndReduce(comm, a) && untouched[0] == -5 && agreed[0] == header && agreed[1] == (1u << 3),
+        "agreement only: the AND, nothing folded", rank);
+}
+
 }  // namespace
 
 int main() {
@@ -200,6 +291,8 @@ int main() {
   runWorld(3, "collectives", server.port(), collectives);
   runWorld(1, "single", server.port(), collectives);
   runWorld(3, "inline", server.port(), inlineMix);
+  runWorld(3, "agreed", server.port(), agreedReduce);
+  runWorld(1, "agreed-single", server.port(), agreedReduce);
   runWorld(3, "abort", server.port(), abortRace);
   // The TCP transport with three sockets per pair: segments striped over them,
   // a failure or an abort reaching every one.

@@ -141,6 +141,11 @@ class _Job:
                              f"(ranks {ranks})")
         return comm, self._controllers[process_set_id]
 
+    def parts(self, process_set_id):
+        """(rcoll communicator, controller) of a process set this rank is in, else None."""
+        comm = self._comms.get(process_set_id)
+        return None if comm is None else (comm, self._controllers[process_set_id])
+
     def _take_parts(self):
         """(controllers, process sets' communicators), leaving the job with none."""
         with self._lock:

@@ -24,7 +24,14 @@ rank contributed, so every rank computes the same answer:
     Named ops repeated every step (DistributedOptimizer's buckets, a loop's
     named tensors) thus cost one small allreduce to agree on;
   - the answers run in that order on the data communicator, so the core
-    sees one order.
+    sees one order;
+  - a small host allreduce can finish inside the cached round that agrees on
+    it (`Request.inline`): each rank hands in the input of one op with the
+    round's bits (the core's AgreedRound, csrc/agreed_reduce.h), and when
+    every rank handed in the same op and every rank offered it, every rank
+    folds the inputs alike, so a synchronous named allreduce costs one
+    collective. `run_quick` runs such a round on the caller's thread at once
+    when this rank has nothing else to negotiate.
 
 Whoever waits for an op drives the rounds: a caller in synchronize() runs
 them on its own thread (no hand-over to another thread for a blocking op),
@@ -46,7 +53,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from ... import _core
-from ..._ops import ALLGATHER, ALLREDUCE, REDUCE_OPS
+from ..._ops import ALLGATHER
 from .exceptions import HorovodInternalError
 
 
@@ -67,12 +74,19 @@ class Request:
     """One op as this rank submits it. `meta` is what every rank sees (a
     picklable dict with "kind"; checked by `check`), `run(metas, joined)`
     issues it on the data communicator once agreed; `fail(error)` ends it
-    with an error."""
+    with an error. `key`: a hashable stand-in for `meta` (equal keys, equal
+    metas) that the response cache compares instead, or None. `inline`:
+    (input address, output address, count, dtype code, reduce op code) for a
+    host allreduce small enough to finish inside a cached round, which then
+    calls folded() instead of run(); or None. A front end may pass any
+    object with these attributes (`meta` is read only when a full round
+    needs it)."""
 
-    __slots__ = ("name", "meta", "run", "fail")
+    __slots__ = ("name", "meta", "run", "fail", "key", "inline")
 
-    def __init__(self, name: str, meta: dict, run: Callable, fail: Callable):
+    def __init__(self, name: str, meta: dict, run: Callable, fail: Callable, key=None):
         self.name, self.meta, self.run, self.fail = name, meta, run, fail
+        self.key, self.inline = key, None
 
 
 def cacheable(name: str) -> bool:
@@ -83,45 +97,58 @@ def cacheable(name: str) -> bool:
 
 class ResponseCache:
     """The ops that ran before, each in a slot: name -> (slot, every rank's
-    metadata). Least recently run goes first when it is full; the same on
-    every rank because it changes only when an op runs."""
+    metadata, this rank's key). Least recently run goes first when it is
+    full; the same on every rank because it changes only when an op runs."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
         self._entries: "collections.OrderedDict[str, tuple]" = collections.OrderedDict()
         self._names: Dict[int, str] = {}  # slot -> name
 
-    def slot(self, name: str, rank: int, meta: dict) -> Optional[int]:
-        """The slot of `name` if this rank's metadata is what it was."""
-        entry = self._entries.get(name)
-        if entry is None or entry[1].get(rank) != meta:
+    def slot(self, request, rank: int) -> Optional[int]:
+        """The slot of `request`'s name if this rank's metadata is what it was."""
+        entry = self._entries.get(request.name)
+        if entry is None:
             return None
-        return entry[0]
+        if request.key is not None and request.key == entry[2]:
+            return entry[0]
+        return entry[0] if entry[1].get(rank) == request.meta else None
+
+    def ran_again(self, name: str) -> None:
+        """Records that the op in `name`'s slot ran again, as it was (ran() with its own metas and key)."""
+        self._entries.move_to_end(name)
+
+    def slot_of(self, name: str, key) -> Optional[int]:
+        """The slot of `name` if it ran last under `key` on this rank."""
+        entry = self._entries.get(name)
+        return entry[0] if entry is not None and key == entry[2] else None
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def entry(self, slot: int):
         """(name, metas) in `slot`."""
         name = self._names[slot]
         return name, self._entries[name][1]
 
-    def ran(self, name: str, metas: Dict[int, dict]) -> None:
-        """Records an op that ran (from a full round or the cache)."""
+    def ran(self, name: str, metas: Dict[int, dict], key=None) -> None:
+        """Records an op that ran (from a full round or the cache); `key`: its request's on this rank."""
         entry = self._entries.get(name)
         if entry is not None:
-            self._entries[name] = (entry[0], metas)
+            self._entries[name] = (entry[0], metas, key)
             self._entries.move_to_end(name)
             return
         if len(self._entries) < self.capacity:
             slot = len(self._entries)
         else:
-            _, (slot, _) = self._entries.popitem(last=False)
-        self._entries[name] = (slot, metas)
+            _, (slot, _, _) = self._entries.popitem(last=False)
+        self._entries[name] = (slot, metas, key)
         self._names[slot] = name
 
 
 _CACHED_ONLY, _NEEDS_FULL = 0xFF, 0  # a cached round's first byte
 _NOBODY = frozenset()  # no rank joined
-_BAND = REDUCE_OPS["band"]
-_INT64, _UINT8 = _core.DTYPES["int64"], _core.DTYPES["uint8"]
+_INT64 = _core.DTYPES["int64"]
 
 
 class Controller:
@@ -149,10 +176,14 @@ class Controller:
         self._agreed = np.zeros_like(self._offer)
         self._offer_bytes, self._agreed_bytes = memoryview(self._offer), memoryview(self._agreed)
         self._offer_at, self._agreed_at = self._offer.ctypes.data, self._agreed.ctypes.data
+        # Each cached round: the AND of the offers, and an inline op's inputs (RCOLL_HOROVOD_INLINE_BYTES).
+        self.inline_bytes = control._comm.horovod_inline_bytes  # rank 0's (an agreed setting)
+        self._agree = control._comm.agreed_round(self._offer_at, self._agreed_at, 1, self.inline_bytes)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)  # the background thread's: join, stop
         self._round_over = threading.Condition(self._lock)  # callers waiting for a round of another thread
         self._driving = False  # a thread is in a round (rounds of one rank never overlap)
+        self._waiters = 0  # threads waiting on _round_over
         self._inline = False  # the round is driven by a caller of wait()
         self._new: List[Request] = []  # submitted, not yet seen by a round
         self._pending: Dict[str, Request] = {}  # seen by a round, not yet answered (in submission order)
@@ -184,13 +215,73 @@ class Controller:
             # does), unless a caller waits for it first and drives a round.
             self._new.append(request)
 
+    def run_quick(self, name: str, key, inline, make: Callable):
+        """A synchronous op of this thread's: submitted and, when this rank
+        has nothing else to negotiate, negotiated on this thread at once.
+        `name`, `key` and `inline` are those of the Request `make()` builds,
+        which is built only when the op does not finish in that round.
+        Returns True when the round finished it inline (every rank handed in
+        the same cached op: its output holds the result); else the Request,
+        submitted, which the caller waits for with wait(); None, nothing
+        done, when the negotiation failed or stops (submit() raises why).
+        This is the latency users time: a small op repeated under one name."""
+        lock = self._lock
+        with lock:
+            if self._failed is not None or self._stopping:
+                return None
+            if self._driving or self._new or self._pending or self._table or self._joined or self._joining:
+                # Submitted as by submit(), not waiting here for the round to
+                # end: a thread that keeps driving rounds for its own op could
+                # keep this one from ever being offered, while the peers,
+                # in the same state, wait for it.
+                request = make()
+                self._new.append(request)
+                return request
+            self._driving = True
+        self._inline = True
+        cache = self._cache
+        request = None
+        try:
+            slot = (cache.slot_of(name, key)
+                    if inline is not None and cache is not None and self.inline_bytes and self.timeline is None
+                    else None)
+            if slot is None:
+                request = self._pending[name] = make()
+                self._round()
+                return request
+            size = 1 + (len(cache._entries) + 7) // 8  # _offer_size()
+            offer = self._offer_bytes
+            offer[0] = _CACHED_ONLY
+            offer[1:size] = (1 << slot).to_bytes(size - 1, "little")
+            if self._agree(size, slot, *inline):
+                cache.ran_again(name)
+                return True
+            request = self._pending[name] = make()
+            if self._cached_answer(size, (slot, request), False, True) is None:
+                self._full_round(False, False)
+            return request
+        except BaseException as error:  # noqa: BLE001 - every pending op learns why
+            if request is None:
+                request = self._pending[name] = make()
+            self._fail_all(error)
+            return request
+        finally:
+            with lock:
+                self._driving = False
+                if self._waiters:
+                    self._round_over.notify_all()
+
     def wait(self, answered: Callable[[], bool]) -> None:
         """Drives rounds on the caller's thread until `answered()` (ops are
         answered, run or failed, only in rounds), or waits while another thread drives."""
         while not answered():
             with self._lock:
                 if self._driving:
-                    self._round_over.wait_for(lambda: answered() or not self._driving)
+                    self._waiters += 1
+                    try:
+                        self._round_over.wait_for(lambda: answered() or not self._driving)
+                    finally:
+                        self._waiters -= 1
                     if answered():
                         return
                 self._driving = True
@@ -257,7 +348,8 @@ class Controller:
         finally:
             with self._lock:
                 self._driving = False
-                self._round_over.notify_all()
+                if self._waiters:
+                    self._round_over.notify_all()
         return busy
 
     def _round(self) -> bool:
@@ -278,23 +370,44 @@ class Controller:
                 return agreed
         return self._full_round(joining, stopping)
 
+    def _offer_size(self) -> int:
+        """Bytes of a cached round's vector: the flag byte and a bit per slot
+        in use (the cache is the same on every rank, so is this)."""
+        return 1 + (len(self._cache) + 7) // 8
+
     def _cached_round(self, other_news: bool) -> Optional[bool]:
         """The cached round: True/False (busy) when every rank had only cached
         ops to offer (those every rank offered ran), None when a full round must follow."""
         mask = 0
+        tagged = None  # (slot, request): the inline op this rank hands in
         for request in self._pending.values():
-            slot = self._cache.slot(request.name, self._rank, request.meta)
+            slot = self._cache.slot(request, self._rank)
             if slot is None:
                 other_news = True
                 break
             mask |= 1 << slot
+            if tagged is None and request.inline is not None and self.inline_bytes:
+                tagged = (slot, request)
+        size = self._offer_size()
         self._offer_bytes[0] = _NEEDS_FULL if other_news else _CACHED_ONLY
-        self._offer_bytes[1:] = mask.to_bytes(self._slot_bytes, "little")
-        self._control._comm.collective(ALLREDUCE, self._offer_at, self._agreed_at, self._offer.size, _UINT8, _BAND, 0,
-                                       0.0, True).wait(None)
+        self._offer_bytes[1:size] = mask.to_bytes(size - 1, "little")
+        if other_news or tagged is None or self.timeline is not None:
+            folded = self._agree(size, -1)
+        else:
+            folded = self._agree(size, tagged[0], *tagged[1].inline[:5])
+        return self._cached_answer(size, tagged, folded, mask != 0)
+
+    def _cached_answer(self, size, tagged, folded, offered) -> Optional[bool]:
+        """Runs what a cached round agreed on (None: a full round must follow)."""
         if self._agreed_bytes[0] != _CACHED_ONLY:
             return None
-        ready = int.from_bytes(self._agreed_bytes[1:], "little")
+        ready = int.from_bytes(self._agreed_bytes[1:size], "little")
+        if folded:  # every rank's inputs are reduced into the op's output already
+            slot, request = tagged
+            ready &= ~(1 << slot)
+            del self._pending[request.name]
+            self._cache.ran(request.name, self._cache.entry(slot)[1], request.key)
+            request.folded()
         batch = []
         while ready:  # in slot order: the same on every rank
             low = ready & -ready
@@ -303,12 +416,12 @@ class Controller:
             batch.append((self._pending.pop(name), metas, _NOBODY))
         timeline = self.timeline
         for request, metas, _ in batch:
-            self._cache.ran(request.name, metas)
+            self._cache.ran(request.name, metas, request.key)
             if timeline is not None:
                 timeline.negotiate_start(request.name, request.meta["kind"])
                 timeline.negotiate_end(request.name)
         self._run(batch)
-        return mask != 0
+        return offered
 
     def _run(self, batch):
         timeline = self.timeline
@@ -393,7 +506,7 @@ class Controller:
                     request.fail(error)
                 continue
             if self._cache is not None and not joined and cacheable(name):
-                self._cache.ran(name, metas)
+                self._cache.ran(name, metas, request.key if request is not None else None)
             if request is None and self._rank in joined:
                 request = self._stand_in(name, metas)
             if request is not None:

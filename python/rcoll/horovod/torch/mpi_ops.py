@@ -155,12 +155,13 @@ def _meta(kind, tensors, **fields):
     return {"kind": kind, "tensors": [(str(t.dtype), tuple(t.shape), t.device.type) for t in tensors], **fields}
 
 
-def _submit(process_set, controller, label, kind, name, meta, issue, single=False, prefix=None) -> int:
+def _submit(process_set, controller, label, kind, name, meta, issue, single=False, prefix=None, cache_key=None) -> int:
     """Hands an op to the controller; `issue(metas)` runs once every rank
     agreed (on the thread that drives the round) and returns (works, finish);
     with `single`, finish() returns a list whose one entry is the result.
     The op's name is Horovod's: `prefix` (the call's name, default `kind`)
-    and the caller's name, or a number per prefix. Returns the handle."""
+    and the caller's name, or a number per prefix; `cache_key` is the response
+    cache's stand-in for `meta` (controller.Request). Returns the handle."""
     psid = process_set.process_set_id
     prefix = prefix or kind
     name = f"{prefix}.{name}" if name is not None else f"{prefix}.noname.{next(_unnamed[(psid, prefix)])}"
@@ -193,7 +194,7 @@ def _submit(process_set, controller, label, kind, name, meta, issue, single=Fals
         entry.failed(message)
 
     try:
-        controller.submit(Request(name, meta, run, fail))
+        controller.submit(Request(name, meta, run, fail, cache_key))
     except BaseException:
         release()
         raise
@@ -385,9 +386,114 @@ def _allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_fact
     if not tensors:
         return _submit(process_set, controller, label, "allreduce", name, meta, lambda metas: ((), lambda: []),
                        prefix=opname)
+    cache_key = _allreduce_key(tensors[0], op, prescale_factor, postscale_factor) if len(tensors) == 1 else None
     return _submit(process_set, controller, label, "allreduce", name, meta,
                    lambda metas: _allreduce_issue(comm, where, tensors, outputs, op, prescale_factor,
-                                                  postscale_factor, label), single, opname)
+                                                  postscale_factor, label), single, opname, cache_key)
+
+
+def _allreduce_key(tensor, op, prescale, postscale):
+    """What the response cache compares for an allreduce of one tensor
+    (controller.Request.key): equal keys are equal metadata (_meta)."""
+    return ("allreduce", tensor.dtype, tensor.shape, tensor.is_cpu, op, prescale, postscale)
+
+
+class _QuickAllreduce:
+    """A synchronous allreduce of one named host tensor, as its controller's
+    request (controller.Request) when it did not finish in the round that
+    agreed on it (Controller.run_quick): it runs as any op does, or a later
+    cached round reduces it inline, and the caller waits for it (_allreduce_now)."""
+
+    __slots__ = ("name", "key", "inline", "comm", "tensor", "output", "op", "rank", "answered", "was_folded",
+                 "error", "works", "finish", "_meta")
+
+    def __init__(self, name, key, inline, comm, tensor, output, op, rank):
+        self.name, self.key, self.inline, self.comm, self.rank = name, key, inline, comm, rank
+        self.tensor, self.output, self.op = tensor, output, op
+        self.answered = self.was_folded = False
+        self.error = self._meta = None
+        self.works = ()
+
+    @property
+    def label(self):
+        return f"rank {self.rank}: allreduce"
+
+    @property
+    def meta(self):  # read by a full round only
+        if self._meta is None:
+            self._meta = _meta("allreduce", (self.tensor,), op=self.op, pre=1.0, post=1.0)
+        return self._meta
+
+    def folded(self):  # a cached round reduced it (controller.Request)
+        self.was_folded = self.answered = True
+
+    def run(self, metas, joined):
+        try:
+            self.works, self.finish = _allreduce_issue(self.comm, HOST, [self.tensor], [self.output], self.op, 1.0,
+                                                       1.0, self.label)
+        except Exception as e:  # noqa: BLE001 - the caller raises it
+            self.error = f"{e}"
+        self.answered = True
+
+    def fail(self, message):
+        self.error = message
+        self.answered = True
+
+    def is_answered(self):
+        return self.answered
+
+    def done(self):  # for a same-named op's check (_submit)
+        return self.answered and (self.error is not None or all(w.is_completed() for w in self.works))
+
+
+def _allreduce_now(tensor, in_place, name, op, process_set):
+    """allreduce (or allreduce_) of one named host tensor without a handle:
+    submitted and negotiated on this thread at once (Controller.run_quick),
+    so a small one finishes in one collective. None, having done nothing,
+    for anything unusual: the general path then runs it or words the error."""
+    job = _basics._current
+    if job is None or not isinstance(tensor, torch.Tensor) or not isinstance(process_set, ProcessSet):
+        return None
+    psid = process_set.process_set_id
+    parts = job.parts(psid)
+    code = DTYPE_CODES.get(tensor.dtype)
+    if (parts is None or op not in _CORE_OPS or code is None or not tensor.is_cpu
+            or tensor.layout is not torch.strided or not tensor.is_contiguous()
+            or (op == Average and not tensor.is_floating_point())):
+        return None
+    comm, controller = parts
+    if controller.timeline is not None:
+        return None  # the general path writes the op's timeline events
+    name = "allreduce." + name
+    names_key = (psid, name)
+    holder = _active_names.get(names_key)
+    if holder is not None and not holder.done():
+        return None  # the general path says why
+    output = tensor if in_place else torch.empty_like(tensor)
+    count = tensor.numel()
+    inline = ((tensor.data_ptr(), output.data_ptr(), count, code, _CORE_OPS[op])
+              if count * tensor.element_size() <= controller.inline_bytes else None)
+    key = _allreduce_key(tensor, op, 1.0, 1.0)
+    done = controller.run_quick(name, key, inline,
+                                lambda: _QuickAllreduce(name, key, inline, comm, tensor, output, op, job.rank))
+    if done is True:
+        return output  # reduced in the round that agreed on it
+    if done is None:
+        return None  # not submitted: the general path raises why
+    quick = done
+    _active_names[names_key] = quick  # taken until it is done, as _submit takes a name
+    try:
+        controller.wait(quick.is_answered)
+        if quick.error is not None:
+            raise HorovodInternalError(quick.error)
+        if not quick.was_folded:  # a later round may have reduced it inline
+            _wait(quick.works, quick.label)
+            quick.finish()
+    finally:
+        with _names_lock:
+            if _active_names.get(names_key) is quick:
+                del _active_names[names_key]
+    return output
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -433,6 +539,11 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
               postscale_factor=1.0, process_set=global_process_set):
     """`tensor` reduced over the process set (Average by default), as a new
     tensor; differentiable. `compression` applies to what travels."""
+    if (name is not None and compression is Compression.none and average is None and prescale_factor == 1.0
+            and postscale_factor == 1.0 and not (tensor.requires_grad and torch.is_grad_enabled())):
+        reduced = _allreduce_now(tensor, False, name, Average if op is None else op, process_set)
+        if reduced is not None:
+            return reduced
     compressed, ctx = compression.compress(tensor)
     if _needs_grad(compressed):
         reduced = HorovodAllreduce.apply(compressed, average, name, op, prescale_factor, postscale_factor,
@@ -446,6 +557,10 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=global_process_set):
     """allreduce in place; returns `tensor`."""
+    if name is not None and average is None and prescale_factor == 1.0 and postscale_factor == 1.0:
+        reduced = _allreduce_now(tensor, True, name, Average if op is None else op, process_set)
+        if reduced is not None:
+            return reduced
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
 
 
