@@ -195,6 +195,28 @@ void buildRingAllgather(Schedule& s, const AlgorithmContext& ctx, char* recv, si
   }
 }
 
+void buildBruckAllgather(Schedule& s, const AlgorithmContext& ctx, char* recv, size_t count) {
+  const int P = ctx.size, r = ctx.rank;
+  const size_t bytes = count * s.elem_size;
+  auto block = [&](int j) {  // the block of rank r + j, in place
+    const size_t rank = static_cast<size_t>(mod(r + j, P));
+    return std::make_pair(rank * count, recv + rank * bytes);
+  };
+  for (int d = 1; d < P; d *= 2) {
+    const int n = std::min(d, P - d);  // blocks this step moves
+    // Block r+j (j >= 1) arrived by receive j-1: the steps receive blocks
+    // r+1, r+2..r+3, r+4..r+7, ... in that order.
+    for (int j = 0; j < n; ++j) {
+      const auto [offset, data] = block(j);
+      s.sends.push_back({mod(r - d, P), data, offset, count, j - 1});
+    }
+    for (int j = d; j < d + n; ++j) {
+      const auto [offset, data] = block(j);
+      s.recvs.push_back({mod(r + d, P), offset, count, data, nullptr, nullptr, false});
+    }
+  }
+}
+
 void buildChainBroadcast(Schedule& s, const AlgorithmContext& ctx, char* buf, size_t count, int root) {
   const int P = ctx.size, r = ctx.position();
   const int distance = mod(r - ctx.positionOf(root), P);  // place along the chain; the root is 0

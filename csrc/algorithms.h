@@ -108,6 +108,17 @@ void buildRingReduceScatter(Schedule& s, const AlgorithmContext& ctx, const char
 // rank's block at rank*count (the communicator copies it there).
 void buildRingAllgather(Schedule& s, const AlgorithmContext& ctx, char* recv, size_t count);
 
+// Bruck's allgather for small buffers: ceil(log2 P) steps instead of the
+// ring's P - 1, so latency, not bandwidth, sets its cost (the allreduce's
+// recursive doubling, for any P). At the step of distance d = 1, 2, 4, ...
+// rank r holds the blocks of ranks r .. r+d-1 (mod P); it sends them to rank
+// r-d and receives those of ranks r+d .. r+2d-1 from rank r+d (at the last
+// step only what is still missing). Each block is one message that lands
+// straight in its place in `recv`, so nothing is rotated at the end, and a
+// block forwarded waits for the receive that brought it. Same buffer contract
+// as the ring's.
+void buildBruckAllgather(Schedule& s, const AlgorithmContext& ctx, char* recv, size_t count);
+
 // Pipelined chain broadcast from `root` along the ring (in the ring's order, from
 // the root's position on): segments stream through
 // every rank, each forwarding a segment as soon as it has it. `buf` holds the

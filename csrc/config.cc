@@ -99,7 +99,8 @@ const std::vector<ConfigVar>& configVars() {
       {"RCOLL_PIPELINE_SLOTS", "8", "staging segments in flight per operation"},
       {"RCOLL_ALLREDUCE_RD_BYTES", "32K",
        "allreduce buffers up to this size use recursive doubling (log2 P exchanges of the whole "
-       "buffer: latency-bound sizes); larger ones the ring; `0`: always the ring"},
+       "buffer: latency-bound sizes), and allgathers whose gathered result is up to this size Bruck's "
+       "algorithm (log2 P steps); larger ones the ring; `0`: always the ring"},
       {"RCOLL_ALGO", "auto",
        "algorithm of allgather, reduce_scatter and the allreduces above `RCOLL_ALLREDUCE_RD_BYTES`: "
        "`auto` takes `hierarchical` wherever it applies (two or more hosts with the same number, two "

@@ -155,6 +155,13 @@ bool planOp(const OpCall& op, const AlgorithmContext& ctx, const AlgorithmChoice
     case OpKind::kAllgather:
       memory.copy(op.recv + static_cast<size_t>(rank) * bytes, op.send, bytes);
       if (alone) return false;
+      // The same switch-over as the allreduce's, on the gathered size: what
+      // each rank receives, in log2(P) steps instead of the ring's P-1.
+      if (d.count > 0 && bytes * static_cast<size_t>(size) <= choice.allreduce_rd_bytes) {
+        schedule.algorithm = "bruck";
+        buildBruckAllgather(schedule, ctx, op.recv, d.count);
+        return true;
+      }
       if (choice.hierarchical && ctx.topology != nullptr) {
         schedule.algorithm = "hierarchical";
         buildHierarchicalAllgather(schedule, ctx, op.recv, d.count);

@@ -53,8 +53,10 @@ struct OpCall {
 
 // Algorithm choices an executor can take.
 struct AlgorithmChoice {
-  size_t allreduce_rd_bytes = 0;  // recursive doubling for allreduces up to this size; 0: always the ring
-  // Allgather, reduce-scatter and the allreduces above allreduce_rd_bytes:
+  // Recursive doubling for allreduces up to this size, Bruck's algorithm for
+  // allgathers whose gathered result is up to it; 0: always the ring.
+  size_t allreduce_rd_bytes = 0;
+  // Reduce-scatter and the allgathers and allreduces above allreduce_rd_bytes:
   // the hierarchical algorithms (need ctx.topology, which hierarchicalFits()),
   // else the ring.
   bool hierarchical = false;

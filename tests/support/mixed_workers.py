@@ -143,14 +143,16 @@ def topology(rank, world):
 
 
 def allreduce_allgather_then_shutdown(rank, world):
-    """An allreduce above the recursive doubling size and an allgather (for the
-    algorithms they take, in the timeline); shutdown closes the trace file."""
+    """An allreduce above the recursive doubling size, an allgather above
+    Bruck's and one below it (for the algorithms they take, in the
+    timeline); shutdown closes the trace file."""
     comm = rcoll.init(rank, world, timeout=60)
     x = np.full(1 << 16, rank + 1, np.float32)
     comm.allreduce(x)
     ok = bool((x == world * (world + 1) / 2).all())
-    gathered = comm.allgather(np.full(3, rank, np.int64))
-    ok &= gathered.ravel().tolist() == [r for r in range(world) for _ in range(3)]
+    for n in (1 << 13, 3):
+        gathered = comm.allgather(np.full(n, rank, np.int64))
+        ok &= gathered.ravel().tolist() == [r for r in range(world) for _ in range(n)]
     comm.shutdown()
     return ok
 

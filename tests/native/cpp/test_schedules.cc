@@ -261,7 +261,7 @@ std::vector<HostEntry> hostsOf(const std::string& layout) {  // "AABB": rank r o
   return hosts;
 }
 
-enum class Algorithm { kRing, kHierarchical };
+enum class Algorithm { kRing, kHierarchical, kBruck };  // kBruck: allgather only
 
 // Inputs whose sum, max and avg are exact in float32: small integers, multiples of P for avg.
 int32_t inputValue(int rank, size_t i, int P) {
@@ -292,8 +292,10 @@ void runCase(const std::string& layout, OpKind kind, Algorithm algorithm, DataTy
   const int P = static_cast<int>(layout.size());
   const size_t es = elementSize(dtype), Pz = static_cast<size_t>(P);
   const std::string what = layout + " " + opKindName(kind) +
-                           (algorithm == Algorithm::kRing ? " ring" : " hierarchical") + " count " +
-                           std::to_string(count) + " seg " + std::to_string(seg.max_elems) + " op " +
+                           (algorithm == Algorithm::kRing           ? " ring"
+                            : algorithm == Algorithm::kHierarchical ? " hierarchical"
+                                                                    : " bruck") +
+                           " count " + std::to_string(count) + " seg " + std::to_string(seg.max_elems) + " op " +
                            std::to_string(static_cast<int>(op)) + (in_place ? " in place" : "");
   // Input and output lengths per rank, in elements.
   const size_t in_len = kind == OpKind::kAllgather ? count : kind == OpKind::kReduceScatter ? Pz * count : count;
@@ -341,8 +343,10 @@ void runCase(const std::string& layout, OpKind kind, Algorithm algorithm, DataTy
       schedules[r].reset(d, es);
       Schedule& s = schedules[r];
       const char* in = in_place && kind == OpKind::kAllreduce ? recv[r].data() : send[r].data();
-      const bool ring = algorithm == Algorithm::kRing;
-      if (kind == OpKind::kAllreduce) {
+      const bool ring = algorithm != Algorithm::kHierarchical;  // any peer, not the hierarchical ones only
+      if (algorithm == Algorithm::kBruck) {
+        buildBruckAllgather(s, ctx, recv[r].data(), count);
+      } else if (kind == OpKind::kAllreduce) {
         ring ? buildRingAllreduce(s, ctx, in, recv[r].data(), count)
              : buildHierarchicalAllreduce(s, ctx, in, recv[r].data(), count);
       } else if (kind == OpKind::kAllgather) {
@@ -372,6 +376,7 @@ void runCase(const std::string& layout, OpKind kind, Algorithm algorithm, DataTy
     // allreduce's, the gathered one): hierarchical 2(H-1)/H N for allreduce,
     // (H-1)/H N for the others; the ring (one edge leaves each host) 2(P-1)/P N
     // and (P-1)/P N. Give or take the uneven cut (blocks differ by an element).
+    if (algorithm == Algorithm::kBruck) continue;  // it trades bytes across hosts for fewer steps
     const size_t H = static_cast<size_t>(t.hosts()), L = Pz / H;
     const double steps = kind == OpKind::kAllreduce ? 2.0 : 1.0;
     const double share = algorithm == Algorithm::kHierarchical ? steps * static_cast<double>(H - 1) / H
@@ -419,6 +424,40 @@ void testHierarchicalCollectives() {
         "one rank per host: the ring (" + why + ")");
   check(!hierarchicalFits(computeTopology(hostsOf("AAAA")), &why) && why.find("one host") != std::string::npos,
         "one host: the ring (" + why + ")");
+}
+
+// Bruck's allgather at every world size from 2 to 17, on one host and on
+// several: the blocks that take several steps to arrive, forwarded in turn,
+// under every executor model; a step count of ceil(log2 P).
+void testBruckAllgather() {
+  const std::string hosts = "ABCDEFGHIJKLMNOPQ";
+  std::vector<std::string> layouts = {"AABB", "ABAB", "AAABBB", "AAAABBBB", "AAAAAAAA"};
+  for (size_t P = 2; P <= hosts.size(); ++P) layouts.push_back(hosts.substr(0, P));
+  for (const std::string& layout : layouts) {
+    for (size_t count : {1, 3, 17}) {
+      runCase(layout, OpKind::kAllgather, Algorithm::kBruck, DataType::kFloat32, ReduceOp::kSum, count,
+              Segmenter{1024, 1}, 4, false);
+      runCase(layout, OpKind::kAllgather, Algorithm::kBruck, DataType::kInt32, ReduceOp::kSum, count,
+              Segmenter{1024, 1}, 2, false);
+    }
+    const int P = static_cast<int>(layout.size());
+    Schedule s;
+    OpDesc d;
+    d.kind = OpKind::kAllgather;
+    d.count = 1;
+    s.reset(d, 4);
+    std::vector<char> recv(layout.size() * 4);
+    buildBruckAllgather(s, AlgorithmContext{0, P, Segmenter{1024, 1}}, recv.data(), 1);
+    int steps = 0, peers = 0;
+    for (int d2 = 1; d2 < P; d2 *= 2) ++steps;
+    int last_peer = -1;
+    for (const SendStep& step : s.sends) {
+      peers += step.peer != last_peer;
+      last_peer = step.peer;
+    }
+    check(peers == steps && s.recvs.size() == layout.size() - 1,
+          layout + ": bruck takes ceil(log2 P) steps and receives P-1 blocks");
+  }
 }
 
 // More segments per block than the send window holds, under the host
@@ -509,6 +548,7 @@ int main() {
   try {
     testTheBarrierHearsFromEveryRank();
     testLongSchedulesUnderTheSendWindow();
+    testBruckAllgather();
     testHierarchicalCollectives();
   } catch (const std::exception& e) {
     check(false, std::string("unexpected exception: ") + e.what());
