@@ -13,8 +13,8 @@ namespace rcoll {
 namespace {
 
 // One rank's record in the allgather: [input (capacity, padded)] [Spec]
-// [offer]. The input comes first and every record is a multiple of 64 bytes,
-// so each rank's input starts as aligned as the kernels' loads like it.
+// [offer]. Every record is a multiple of 64 bytes, so each rank's input
+// starts as aligned as the buffer (the kernels load unaligned anyway).
 constexpr size_t kAlign = 64;
 
 size_t roundUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
@@ -40,46 +40,51 @@ bool candidateSet(const uint8_t* vector, const AgreedReduceArgs& a, int64_t tag)
   return byte < a.offer_bytes && (vector[byte] >> (tag % 8) & 1) != 0;
 }
 
-void check(const Communicator& comm, const AgreedReduceArgs& a) {
-  const std::string who = "rank " + std::to_string(comm.rank()) + ": an agreed allreduce: ";
-  if (a.candidates_at > a.offer_bytes) {
-    throwError(ErrorKind::kInvalidArgument,
-               who + "the candidate bits start past the offer's " + std::to_string(a.offer_bytes) + " bytes");
-  }
-  if (a.tag < 0) return;
+// A tag whose input this rank cannot hand in: every rank learns it from the
+// records, so every rank raises, and none waits for a collective this rank left.
+constexpr int64_t kRefusedTag = -2;
+
+// Why this rank cannot hand in its input under its tag, or "".
+std::string inputProblem(const AgreedReduceArgs& a) {
+  if (a.tag < 0) return "";
   if (static_cast<size_t>(a.tag) >= (a.offer_bytes - a.candidates_at) * 8) {
-    throwError(ErrorKind::kInvalidArgument, who + "tag " + std::to_string(a.tag) + " has no candidate bit");
+    return "tag " + std::to_string(a.tag) + " has no candidate bit";
   }
   if (a.count * elementSize(a.dtype) > a.payload_capacity) {
-    throwError(ErrorKind::kInvalidArgument, who + std::to_string(a.count * elementSize(a.dtype)) +
-                                                " bytes of input do not fit the " + std::to_string(a.payload_capacity) +
-                                                " set aside");
+    return std::to_string(a.count * elementSize(a.dtype)) + " bytes of input do not fit the " +
+           std::to_string(a.payload_capacity) + " set aside";
   }
-  const std::string unsupported = reduceUnsupportedReason(a.dtype, a.op);
-  if (!unsupported.empty()) throwError(ErrorKind::kInvalidArgument, who + unsupported);
+  return reduceUnsupportedReason(a.dtype, a.op);
 }
 
 }  // namespace
 
 bool agreeAndReduce(Communicator& comm, const AgreedReduceArgs& a) {
-  check(comm, a);
-  if (a.agreement_only || (comm.size() > kGatherRanksAcrossHosts && comm.topology().hosts() > 1)) {
+  const std::string who = "rank " + std::to_string(comm.rank()) + ": an agreed allreduce: ";
+  if (a.candidates_at > a.offer_bytes) {  // the same on every rank: the caller's layout
+    throwError(ErrorKind::kInvalidArgument,
+               who + "the candidate bits start past the offer's " + std::to_string(a.offer_bytes) + " bytes");
+  }
+  const RecordLayout layout(a);
+  const size_t world = static_cast<size_t>(comm.size());
+  const bool short_gather = comm.topology().hosts() <= 1 || layout.bytes * world <= comm.config().allreduce_rd_bytes;
+  if (a.agreement_only || a.payload_capacity == 0 || !short_gather) {
     comm.collective(OpKind::kAllreduce, a.offer, a.agreed, a.offer_bytes, DataType::kUInt8, ReduceOp::kBand, 0,
                     a.timeout, Launch::kCallerWaits)
         ->wait(std::chrono::milliseconds(-1));
     return false;
   }
-  const RecordLayout layout(a);
-  const size_t world = static_cast<size_t>(comm.size());
-  const size_t input_bytes = a.tag >= 0 ? a.count * elementSize(a.dtype) : 0;
+  const std::string problem = inputProblem(a);
+  const bool hands_in = a.tag >= 0 && problem.empty();
+  const size_t input_bytes = hands_in ? a.count * elementSize(a.dtype) : 0;
 
   // Reused by the thread's next round: a negotiating front end runs one per op.
   thread_local std::vector<uint8_t> mine, everyone;
   mine.assign(layout.bytes, 0);
   everyone.resize(layout.bytes * world);
   if (input_bytes > 0) std::memcpy(mine.data(), a.input, input_bytes);
-  const Spec spec{a.tag, a.tag >= 0 ? a.count : 0, a.tag >= 0 ? static_cast<int32_t>(a.dtype) : 0,
-                  a.tag >= 0 ? static_cast<int32_t>(a.op) : 0};
+  const Spec spec = hands_in ? Spec{a.tag, a.count, static_cast<int32_t>(a.dtype), static_cast<int32_t>(a.op)}
+                             : Spec{problem.empty() ? a.tag : kRefusedTag, 0, 0, 0};
   std::memcpy(mine.data() + layout.spec_at, &spec, sizeof spec);
   std::memcpy(mine.data() + layout.offer_at, a.offer, a.offer_bytes);
   comm.collective(OpKind::kAllgather, mine.data(), everyone.data(), layout.bytes, DataType::kUInt8, ReduceOp::kSum, 0,
@@ -88,16 +93,23 @@ bool agreeAndReduce(Communicator& comm, const AgreedReduceArgs& a) {
 
   auto record = [&](size_t r) { return everyone.data() + r * layout.bytes; };
   std::memcpy(a.agreed, record(0) + layout.offer_at, a.offer_bytes);
-  bool same_tag = a.tag >= 0;
+  bool same_tag = hands_in;
   Spec theirs[2];  // rank 0's, then each other rank's in turn
   std::memcpy(&theirs[0], record(0) + layout.spec_at, sizeof(Spec));
-  int odd_rank = -1;  // a rank whose input differs from rank 0's under the same tag
+  int odd_rank = -1;      // a rank whose input differs from rank 0's under the same tag
+  int refused_rank = -1;  // a rank that could not hand its input in
   for (size_t r = 0; r < world; ++r) {
     const uint8_t* offer = record(r) + layout.offer_at;
     for (size_t i = 0; i < a.offer_bytes; ++i) a.agreed[i] &= offer[i];
     std::memcpy(&theirs[1], record(r) + layout.spec_at, sizeof(Spec));
     same_tag = same_tag && theirs[1].tag == a.tag;
     if (odd_rank < 0 && !(theirs[1] == theirs[0])) odd_rank = static_cast<int>(r);
+    if (refused_rank < 0 && theirs[1].tag == kRefusedTag) refused_rank = static_cast<int>(r);
+  }
+  if (refused_rank >= 0) {
+    throwError(
+        ErrorKind::kInvalidArgument,
+        who + (problem.empty() ? "rank " + std::to_string(refused_rank) + " could not hand in its input" : problem));
   }
   if (same_tag && odd_rank >= 0) {
     // Every rank sees the same records, so every rank raises this. The front
@@ -107,10 +119,9 @@ bool agreeAndReduce(Communicator& comm, const AgreedReduceArgs& a) {
       return std::to_string(s.count) + " elements (dtype " + std::to_string(s.dtype) + ", op " + std::to_string(s.op) +
              ")";
     };
-    throwError(ErrorKind::kInvalidArgument, "rank " + std::to_string(comm.rank()) +
-                                                ": an agreed allreduce: under tag " + std::to_string(a.tag) +
-                                                " rank 0 handed in " + describe(theirs[0]) + ", rank " +
-                                                std::to_string(odd_rank) + " " + describe(theirs[1]));
+    throwError(ErrorKind::kInvalidArgument, who + "under tag " + std::to_string(a.tag) + " rank 0 handed in " +
+                                                describe(theirs[0]) + ", rank " + std::to_string(odd_rank) + " " +
+                                                describe(theirs[1]));
   }
   if (!same_tag || !candidateSet(a.agreed, a, a.tag)) return false;
 

@@ -19,11 +19,11 @@
 // says as before. The inputs are small (at most `payload_capacity` bytes,
 // the same on every rank, or the allgather's sizes differ and the core
 // reports the mismatch), so gathering them all costs no more than the
-// agreement's own round, as long as the allgather is short: between hosts it
-// is a ring of P - 1 steps where the agreement alone is an allreduce of
-// log2(P) (recursive doubling). So a communicator of more than
-// kGatherRanksAcrossHosts ranks on several hosts runs the agreement alone
-// (a bitwise-and allreduce) and folds nothing; every rank decides this alike.
+// agreement's own round, as long as the allgather takes as few steps: on one
+// host the shared-memory windows, between hosts Bruck's log2(P) steps, which
+// it takes while the gathered records fit RCOLL_ALLREDUCE_RD_BYTES. Past that
+// (a ring of P - 1 steps) the round is the agreement alone, a bitwise-and
+// allreduce, and folds nothing; every rank decides this alike.
 #pragma once
 
 #include <chrono>
@@ -35,8 +35,6 @@
 namespace rcoll {
 
 class Communicator;
-
-constexpr int kGatherRanksAcrossHosts = 8;
 
 struct AgreedReduceArgs {
   const uint8_t* offer = nullptr;  // this rank's vector: a header, then one bit per candidate (little-endian)
@@ -55,9 +53,12 @@ struct AgreedReduceArgs {
 };
 
 // Blocking (the caller's thread runs the allgather, as a blocking host op).
-// Returns true when `out` holds the reduction. Throws the collective's errors;
-// an input over the capacity, or a tag beyond the candidate bits, is an
-// InvalidArgument naming the rank.
+// Returns true when `out` holds the reduction. Throws the collective's errors.
+// An input one rank cannot hand in (over the capacity, a tag beyond the
+// candidate bits, an unsupported dtype and op) travels as a refusal, so every
+// rank throws an InvalidArgument (naming that rank), none waits for it; so do
+// inputs of different sizes, dtypes or ops under one tag. A capacity of 0 is
+// the agreement alone.
 bool agreeAndReduce(Communicator& comm, const AgreedReduceArgs& args);
 
 }  // namespace rcoll

@@ -48,6 +48,18 @@ def test_small_named_allreduce_finishes_in_the_round_that_agrees_on_it(tmp_path,
     launch.torchrun(launch.write_script(tmp_path, (JOBS / "inline_job.py").read_text()), world, tmp_path, env=env)
 
 
+def test_a_rank_with_another_cache_capacity_takes_rank_0s(tmp_path):
+    """HOROVOD_CACHE_CAPACITY=2 on rank 1 alone (inline_job.py's hundreds of names overflow two slots):
+    rank 1 warns once per process set and uses rank 0's, so a slot names the same op on every rank."""
+    script = launch.write_script(tmp_path, (JOBS / "inline_job.py").read_text())
+    port = str(launch.free_port())
+    launch.run_ranks(script, [{"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
+                               "MASTER_PORT": port, **({"HOROVOD_CACHE_CAPACITY": "2"} if r else {})}
+                              for r in range(2)],
+                     allow=(r"WARN: rank 1: HOROVOD_CACHE_CAPACITY=2 differs from rank 0's 1024; process set \d+ "
+                            r"uses rank 0's",))
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_rank_killed_between_inline_allreduces_fails_the_others_without_a_hang(tmp_path, world):
     """The last rank SIGKILLs itself in a loop of small named allreduces (started as a scheduler starts

@@ -258,15 +258,18 @@ void agreedReduce(int rank, Communicator& comm) {
             std::string(e.what()).find("rank " + std::to_string(P - 1) + " 2 elements") != std::string::npos;
   }
   check(named || P == 1, "inputs that differ under one tag: an InvalidArgument naming the rank", rank);
-  // An input over the capacity is refused before anything is sent.
-  a.count = 17;
-  bool refused = false;
+  // An input over the capacity on one rank: every rank raises (none waits
+  // for that rank), the rank itself saying why, the others naming it.
+  a.count = rank == 0 ? 17 : 3;
+  std::string refusal;
   try {
     agreeAndReduce(comm, a);
   } catch (const RcollError& e) {
-    refused = e.kind() == ErrorKind::kInvalidArgument;
+    if (e.kind() == ErrorKind::kInvalidArgument) refusal = e.what();
   }
-  check(refused, "an input over the capacity: InvalidArgument", rank);
+  check(refusal.find(rank == 0 ? "68 bytes of input do not fit the 64" : "rank 0 could not hand in its input") !=
+            std::string::npos,
+        "an input over the capacity on rank 0: every rank raises (" + refusal + ")", rank);
   // The communicator goes on.
   a.count = 1;
   a.tag = 3;

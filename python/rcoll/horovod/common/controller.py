@@ -76,11 +76,11 @@ class Request:
     issues it on the data communicator once agreed; `fail(error)` ends it
     with an error. `key`: a hashable stand-in for `meta` (equal keys, equal
     metas) that the response cache compares instead, or None. `inline`:
-    (input address, output address, count, dtype code, reduce op code) for a
-    host allreduce small enough to finish inside a cached round, which then
-    calls folded() instead of run(); or None. A front end may pass any
-    object with these attributes (`meta` is read only when a full round
-    needs it)."""
+    always None here; a front end's own request object (any object with
+    these attributes: `meta` is read only when a full round needs it) may
+    give (input address, output address, count, dtype code, reduce op code)
+    for a host allreduce small enough to finish inside a cached round, and
+    then has a folded() that such a round calls instead of run()."""
 
     __slots__ = ("name", "meta", "run", "fail", "key", "inline")
 
@@ -167,7 +167,7 @@ class Controller:
         self._check, self._stand_in, self._execute = check, stand_in, execute
         self._cycle = _setting("HOROVOD_CYCLE_TIME", 1.0) / 1000.0
         self._idle_cycle = max(self._cycle, _core.settings()["horovod_idle_cycle"])  # RCOLL_HOROVOD_IDLE_CYCLE
-        capacity = int(_setting("HOROVOD_CACHE_CAPACITY", 1024, int, "entries"))
+        capacity = self._agreed_capacity(int(_setting("HOROVOD_CACHE_CAPACITY", 1024, int, "entries")))
         self._cache = ResponseCache(capacity) if capacity > 0 else None
         # A cached round's vector: a byte that stays all ones unless a rank
         # needs a full round, then a bit per slot (little-endian).
@@ -198,6 +198,19 @@ class Controller:
         self.timeline = None  # Horovod's timeline (timeline.py) while one is written
         self._thread = threading.Thread(target=self._loop, name=f"rcoll-horovod-{label}", daemon=True)
         self._thread.start()
+
+    def _agreed_capacity(self, mine: int) -> int:
+        """Rank 0's HOROVOD_CACHE_CAPACITY, for every rank of the set (one
+        allgather when the controller starts): a slot must name the same op on
+        every rank, and caches of different sizes reuse slots at different times."""
+        everyone = np.empty(self._size, dtype=np.int64)
+        value = np.array([mine], dtype=np.int64)
+        self._control._comm.collective(ALLGATHER, value.ctypes.data, everyone.ctypes.data, 1, _INT64, 0, 0, 0.0,
+                                       True).wait(None)
+        if int(everyone[self._rank]) != int(everyone[0]):
+            _core.log("WARN", f"rank {self._rank}: HOROVOD_CACHE_CAPACITY={mine} differs from rank 0's "
+                              f"{int(everyone[0])}; {self._label} uses rank 0's")
+        return int(everyone[0])
 
     # -- the caller's side ------------------------------------------------------------
     def _refuse(self, what: str):
@@ -400,6 +413,8 @@ class Controller:
     def _cached_answer(self, size, tagged, folded, offered) -> Optional[bool]:
         """Runs what a cached round agreed on (None: a full round must follow)."""
         if self._agreed_bytes[0] != _CACHED_ONLY:
+            # Never after a fold: a rank hands an input in only with a
+            # cached-only offer, and a fold needs every rank's.
             return None
         ready = int.from_bytes(self._agreed_bytes[1:size], "little")
         if folded:  # every rank's inputs are reduced into the op's output already

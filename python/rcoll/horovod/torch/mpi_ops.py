@@ -398,20 +398,29 @@ def _allreduce_key(tensor, op, prescale, postscale):
     return ("allreduce", tensor.dtype, tensor.shape, tensor.is_cpu, op, prescale, postscale)
 
 
+class _NameTaken:
+    """Holds an op's name in _active_names while a synchronous allreduce negotiates it (_allreduce_now)."""
+
+    __slots__ = ()
+
+    def done(self):
+        return False
+
+
 class _QuickAllreduce:
     """A synchronous allreduce of one named host tensor, as its controller's
     request (controller.Request) when it did not finish in the round that
     agreed on it (Controller.run_quick): it runs as any op does, or a later
     cached round reduces it inline, and the caller waits for it (_allreduce_now)."""
 
-    __slots__ = ("name", "key", "inline", "comm", "tensor", "output", "op", "rank", "answered", "was_folded",
-                 "error", "works", "finish", "_meta")
+    __slots__ = ("name", "key", "inline", "comm", "controller", "tensor", "output", "op", "rank", "answered",
+                 "was_folded", "error", "works", "finish", "ended", "_meta")
 
-    def __init__(self, name, key, inline, comm, tensor, output, op, rank):
+    def __init__(self, name, key, inline, comm, controller, tensor, output, op, rank):
         self.name, self.key, self.inline, self.comm, self.rank = name, key, inline, comm, rank
-        self.tensor, self.output, self.op = tensor, output, op
+        self.controller, self.tensor, self.output, self.op = controller, tensor, output, op
         self.answered = self.was_folded = False
-        self.error = self._meta = None
+        self.error = self._meta = self.ended = None
         self.works = ()
 
     @property
@@ -433,6 +442,9 @@ class _QuickAllreduce:
                                                        1.0, self.label)
         except Exception as e:  # noqa: BLE001 - the caller raises it
             self.error = f"{e}"
+        timeline = self.controller.timeline  # started while this op waited: it ends there too, as _submit's
+        if timeline is not None:
+            self.ended = lambda: timeline.end(self.name, self.meta)
         self.answered = True
 
     def fail(self, message):
@@ -466,33 +478,42 @@ def _allreduce_now(tensor, in_place, name, op, process_set):
         return None  # the general path writes the op's timeline events
     name = "allreduce." + name
     names_key = (psid, name)
-    holder = _active_names.get(names_key)
-    if holder is not None and not holder.done():
-        return None  # the general path says why
+    taken = _NameTaken()
+    with _names_lock:  # as _submit takes a name: another thread's op of the same name is refused
+        holder = _active_names.get(names_key)
+        if holder is not None and not holder.done():
+            return None  # the general path says why
+        _active_names[names_key] = taken
+    try:
+        return _negotiate_now(tensor, in_place, name, op, comm, controller, code, job.rank)
+    finally:
+        with _names_lock:
+            if _active_names.get(names_key) is taken:
+                del _active_names[names_key]
+
+
+def _negotiate_now(tensor, in_place, name, op, comm, controller, code, rank):
+    """_allreduce_now with the name taken: the output, or None when the general path must run it."""
     output = tensor if in_place else torch.empty_like(tensor)
     count = tensor.numel()
     inline = ((tensor.data_ptr(), output.data_ptr(), count, code, _CORE_OPS[op])
               if count * tensor.element_size() <= controller.inline_bytes else None)
     key = _allreduce_key(tensor, op, 1.0, 1.0)
-    done = controller.run_quick(name, key, inline,
-                                lambda: _QuickAllreduce(name, key, inline, comm, tensor, output, op, job.rank))
+    done = controller.run_quick(
+        name, key, inline, lambda: _QuickAllreduce(name, key, inline, comm, controller, tensor, output, op, rank))
     if done is True:
         return output  # reduced in the round that agreed on it
     if done is None:
         return None  # not submitted: the general path raises why
     quick = done
-    _active_names[names_key] = quick  # taken until it is done, as _submit takes a name
-    try:
-        controller.wait(quick.is_answered)
-        if quick.error is not None:
-            raise HorovodInternalError(quick.error)
-        if not quick.was_folded:  # a later round may have reduced it inline
-            _wait(quick.works, quick.label)
-            quick.finish()
-    finally:
-        with _names_lock:
-            if _active_names.get(names_key) is quick:
-                del _active_names[names_key]
+    controller.wait(quick.is_answered)
+    if quick.error is not None:
+        raise HorovodInternalError(quick.error)
+    if not quick.was_folded:  # a later round may have reduced it inline
+        _wait(quick.works, quick.label)
+        quick.finish()
+        if quick.ended is not None:
+            quick.ended()
     return output
 
 
