@@ -84,7 +84,7 @@ bool agreeAndReduce(Communicator& comm, const AgreedReduceArgs& a) {
   everyone.resize(layout.bytes * world);
   if (input_bytes > 0) std::memcpy(mine.data(), a.input, input_bytes);
   const Spec spec = hands_in ? Spec{a.tag, a.count, static_cast<int32_t>(a.dtype), static_cast<int32_t>(a.op)}
-                             : Spec{problem.empty() ? a.tag : kRefusedTag, 0, 0, 0};
+                             : Spec{problem.empty() ? -1 : kRefusedTag, 0, 0, 0};
   std::memcpy(mine.data() + layout.spec_at, &spec, sizeof spec);
   std::memcpy(mine.data() + layout.offer_at, a.offer, a.offer_bytes);
   comm.collective(OpKind::kAllgather, mine.data(), everyone.data(), layout.bytes, DataType::kUInt8, ReduceOp::kSum, 0,

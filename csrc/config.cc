@@ -102,7 +102,8 @@ const std::vector<ConfigVar>& configVars() {
        "buffer: latency-bound sizes), and allgathers whose gathered result is up to this size Bruck's "
        "algorithm (log2 P steps); larger ones the ring; `0`: always the ring"},
       {"RCOLL_ALGO", "auto",
-       "algorithm of allgather, reduce_scatter and the allreduces above `RCOLL_ALLREDUCE_RD_BYTES`: "
+       "algorithm of reduce_scatter and of the allgathers and allreduces above `RCOLL_ALLREDUCE_RD_BYTES` "
+       "(an allgather's gathered size): "
        "`auto` takes `hierarchical` wherever it applies (two or more hosts with the same number, two "
        "or more, of ranks each: an allreduce moves 2(H-1)/H of the buffer over each host link where "
        "the flat ring moves 2(P-1)/P, an allgather (H-1)/H where the ring moves (P-1)/P, in fewer "
