@@ -60,24 +60,29 @@ def test_a_rank_with_another_cache_capacity_takes_rank_0s(tmp_path):
                             r"uses rank 0's",))
 
 
+def _last_rank_killed(script, world, env, timeout):
+    """Runs `script` as `world` processes started as a scheduler starts ranks (RANK, WORLD_SIZE: nothing kills
+    the others when one dies); the last one must die by SIGKILL. Returns the others' (exit code, stdout, stderr)."""
+    port = str(launch.free_port())
+    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=launch._clean_env({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
+                                                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, **env}))
+             for r in range(world)]
+    try:
+        outputs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        launch.kill_leftovers(procs)
+    assert procs[-1].returncode == -signal.SIGKILL, (procs[-1].returncode, outputs[-1][1][-3000:])
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs[:-1], outputs[:-1])]
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_rank_killed_between_inline_allreduces_fails_the_others_without_a_hang(tmp_path, world):
     """The last rank SIGKILLs itself in a loop of small named allreduces (started as a scheduler starts
     ranks, so nothing kills the others): each other rank's next allreduce raises HorovodInternalError."""
     script = launch.write_script(tmp_path, (JOBS / "inline_job.py").read_text())
-    port = str(launch.free_port())
-    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=launch._clean_env({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
-                                                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-                                                     "KILL_AT": "30"}))
-             for r in range(world)]
-    try:
-        outputs = [p.communicate(timeout=60) for p in procs]
-    finally:
-        launch.kill_leftovers(procs)
-    assert procs[-1].returncode == -signal.SIGKILL, (procs[-1].returncode, outputs[-1][1][-3000:])
-    for rank, (p, (_, err)) in enumerate(zip(procs[:-1], outputs[:-1])):
-        assert p.returncode == 0, f"rank {rank} exited {p.returncode}:\n{err[-4000:]}"
+    for rank, (returncode, _, err) in enumerate(_last_rank_killed(script, world, {"KILL_AT": "30"}, timeout=60)):
+        assert returncode == 0, f"rank {rank} exited {returncode}:\n{err[-4000:]}"
 
 
 def test_script_without_launcher_runs_as_one_process(tmp_path):
@@ -179,19 +184,9 @@ def test_elastic_training_goes_on_after_a_rank_is_killed(tmp_path, world):
     commit, shrink to the ranks that are left and finish every epoch with equal parameters (elastic_job.py
     checks). The ranks are started as a scheduler would (RANK, WORLD_SIZE), so nothing kills the survivors."""
     script = launch.write_script(tmp_path, (JOBS / "elastic_job.py").read_text())
-    port = str(launch.free_port())
-    procs = [subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=launch._clean_env({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
-                                                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-                                                     "ELASTIC_CHANGE": "kill"}))
-             for r in range(world)]
-    try:
-        outputs = [p.communicate(timeout=120) for p in procs]
-    finally:
-        launch.kill_leftovers(procs)
-    assert procs[-1].returncode == -signal.SIGKILL, (procs[-1].returncode, outputs[-1][1][-3000:])
-    for rank, (p, (out, err)) in enumerate(zip(procs[:-1], outputs[:-1])):
-        assert p.returncode == 0, f"rank {rank} exited {p.returncode}:\n{err[-4000:]}"
+    survivors = _last_rank_killed(script, world, {"ELASTIC_CHANGE": "kill"}, timeout=120)
+    for rank, (returncode, out, err) in enumerate(survivors):
+        assert returncode == 0, f"rank {rank} exited {returncode}:\n{err[-4000:]}"
         # rcoll says once which op failed because of the dead rank, and that it shrinks.
         launch.check_rank_output(f"rank {rank}", out, err, allow=(r"\[rcoll \d+ rank \d+\] WARN: rank \d+: ",))
 
