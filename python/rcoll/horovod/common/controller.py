@@ -110,7 +110,7 @@ class ResponseCache:
         entry = self._entries.get(request.name)
         if entry is None:
             return None
-        if request.key is not None and request.key == entry[2]:
+        if request.key is not None and request.key == entry[2]:  # slot_of's test, without a second lookup
             return entry[0]
         return entry[0] if entry[1].get(rank) == request.meta else None
 
@@ -279,10 +279,7 @@ class Controller:
             self._fail_all(error)
             return request
         finally:
-            with lock:
-                self._driving = False
-                if self._waiters:
-                    self._round_over.notify_all()
+            self._round_ended()
 
     def wait(self, answered: Callable[[], bool]) -> None:
         """Drives rounds on the caller's thread until `answered()` (ops are
@@ -359,11 +356,15 @@ class Controller:
         except BaseException as error:  # noqa: BLE001 - every pending op learns why
             self._fail_all(error)
         finally:
-            with self._lock:
-                self._driving = False
-                if self._waiters:
-                    self._round_over.notify_all()
+            self._round_ended()
         return busy
+
+    def _round_ended(self):
+        """The driving thread's round is over: another thread may drive, and those waiting learn it."""
+        with self._lock:
+            self._driving = False
+            if self._waiters:
+                self._round_over.notify_all()
 
     def _round(self) -> bool:
         timeline = self.timeline

@@ -407,25 +407,20 @@ class _NameTaken:
         return False
 
 
-class _QuickAllreduce:
+class _QuickAllreduce(_InFlight):
     """A synchronous allreduce of one named host tensor, as its controller's
     request (controller.Request) when it did not finish in the round that
     agreed on it (Controller.run_quick): it runs as any op does, or a later
     cached round reduces it inline, and the caller waits for it (_allreduce_now)."""
 
-    __slots__ = ("name", "key", "inline", "comm", "controller", "tensor", "output", "op", "rank", "answered",
-                 "was_folded", "error", "works", "finish", "ended", "_meta")
+    __slots__ = ("name", "key", "inline", "comm", "tensor", "output", "op", "was_folded", "_meta")
 
     def __init__(self, name, key, inline, comm, controller, tensor, output, op, rank):
-        self.name, self.key, self.inline, self.comm, self.rank = name, key, inline, comm, rank
-        self.controller, self.tensor, self.output, self.op = controller, tensor, output, op
-        self.answered = self.was_folded = False
-        self.error = self._meta = self.ended = None
-        self.works = ()
-
-    @property
-    def label(self):
-        return f"rank {self.rank}: allreduce"
+        super().__init__(f"rank {rank}: allreduce", controller)
+        self.name, self.key, self.inline, self.comm = name, key, inline, comm
+        self.tensor, self.output, self.op = tensor, output, op
+        self.was_folded = False
+        self._meta = None
 
     @property
     def meta(self):  # read by a full round only
@@ -438,24 +433,18 @@ class _QuickAllreduce:
 
     def run(self, metas, joined):
         try:
-            self.works, self.finish = _allreduce_issue(self.comm, HOST, [self.tensor], [self.output], self.op, 1.0,
-                                                       1.0, self.label)
+            works, finish = _allreduce_issue(self.comm, HOST, [self.tensor], [self.output], self.op, 1.0, 1.0,
+                                             self.label)
         except Exception as e:  # noqa: BLE001 - the caller raises it
-            self.error = f"{e}"
+            self.failed(f"{e}")
+            return
         timeline = self.controller.timeline  # started while this op waited: it ends there too, as _submit's
         if timeline is not None:
             self.ended = lambda: timeline.end(self.name, self.meta)
-        self.answered = True
+        self.started(works, finish)
 
-    def fail(self, message):
-        self.error = message
-        self.answered = True
-
-    def is_answered(self):
-        return self.answered
-
-    def done(self):  # for a same-named op's check (_submit)
-        return self.answered and (self.error is not None or all(w.is_completed() for w in self.works))
+    def fail(self, message):  # controller.Request's name for it
+        self.failed(message)
 
 
 def _allreduce_now(tensor, in_place, name, op, process_set):
