@@ -101,10 +101,18 @@ def check_launcher_output(label: str, stderr: str) -> None:
 
 def torchrun(script: Path, nproc: int, tmp_path: Path, *, args: Sequence[str] = (),
              launcher_args: Sequence[str] = ("--standalone",), module_form: bool = False,
-             env: Optional[Dict[str, str]] = None, allow: Sequence[str] = (), timeout: float = 180) -> List[str]:
+             env: Optional[Dict[str, str]] = None, allow: Sequence[str] = (), timeout: float = 180,
+             exit_checked: bool = True) -> List[str]:
     """Runs `script` under torchrun with `nproc` ranks on this host; asserts the job
     exited 0, every rank printed DONE and wrote nothing unexpected to stderr.
-    Returns each rank's stdout."""
+    Returns each rank's stdout.
+
+    exit_checked=False is for a reference job on another backend, whose results
+    a test compares with rcoll's and whose exit is not under test: it passes once
+    every rank printed DONE, however it exits. Gloo aborts at exit ("terminate
+    called without an active exception", 1 job in ~6 with busy CPUs, torch 2.14)
+    when a job leaves its group undestroyed, as Lightning leaves any but NCCL's
+    (pytorch/pytorch#190489)."""
     log_dir = Path(tmp_path) / f"logs-{os.urandom(4).hex()}"
     launcher = ([sys.executable, "-m", "torch.distributed.run"] if module_form
                 else [str(Path(sys.executable).parent / "torchrun")])
@@ -122,6 +130,8 @@ def torchrun(script: Path, nproc: int, tmp_path: Path, *, args: Sequence[str] = 
     if launcher_err is None:
         ranks = "\n".join(f"--- rank {r} stderr:\n{e[-2000:]}" for r, _, e in outputs)
         raise AssertionError(f"torchrun job did not end within {timeout} s: {cmd}\n{ranks}")
+    if not exit_checked and len(outputs) == nproc and all(DONE in out for _, out, _ in outputs):
+        return [out for _, out, _ in outputs]
     if proc.returncode == 0:
         for rank, out, err in outputs:
             check_rank_output(f"rank {rank}", out, err, allow)

@@ -73,14 +73,16 @@ def deepspeed_env(tmp_path_factory):
 
 def run_on_rcoll_and_gloo(script: Path, tmp_path: Path, args=(), allow=(), env=None, timeout: float = 300):
     """Runs the job on both backends; asserts equal results on every rank and
-    returns what rcoll's rank 0 ran, by op kind."""
+    returns what rcoll's rank 0 ran, by op kind. rcoll's job must also exit
+    cleanly; Gloo's is the reference for the results only (launch.torchrun's
+    exit_checked)."""
     trace = tmp_path / "trace"
     results = {}
     for backend in ("rcoll", "gloo"):
         job_env = {**(env or {}), **({"RCOLL_TIMELINE": str(trace)} if backend == "rcoll" else {})}
         try:
             outputs = launch.torchrun(script, 2, tmp_path, args=[*args, "--backend", backend], env=job_env,
-                                      allow=allow, timeout=timeout)
+                                      allow=allow, timeout=timeout, exit_checked=backend == "rcoll")
         except AssertionError as e:
             raise AssertionError(f"the job on {backend}: {e}") from None
         results[backend] = _results(outputs)
