@@ -21,6 +21,7 @@
 #include "python/gil.h"
 #include "python/numpy_arrays.h"
 #include "python/python_store.h"
+#include "python/quick_lane.h"
 #include "python/trace_bindings.h"
 #include "tcp_store.h"
 #include "topology.h"
@@ -358,6 +359,8 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("seq", &Work::seq)
       .def_property_readonly("source_rank", &Work::sourceRank,
                              "recv: the sender (known once a receive from any source has matched), else -1.");
+
+  rcoll::python::bindQuickLane(m);
 
   py::class_<AgreedRound>(m, "AgreedRound")
       .def(

@@ -13,7 +13,7 @@ from native import cpp_build
 CXX = os.environ.get("CXX", "g++")
 
 UNITS = ["test_ack_watch", "test_communicator", "test_job_health", "test_mr_cache", "test_on_demand_connector",
-         "test_reduce_kernels", "test_schedules", "test_setup_parts", "test_tcp_store"]
+         "test_reduce_kernels", "test_response_slots", "test_schedules", "test_setup_parts", "test_tcp_store"]
 CASES = [(name, "asan+ubsan") for name in UNITS] + [
     ("test_tcp_store", "tsan"), ("test_communicator", "tsan"), ("test_mr_cache", "tsan"),
     ("test_on_demand_connector", "tsan"), ("test_job_health", "tsan")]

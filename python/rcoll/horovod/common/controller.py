@@ -44,7 +44,6 @@ front end's stand-in) until every rank joined.
 """
 from __future__ import annotations
 
-import collections
 import os
 import pickle
 import threading
@@ -96,54 +95,45 @@ def cacheable(name: str) -> bool:
 
 
 class ResponseCache:
-    """The ops that ran before, each in a slot: name -> (slot, every rank's
-    metadata, this rank's key). Least recently run goes first when it is
-    full; the same on every rank because it changes only when an op runs."""
+    """The ops that ran before, each in a slot, least recently run going
+    first when it is full; the same on every rank because it changes only
+    when an op runs. The slot table (name -> slot, this rank's key) is the
+    core's (csrc/response_slots.h, held by the controller's QuickLane, which
+    reads it without Python); every rank's metadata is kept here by slot."""
 
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self._entries: "collections.OrderedDict[str, tuple]" = collections.OrderedDict()
-        self._names: Dict[int, str] = {}  # slot -> name
+    def __init__(self, slots):
+        self._slots = slots  # _core.QuickLane
+        self._metas: Dict[int, Dict[int, dict]] = {}  # slot -> every rank's metadata
 
     def slot(self, request, rank: int) -> Optional[int]:
         """The slot of `request`'s name if this rank's metadata is what it was."""
-        entry = self._entries.get(request.name)
-        if entry is None:
+        found = self._slots.find(request.name)
+        if found is None:
             return None
-        if request.key is not None and request.key == entry[2]:  # slot_of's test, without a second lookup
-            return entry[0]
-        return entry[0] if entry[1].get(rank) == request.meta else None
+        slot, key = found
+        if request.key is not None and request.key == key:  # slot_of's test, without a second lookup
+            return slot
+        return slot if self._metas[slot].get(rank) == request.meta else None
 
     def ran_again(self, name: str) -> None:
         """Records that the op in `name`'s slot ran again, as it was (ran() with its own metas and key)."""
-        self._entries.move_to_end(name)
+        self._slots.ran_again(name)
 
     def slot_of(self, name: str, key) -> Optional[int]:
         """The slot of `name` if it ran last under `key` on this rank."""
-        entry = self._entries.get(name)
-        return entry[0] if entry is not None and key == entry[2] else None
+        return None if key is None else self._slots.slot_with_key(name, key)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._slots)
 
     def entry(self, slot: int):
         """(name, metas) in `slot`."""
-        name = self._names[slot]
-        return name, self._entries[name][1]
+        return self._slots.name_at(slot), self._metas[slot]
 
-    def ran(self, name: str, metas: Dict[int, dict], key=None) -> None:
+    def ran(self, name: str, metas: Dict[int, dict], key: Optional[str] = None) -> None:
         """Records an op that ran (from a full round or the cache); `key`: its request's on this rank."""
-        entry = self._entries.get(name)
-        if entry is not None:
-            self._entries[name] = (entry[0], metas, key)
-            self._entries.move_to_end(name)
-            return
-        if len(self._entries) < self.capacity:
-            slot = len(self._entries)
-        else:
-            _, (slot, _, _) = self._entries.popitem(last=False)
-        self._entries[name] = (slot, metas, key)
-        self._names[slot] = name
+        slot, _evicted = self._slots.ran(name, key)
+        self._metas[slot] = metas
 
 
 _CACHED_ONLY, _NEEDS_FULL = 0xFF, 0  # a cached round's first byte
@@ -168,7 +158,6 @@ class Controller:
         self._cycle = _setting("HOROVOD_CYCLE_TIME", 1.0) / 1000.0
         self._idle_cycle = max(self._cycle, _core.settings()["horovod_idle_cycle"])  # RCOLL_HOROVOD_IDLE_CYCLE
         capacity = self._agreed_capacity(int(_setting("HOROVOD_CACHE_CAPACITY", 1024, int, "entries")))
-        self._cache = ResponseCache(capacity) if capacity > 0 else None
         # A cached round's vector: a byte that stays all ones unless a rank
         # needs a full round, then a bit per slot (little-endian).
         self._slot_bytes = (capacity + 7) // 8
@@ -179,11 +168,15 @@ class Controller:
         # Each cached round: the AND of the offers, and an inline op's inputs (RCOLL_HOROVOD_INLINE_BYTES).
         self.inline_bytes = control._comm.horovod_inline_bytes  # rank 0's (an agreed setting)
         self._agree = control._comm.agreed_round(self._offer_at, self._agreed_at, 1, self.inline_bytes)
+        # The gate every thread claims to drive a round, the response cache's
+        # slots, and a synchronous small allreduce's round in one call
+        # (csrc/python/quick_lane.h): the front end's fast path.
+        self.lane = _core.QuickLane(control._comm, self._offer_at, self._agreed_at, capacity, self.inline_bytes)
+        self._cache = ResponseCache(self.lane) if capacity > 0 else None
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)  # the background thread's: join, stop
         self._round_over = threading.Condition(self._lock)  # callers waiting for a round of another thread
-        self._driving = False  # a thread is in a round (rounds of one rank never overlap)
-        self._waiters = 0  # threads waiting on _round_over
+        self._waiters = 0  # threads waiting on _round_over (for a round of another thread: lane.driving)
         self._inline = False  # the round is driven by a caller of wait()
         self._new: List[Request] = []  # submitted, not yet seen by a round
         self._pending: Dict[str, Request] = {}  # seen by a round, not yet answered (in submission order)
@@ -195,9 +188,28 @@ class Controller:
         self._stopping = False
         self._finished = False  # every rank stopped: no more rounds
         self._failed: Optional[BaseException] = None
-        self.timeline = None  # Horovod's timeline (timeline.py) while one is written
+        self._timeline = None  # Horovod's timeline (timeline.py) while one is written
+        with self._lock:
+            self._update_idle()
         self._thread = threading.Thread(target=self._loop, name=f"rcoll-horovod-{label}", daemon=True)
         self._thread.start()
+
+    @property
+    def timeline(self):
+        """Horovod's timeline (timeline.py) while one is written, else None."""
+        return self._timeline
+
+    @timeline.setter
+    def timeline(self, timeline) -> None:
+        with self._lock:
+            self._timeline = timeline
+            self._update_idle()
+
+    def _update_idle(self) -> None:
+        """Tells the lane whether only its op could be negotiated now (under self._lock)."""
+        self.lane.set_idle(self._cache is not None and self.inline_bytes > 0 and self._timeline is None
+                           and self._failed is None and not (self._stopping or self._joining or self._new
+                                                             or self._pending or self._table or self._joined))
 
     def _agreed_capacity(self, mine: int) -> int:
         """Rank 0's HOROVOD_CACHE_CAPACITY, for every rank of the set (one
@@ -227,6 +239,7 @@ class Controller:
             # The background thread finds it at its next cycle (as Horovod's
             # does), unless a caller waits for it first and drives a round.
             self._new.append(request)
+            self.lane.set_idle(False)
 
     def run_quick(self, name: str, key, inline, make: Callable):
         """A synchronous op of this thread's: submitted and, when this rank
@@ -237,64 +250,84 @@ class Controller:
         the same cached op: its output holds the result); else the Request,
         submitted, which the caller waits for with wait(); None, nothing
         done, when the negotiation failed or stops (submit() raises why).
-        This is the latency users time: a small op repeated under one name."""
-        lock = self._lock
-        with lock:
+        The front end tries self.lane.run first, the same round without
+        Python, and comes here when the lane does not take the op."""
+        with self._lock:
             if self._failed is not None or self._stopping:
                 return None
-            if self._driving or self._new or self._pending or self._table or self._joined or self._joining:
+            if (self._new or self._pending or self._table or self._joined or self._joining
+                    or not self.lane.try_drive()):
                 # Submitted as by submit(), not waiting here for the round to
                 # end: a thread that keeps driving rounds for its own op could
                 # keep this one from ever being offered, while the peers,
                 # in the same state, wait for it.
                 request = make()
                 self._new.append(request)
+                self.lane.set_idle(False)
                 return request
-            self._driving = True
-        self._inline = True
-        cache = self._cache
-        request = None
+        slot = size = None
         try:
-            slot = (cache.slot_of(name, key)
-                    if inline is not None and cache is not None and self.inline_bytes and self.timeline is None
-                    else None)
-            if slot is None:
-                request = self._pending[name] = make()
-                self._round()
-                return request
-            size = 1 + (len(cache._entries) + 7) // 8  # _offer_size()
-            offer = self._offer_bytes
-            offer[0] = _CACHED_ONLY
-            offer[1:size] = (1 << slot).to_bytes(size - 1, "little")
-            if self._agree(size, slot, *inline):
-                cache.ran_again(name)
-                return True
-            request = self._pending[name] = make()
-            if self._cached_answer(size, (slot, request), False, True) is None:
-                self._full_round(False, False)
-            return request
+            cache = self._cache
+            if inline is not None and cache is not None and self.inline_bytes and self._timeline is None:
+                slot = cache.slot_of(name, key)
+            if slot is not None:
+                size = self._offer_size()
+                offer = self._offer_bytes
+                offer[0] = _CACHED_ONLY
+                offer[1:size] = (1 << slot).to_bytes(size - 1, "little")
+                if self._agree(size, slot, *inline):
+                    cache.ran_again(name)
+                    self._round_ended()
+                    return True
         except BaseException as error:  # noqa: BLE001 - every pending op learns why
-            if request is None:
-                request = self._pending[name] = make()
-            self._fail_all(error)
+            return self.answer_quick(name, make, error=error)
+        return self.answer_quick(name, make, slot, size)
+
+    def answer_quick(self, name: str, make: Callable, slot=None, size=None, error=None):
+        """The rest of a synchronous op's round when it did not finish in it,
+        on the thread that drives (run_quick's, or the front end's after
+        lane.run returned (slot, size) or raised `error`): its Request,
+        answered by what the cached round in `slot` agreed and the full
+        round that follows if one must, or by a round now when no cached
+        round ran (slot None). The caller waits for it with wait()."""
+        self._inline = True
+        try:
+            request = self._pending[name] = make()
+            try:
+                if error is not None:
+                    self._fail_all(error)
+                elif slot is None:
+                    self._round()
+                elif self._cached_answer(size, (slot, request), False, True) is None:
+                    self._full_round(False, False)
+            except BaseException as failure:  # noqa: BLE001 - every pending op learns why
+                self._fail_all(failure)
             return request
         finally:
             self._round_ended()
 
+    def lane_round_over(self) -> None:
+        """lane.run finished its op and let go of the rounds: threads waiting for another's round learn it."""
+        if self._waiters:  # read without the lock: see wait()
+            with self._lock:
+                self._round_over.notify_all()
+
     def wait(self, answered: Callable[[], bool]) -> None:
         """Drives rounds on the caller's thread until `answered()` (ops are
         answered, run or failed, only in rounds), or waits while another thread drives."""
+        lane = self.lane
         while not answered():
             with self._lock:
-                if self._driving:
-                    self._waiters += 1
-                    try:
-                        self._round_over.wait_for(lambda: answered() or not self._driving)
-                    finally:
-                        self._waiters -= 1
-                    if answered():
-                        return
-                self._driving = True
+                # _waiters goes up before the gate is read, and lane.run lets
+                # go of the gate before reading _waiters (lane_round_over):
+                # either this thread sees the gate open or it is notified.
+                self._waiters += 1
+                try:
+                    self._round_over.wait_for(lambda: answered() or not lane.driving)
+                finally:
+                    self._waiters -= 1
+                if answered() or not lane.try_drive():
+                    continue
             self._drive(inline=True)
 
     def join(self, done: Callable) -> None:
@@ -304,12 +337,14 @@ class Controller:
                 raise self._refuse("join") from self._failed
             self._joining = True
             self._join_waiter = done
+            self.lane.set_idle(False)
             self._wake.notify()
 
     def stop(self, grace: float) -> None:
         """Leaves the rounds once every rank of the set stops (or after `grace` seconds)."""
         with self._lock:
             self._stopping = True
+            self.lane.set_idle(False)
             self._wake.notify()
         self._thread.join(grace)
         if self._thread.is_alive():
@@ -326,6 +361,7 @@ class Controller:
         self._control.abort(why)
         with self._lock:
             self._stopping = True
+            self.lane.set_idle(False)
             self._wake.notify()
         self._thread.join(5.0)
         self._fail_all(RuntimeError(why))
@@ -340,15 +376,14 @@ class Controller:
                 self._wake.wait_for(lambda: self._stopping or self._joining, timeout=wait)
                 if self._finished or self._failed is not None:
                     return
-                if self._driving:  # a caller drives
+                if not self.lane.try_drive():  # a caller drives
                     quiet_rounds = 0
                     continue
-                self._driving = True
             busy = self._drive()
             quiet_rounds = 0 if busy else quiet_rounds + 1
 
     def _drive(self, inline=False) -> bool:
-        """One round on this thread (self._driving is set); True when anything is pending anywhere."""
+        """One round on this thread (it holds lane's gate); True when anything is pending anywhere."""
         busy = False
         self._inline = inline
         try:
@@ -362,7 +397,8 @@ class Controller:
     def _round_ended(self):
         """The driving thread's round is over: another thread may drive, and those waiting learn it."""
         with self._lock:
-            self._driving = False
+            self.lane.end_drive()
+            self._update_idle()
             if self._waiters:
                 self._round_over.notify_all()
 
@@ -375,6 +411,12 @@ class Controller:
             joining, self._joining = self._joining, False
             stopping = self._stopping
         for request in new:
+            if request.name in self._pending:
+                # A synchronous op of that name from another thread, which the
+                # fast lane took without the front end's name registry.
+                request.fail(f"rank {self._rank}: {request.meta['kind']} {request.name!r}: another op of this name "
+                             "is in flight; ops in flight at once need names of their own")
+                continue
             self._pending[request.name] = request
         # Every rank knows the table and the joined ranks, so every rank
         # makes the same choice of round.
@@ -540,6 +582,7 @@ class Controller:
     def _fail_all(self, error: BaseException):
         with self._lock:
             self._failed = error
+            self.lane.set_idle(False)
             pending = list(self._pending.values()) + self._new
             self._pending, self._new = {}, []
             waiter, self._join_waiter = self._join_waiter, None

@@ -394,8 +394,12 @@ def _allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_fact
 
 def _allreduce_key(tensor, op, prescale, postscale):
     """What the response cache compares for an allreduce of one tensor
-    (controller.Request.key): equal keys are equal metadata (_meta)."""
-    return ("allreduce", tensor.dtype, tensor.shape, tensor.is_cpu, op, prescale, postscale)
+    (controller.Request.key): equal keys are equal metadata (_meta). A host
+    tensor's without scaling is the core's (the key the fast lane builds)."""
+    code, op_code = DTYPE_CODES.get(tensor.dtype), _CORE_OPS.get(op)
+    if tensor.is_cpu and prescale == 1.0 and postscale == 1.0 and code is not None and op_code is not None:
+        return _core.allreduce_cache_key(code, op_code, list(tensor.shape))
+    return repr(("allreduce", tensor.dtype, tuple(tensor.shape), tensor.is_cpu, op, prescale, postscale))
 
 
 class _NameTaken:
@@ -449,24 +453,41 @@ class _QuickAllreduce(_InFlight):
 
 def _allreduce_now(tensor, in_place, name, op, process_set):
     """allreduce (or allreduce_) of one named host tensor without a handle:
-    submitted and negotiated on this thread at once (Controller.run_quick),
-    so a small one finishes in one collective. None, having done nothing,
-    for anything unusual: the general path then runs it or words the error."""
+    through the controller's fast lane (one core call: the cached round that
+    agrees on it reduces it) when the op ran before under its name, else
+    submitted and negotiated on this thread at once (Controller.run_quick).
+    None, having done nothing, for anything unusual: the general path then
+    runs it or words the error."""
     job = _basics._current
     if job is None or not isinstance(tensor, torch.Tensor) or not isinstance(process_set, ProcessSet):
         return None
-    psid = process_set.process_set_id
-    parts = job.parts(psid)
+    parts = job.parts(process_set.process_set_id)
     code = DTYPE_CODES.get(tensor.dtype)
-    if (parts is None or op not in _CORE_OPS or code is None or not tensor.is_cpu
+    op_code = _CORE_OPS.get(op)
+    if (parts is None or op_code is None or code is None or not tensor.is_cpu
             or tensor.layout is not torch.strided or not tensor.is_contiguous()
             or (op == Average and not tensor.is_floating_point())):
         return None
     comm, controller = parts
+    name = "allreduce." + name
+    output = tensor if in_place else torch.empty_like(tensor)
+    try:
+        done = controller.lane.run(name, tensor.shape, tensor.data_ptr(), output.data_ptr(), tensor.numel(), code,
+                                   op_code)
+    except BaseException as error:  # noqa: BLE001 - the round failed: this thread still drives
+        done = error
+    if done is True:
+        controller.lane_round_over()
+        return output
+    args = (tensor.data_ptr(), output.data_ptr(), tensor.numel(), code, op_code)
+    if done is not None:  # the lane ran a round that did not fold it: this thread still drives
+        make = _quick_maker(name, comm, controller, tensor, output, op, job.rank, args)
+        if isinstance(done, BaseException):
+            return _wait_quick(controller, controller.answer_quick(name, make, error=done), output)
+        return _wait_quick(controller, controller.answer_quick(name, make, *done), output)
     if controller.timeline is not None:
         return None  # the general path writes the op's timeline events
-    name = "allreduce." + name
-    names_key = (psid, name)
+    names_key = (process_set.process_set_id, name)
     taken = _NameTaken()
     with _names_lock:  # as _submit takes a name: another thread's op of the same name is refused
         holder = _active_names.get(names_key)
@@ -474,27 +495,35 @@ def _allreduce_now(tensor, in_place, name, op, process_set):
             return None  # the general path says why
         _active_names[names_key] = taken
     try:
-        return _negotiate_now(tensor, in_place, name, op, comm, controller, code, job.rank)
+        make = _quick_maker(name, comm, controller, tensor, output, op, job.rank, args)
+        done = controller.run_quick(name, make.key, make.inline, make)
+        if done is True:
+            return output  # reduced in the round that agreed on it
+        if done is None:
+            return None  # not submitted: the general path raises why
+        return _wait_quick(controller, done, output)
     finally:
         with _names_lock:
             if _active_names.get(names_key) is taken:
                 del _active_names[names_key]
 
 
-def _negotiate_now(tensor, in_place, name, op, comm, controller, code, rank):
-    """_allreduce_now with the name taken: the output, or None when the general path must run it."""
-    output = tensor if in_place else torch.empty_like(tensor)
-    count = tensor.numel()
-    inline = ((tensor.data_ptr(), output.data_ptr(), count, code, _CORE_OPS[op])
-              if count * tensor.element_size() <= controller.inline_bytes else None)
+def _quick_maker(name, comm, controller, tensor, output, op, rank, args):
+    """What builds a synchronous allreduce's Request when it does not finish
+    in its round; make.key and make.inline are the Request's (the input goes
+    into cached rounds while it fits RCOLL_HOROVOD_INLINE_BYTES)."""
     key = _allreduce_key(tensor, op, 1.0, 1.0)
-    done = controller.run_quick(
-        name, key, inline, lambda: _QuickAllreduce(name, key, inline, comm, controller, tensor, output, op, rank))
-    if done is True:
-        return output  # reduced in the round that agreed on it
-    if done is None:
-        return None  # not submitted: the general path raises why
-    quick = done
+    inline = args if args[2] * tensor.element_size() <= controller.inline_bytes else None
+
+    def make():
+        return _QuickAllreduce(name, key, inline, comm, controller, tensor, output, op, rank)
+
+    make.key, make.inline = key, inline
+    return make
+
+
+def _wait_quick(controller, quick, output):
+    """The output of a synchronous allreduce that did not finish in its round, once it has run."""
     controller.wait(quick.is_answered)
     if quick.error is not None:
         raise HorovodInternalError(quick.error)
