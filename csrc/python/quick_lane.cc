@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "agreed_reduce.h"
@@ -36,13 +37,24 @@ class QuickLane {
 
   // -- the gate: one word that every thread driving a round claims ------------------
   bool tryDrive() { return (state_.fetch_or(kDriving) & kDriving) == 0; }
-  void endDrive() { state_.fetch_and(~kDriving); }
+  // The driver lets go, saying in the same store whether the controller is
+  // idle now: the lane must never see the gate open beside an IDLE bit from
+  // before that round (a round can leave ops pending, or a table to settle).
+  void endDrive(bool idle) { state_.store(idle ? kIdle : 0u); }
   bool driving() const { return (state_.load() & kDriving) != 0; }
-  void setIdle(bool idle) {
-    if (idle)
-      state_.fetch_or(kIdle);
-    else
-      state_.fetch_and(~kIdle);
+  // Something to negotiate arrived (set before it is recorded). Only a
+  // driver's endDrive() says idle again, and the lane's own fold, which
+  // changes nothing else, keeps what was there.
+  void notIdle() { state_.fetch_and(~kIdle); }
+  // The first word, before any thread can drive.
+  void start(bool idle) { state_.store(idle ? kIdle : 0u); }
+
+  // Whether this thread claimed the gate in run() and the round then threw
+  // (it still drives); cleared by asking. Another thread's failure is not its own.
+  bool failedHere() {
+    if (!failed_owner_ || *failed_owner_ != std::this_thread::get_id()) return false;
+    failed_owner_.reset();
+    return true;
   }
 
   ResponseSlots& slots() { return slots_; }
@@ -53,8 +65,16 @@ class QuickLane {
   // folding it; this thread still drives, and the controller goes on from
   // what the round agreed (the agreed buffer). Throws what the round threw,
   // this thread still driving.
-  py::object run(const std::string& name, py::handle shape, uintptr_t input, uintptr_t out, size_t count,
-                 int dtype, int op) {
+  py::object run(py::handle name_object, py::handle shape, uintptr_t input, uintptr_t out, size_t count, int dtype,
+                 int op) {
+    Py_ssize_t name_size = 0;
+    const char* name_chars =
+        PyUnicode_Check(name_object.ptr()) ? PyUnicode_AsUTF8AndSize(name_object.ptr(), &name_size) : nullptr;
+    if (name_chars == nullptr) {  // not a str, or one UTF-8 cannot carry: the controller's own path
+      PyErr_Clear();
+      return py::none();
+    }
+    const std::string name(name_chars, static_cast<size_t>(name_size));
     std::optional<size_t> slot;
     try {
       slot = claim(name, shape, count, dtype, op);
@@ -74,10 +94,16 @@ class QuickLane {
     args.count = count;
     args.dtype = static_cast<DataType>(dtype);
     args.op = static_cast<ReduceOp>(op);
-    const bool folded = withoutGil([&] { return agreeAndReduce(*comm_, args); });
+    bool folded = false;
+    try {
+      folded = withoutGil([&] { return agreeAndReduce(*comm_, args); });
+    } catch (...) {
+      failed_owner_ = std::this_thread::get_id();  // the caller learns it still drives (failedHere)
+      throw;
+    }
     if (!folded) return py::make_tuple(*slot, offer_bytes);
     slots_.ranAgain(name);
-    endDrive();
+    state_.fetch_and(~kDriving);  // the round changed nothing but this op: IDLE stays as it is
     return py::bool_(true);
   }
 
@@ -114,6 +140,7 @@ class QuickLane {
   AgreedReduceArgs args_;
   std::vector<int64_t> dims_;
   std::atomic<uint32_t> state_{0};
+  std::optional<std::thread::id> failed_owner_;  // written and read with the GIL held
 };
 
 }  // namespace
@@ -126,14 +153,19 @@ void bindQuickLane(py::module_& m) {
            "agreed"_a, "cache_capacity"_a, "inline_bytes"_a,
            "A fast lane over the controller's offer and agreed buffers (addresses; they must outlive it).")
       .def("try_drive", &QuickLane::tryDrive, "Claims the rounds for this thread; False if another thread drives.")
-      .def("end_drive", &QuickLane::endDrive)
+      .def("end_drive", &QuickLane::endDrive, "idle"_a,
+           "The driving thread lets go, with whether the controller has nothing but a lane's op to negotiate.")
       .def_property_readonly("driving", &QuickLane::driving)
-      .def("set_idle", &QuickLane::setIdle, "idle"_a,
-           "Whether the controller has nothing but the lane's op to negotiate (set under its lock).")
+      .def("not_idle", &QuickLane::notIdle, "Something to negotiate arrived: the lane stands aside.")
+      .def("start", &QuickLane::start, "idle"_a, "The gate's first state, before any thread drives.")
+      .def("failed_here", &QuickLane::failedHere,
+           "After run() raised: whether this thread had claimed the round (it still drives).")
       .def("run", &QuickLane::run, "name"_a, "shape"_a, "input"_a, "out"_a, "count"_a, "dtype"_a, "op"_a,
            "One synchronous allreduce through the lane: None (not taken), True (done) or (slot, offer bytes) "
            "(a round ran without folding it; the caller drives on).")
-      // The response cache's slot table, for the controller.
+      // The response cache's slot table, for the controller. Names go in
+      // and come out as the UTF-8 bytes of the op's name (with surrogates
+      // passed through: a name is whatever str the user gave); keys are str.
       .def(
           "find",
           [](QuickLane& lane, const std::string& name) -> py::object {
@@ -152,14 +184,13 @@ void bindQuickLane(py::module_& m) {
           "ran",
           [](QuickLane& lane, const std::string& name, std::optional<std::string> key) {
             ResponseSlots::Ran ran = lane.slots().ran(name, std::move(key));
-            return py::make_tuple(ran.slot, ran.evicted ? py::cast(*ran.evicted) : py::none());
+            return py::make_tuple(ran.slot, ran.evicted ? py::object(py::bytes(*ran.evicted)) : py::none());
           },
           "name"_a, "key"_a, "Records that an op ran: (its slot, the name evicted from that slot or None).")
       .def(
-          "ran_again", [](QuickLane& lane, const std::string& name) { return lane.slots().ranAgain(name); },
-          "name"_a)
+          "ran_again", [](QuickLane& lane, const std::string& name) { return lane.slots().ranAgain(name); }, "name"_a)
       .def(
-          "name_at", [](QuickLane& lane, size_t slot) { return lane.slots().nameAt(slot); }, "slot"_a)
+          "name_at", [](QuickLane& lane, size_t slot) { return py::bytes(lane.slots().nameAt(slot)); }, "slot"_a)
       .def("__len__", [](QuickLane& lane) { return lane.slots().size(); });
 }
 

@@ -151,6 +151,37 @@ if size > 1:
         assert "changes" in str(e) and "shape" in str(e), e
 assert torch.equal(hvd.allreduce(torch.ones(2), name="changes", op=hvd.Sum), torch.full((2,), float(size)))
 
+# Names are any str: one UTF-8 cannot carry (a lone surrogate) is cached and
+# runs as any other. The same elements in another shape under one name are
+# another op (the cache's key holds the shape), each result exact.
+for call in range(3):
+    out = hvd.allreduce(torch.full((2,), float(rank + call)), name="odd\udc80name", op=hvd.Sum)
+    assert torch.equal(out, torch.full((2,), float(sum(range(size)) + size * call))), out
+    for shape in ((2, 3), (3, 2), (6,)):
+        out = hvd.allreduce(torch.arange(6.).reshape(shape) + rank, name="reshaped", op=hvd.Sum)
+        assert torch.equal(out, (torch.arange(6.) * size + sum(range(size))).reshape(shape)), (shape, out)
+
+# A synchronous allreduce under the name of this rank's async op still in
+# flight is refused on this rank (Horovod's "already in flight"), whichever
+# path would have run it; the async op then completes as it was. Rank 0
+# tries before the others submit theirs (the barrier), so its op cannot
+# have finished yet.
+if size > 1:
+    if rank == 0:
+        handle = hvd.allreduce_async(torch.ones(2), name="busy", op=hvd.Sum)
+        try:
+            hvd.allreduce(torch.ones(2), name="busy", op=hvd.Sum)
+            raise AssertionError("a second op under the name of one in flight ran")
+        except ValueError as e:
+            assert "already in flight" in str(e), e
+        hvd.barrier()
+    else:
+        hvd.barrier()
+        handle = hvd.allreduce_async(torch.ones(2), name="busy", op=hvd.Sum)
+    assert torch.equal(hvd.synchronize(handle), torch.full((2,), float(size)))
+    for _ in range(2):
+        assert torch.equal(hvd.allreduce(torch.ones(2), name="busy", op=hvd.Sum), torch.full((2,), float(size)))
+
 # A process set of the first two ranks (of three or more: Horovod refuses a
 # duplicate of the global set): its own negotiation, inline too.
 if size > 2:

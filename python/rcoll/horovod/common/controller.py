@@ -99,7 +99,9 @@ class ResponseCache:
     first when it is full; the same on every rank because it changes only
     when an op runs. The slot table (name -> slot, this rank's key) is the
     core's (csrc/response_slots.h, held by the controller's QuickLane, which
-    reads it without Python); every rank's metadata is kept here by slot."""
+    reads it without Python); every rank's metadata is kept here by slot.
+    Names cross into the core as UTF-8 bytes, surrogates passed through (any
+    str is a name), which is what the lane reads of a name it can encode."""
 
     def __init__(self, slots):
         self._slots = slots  # _core.QuickLane
@@ -107,7 +109,7 @@ class ResponseCache:
 
     def slot(self, request, rank: int) -> Optional[int]:
         """The slot of `request`'s name if this rank's metadata is what it was."""
-        found = self._slots.find(request.name)
+        found = self._slots.find(_wire(request.name))
         if found is None:
             return None
         slot, key = found
@@ -117,23 +119,27 @@ class ResponseCache:
 
     def ran_again(self, name: str) -> None:
         """Records that the op in `name`'s slot ran again, as it was (ran() with its own metas and key)."""
-        self._slots.ran_again(name)
+        self._slots.ran_again(_wire(name))
 
     def slot_of(self, name: str, key) -> Optional[int]:
         """The slot of `name` if it ran last under `key` on this rank."""
-        return None if key is None else self._slots.slot_with_key(name, key)
+        return None if key is None else self._slots.slot_with_key(_wire(name), key)
 
     def __len__(self) -> int:
         return len(self._slots)
 
     def entry(self, slot: int):
         """(name, metas) in `slot`."""
-        return self._slots.name_at(slot), self._metas[slot]
+        return self._slots.name_at(slot).decode("utf-8", "surrogatepass"), self._metas[slot]
 
     def ran(self, name: str, metas: Dict[int, dict], key: Optional[str] = None) -> None:
         """Records an op that ran (from a full round or the cache); `key`: its request's on this rank."""
-        slot, _evicted = self._slots.ran(name, key)
+        slot, _evicted = self._slots.ran(_wire(name), key)
         self._metas[slot] = metas
+
+
+def _wire(name: str) -> bytes:
+    return name.encode("utf-8", "surrogatepass")
 
 
 _CACHED_ONLY, _NEEDS_FULL = 0xFF, 0  # a cached round's first byte
@@ -189,8 +195,7 @@ class Controller:
         self._finished = False  # every rank stopped: no more rounds
         self._failed: Optional[BaseException] = None
         self._timeline = None  # Horovod's timeline (timeline.py) while one is written
-        with self._lock:
-            self._update_idle()
+        self.lane.start(self._idle())
         self._thread = threading.Thread(target=self._loop, name=f"rcoll-horovod-{label}", daemon=True)
         self._thread.start()
 
@@ -201,15 +206,16 @@ class Controller:
 
     @timeline.setter
     def timeline(self, timeline) -> None:
-        with self._lock:
+        with self._lock:  # ordered with a driver's end_drive(self._idle())
+            if timeline is not None:
+                self.lane.not_idle()  # idle again once a round ends without one (_round_ended)
             self._timeline = timeline
-            self._update_idle()
 
-    def _update_idle(self) -> None:
-        """Tells the lane whether only its op could be negotiated now (under self._lock)."""
-        self.lane.set_idle(self._cache is not None and self.inline_bytes > 0 and self._timeline is None
-                           and self._failed is None and not (self._stopping or self._joining or self._new
-                                                             or self._pending or self._table or self._joined))
+    def _idle(self) -> bool:
+        """Whether a lane's op is all this rank could negotiate now (the driving thread, under self._lock)."""
+        return (self._cache is not None and self.inline_bytes > 0 and self._timeline is None and self._failed is None
+                and not (self._stopping or self._joining or self._new or self._pending or self._table
+                         or self._joined))
 
     def _agreed_capacity(self, mine: int) -> int:
         """Rank 0's HOROVOD_CACHE_CAPACITY, for every rank of the set (one
@@ -238,8 +244,8 @@ class Controller:
                 raise ValueError(f"rank {self._rank}: {request.meta['kind']}: Horovod is shutting down")
             # The background thread finds it at its next cycle (as Horovod's
             # does), unless a caller waits for it first and drives a round.
+            self.lane.not_idle()  # before the lane could see it, never after
             self._new.append(request)
-            self.lane.set_idle(False)
 
     def run_quick(self, name: str, key, inline, make: Callable):
         """A synchronous op of this thread's: submitted and, when this rank
@@ -262,8 +268,8 @@ class Controller:
                 # keep this one from ever being offered, while the peers,
                 # in the same state, wait for it.
                 request = make()
+                self.lane.not_idle()
                 self._new.append(request)
-                self.lane.set_idle(False)
                 return request
         slot = size = None
         try:
@@ -335,16 +341,16 @@ class Controller:
         with self._lock:
             if self._failed is not None:
                 raise self._refuse("join") from self._failed
+            self.lane.not_idle()
             self._joining = True
             self._join_waiter = done
-            self.lane.set_idle(False)
             self._wake.notify()
 
     def stop(self, grace: float) -> None:
         """Leaves the rounds once every rank of the set stops (or after `grace` seconds)."""
         with self._lock:
+            self.lane.not_idle()
             self._stopping = True
-            self.lane.set_idle(False)
             self._wake.notify()
         self._thread.join(grace)
         if self._thread.is_alive():
@@ -360,8 +366,8 @@ class Controller:
         is aborted, whatever is pending fails with `why`."""
         self._control.abort(why)
         with self._lock:
+            self.lane.not_idle()
             self._stopping = True
-            self.lane.set_idle(False)
             self._wake.notify()
         self._thread.join(5.0)
         self._fail_all(RuntimeError(why))
@@ -397,8 +403,7 @@ class Controller:
     def _round_ended(self):
         """The driving thread's round is over: another thread may drive, and those waiting learn it."""
         with self._lock:
-            self.lane.end_drive()
-            self._update_idle()
+            self.lane.end_drive(self._idle())  # one store: never the gate open beside a stale IDLE
             if self._waiters:
                 self._round_over.notify_all()
 
@@ -581,8 +586,8 @@ class Controller:
 
     def _fail_all(self, error: BaseException):
         with self._lock:
+            self.lane.not_idle()
             self._failed = error
-            self.lane.set_idle(False)
             pending = list(self._pending.values()) + self._new
             self._pending, self._new = {}, []
             waiter, self._join_waiter = self._join_waiter, None

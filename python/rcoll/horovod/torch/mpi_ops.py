@@ -470,24 +470,28 @@ def _allreduce_now(tensor, in_place, name, op, process_set):
         return None
     comm, controller = parts
     name = "allreduce." + name
+    names_key = (process_set.process_set_id, name)
+    holder = _active_names.get(names_key)  # an op of this name in flight: the path below refuses it
     output = tensor if in_place else torch.empty_like(tensor)
-    try:
-        done = controller.lane.run(name, tensor.shape, tensor.data_ptr(), output.data_ptr(), tensor.numel(), code,
-                                   op_code)
-    except BaseException as error:  # noqa: BLE001 - the round failed: this thread still drives
-        done = error
-    if done is True:
-        controller.lane_round_over()
-        return output
     args = (tensor.data_ptr(), output.data_ptr(), tensor.numel(), code, op_code)
-    if done is not None:  # the lane ran a round that did not fold it: this thread still drives
-        make = _quick_maker(name, comm, controller, tensor, output, op, job.rank, args)
-        if isinstance(done, BaseException):
-            return _wait_quick(controller, controller.answer_quick(name, make, error=done), output)
-        return _wait_quick(controller, controller.answer_quick(name, make, *done), output)
+    if holder is None or holder.done():
+        lane = controller.lane
+        try:
+            done = lane.run(name, tensor.shape, *args)
+        except BaseException as error:
+            if not lane.failed_here():
+                raise
+            done = error  # the round failed: this thread still drives
+        if done is True:
+            controller.lane_round_over()
+            return output
+        if done is not None:  # the lane ran a round that did not fold it: this thread still drives
+            make = _quick_maker(name, comm, controller, tensor, output, op, job.rank, args)
+            if isinstance(done, BaseException):
+                return _wait_quick(controller, controller.answer_quick(name, make, error=done), output)
+            return _wait_quick(controller, controller.answer_quick(name, make, *done), output)
     if controller.timeline is not None:
         return None  # the general path writes the op's timeline events
-    names_key = (process_set.process_set_id, name)
     taken = _NameTaken()
     with _names_lock:  # as _submit takes a name: another thread's op of the same name is refused
         holder = _active_names.get(names_key)
