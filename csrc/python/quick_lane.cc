@@ -49,12 +49,19 @@ class QuickLane {
   // The first word, before any thread can drive.
   void start(bool idle) { state_.store(idle ? kIdle : 0u); }
 
-  // Whether this thread claimed the gate in run() and the round then threw
-  // (it still drives); cleared by asking. Another thread's failure is not its own.
-  bool failedHere() {
-    if (!failed_owner_ || *failed_owner_ != std::this_thread::get_id()) return false;
-    failed_owner_.reset();
-    return true;
+  // What this thread's last run() left it holding, taken by asking: None
+  // (nothing: it did not claim, or the round folded), True (the round threw;
+  // it still drives), or (slot, offer bytes) (the round ran without folding;
+  // it still drives). The front end asks when an exception reached it after
+  // run() (an interrupt can land as run() returns) and the controller asks
+  // as it takes the round over (Controller.answer_quick), so nothing stale
+  // is left. Another thread's record is not this one's.
+  py::object heldHere() {
+    if (!held_ || held_->owner != std::this_thread::get_id()) return py::none();
+    const Held held = *held_;
+    held_.reset();
+    if (held.failed) return py::bool_(true);
+    return py::make_tuple(held.slot, held.offer_bytes);
   }
 
   ResponseSlots& slots() { return slots_; }
@@ -75,6 +82,8 @@ class QuickLane {
       return py::none();
     }
     const std::string name(name_chars, static_cast<size_t>(name_size));
+    // This thread's record of an earlier call is past (it got this far); another thread's is not.
+    if (held_ && held_->owner == std::this_thread::get_id()) held_.reset();
     std::optional<size_t> slot;
     try {
       slot = claim(name, shape, count, dtype, op);
@@ -97,11 +106,14 @@ class QuickLane {
     bool folded = false;
     try {
       folded = withoutGil([&] { return agreeAndReduce(*comm_, args); });
-    } catch (...) {
-      failed_owner_ = std::this_thread::get_id();  // the caller learns it still drives (failedHere)
+    } catch (const std::exception&) {
+      held_ = Held{std::this_thread::get_id(), *slot, offer_bytes, true};  // the caller still drives (heldHere)
       throw;
     }
-    if (!folded) return py::make_tuple(*slot, offer_bytes);
+    if (!folded) {
+      held_ = Held{std::this_thread::get_id(), *slot, offer_bytes, false};
+      return py::make_tuple(*slot, offer_bytes);
+    }
     slots_.ranAgain(name);
     state_.fetch_and(~kDriving);  // the round changed nothing but this op: IDLE stays as it is
     return py::bool_(true);
@@ -140,7 +152,13 @@ class QuickLane {
   AgreedReduceArgs args_;
   std::vector<int64_t> dims_;
   std::atomic<uint32_t> state_{0};
-  std::optional<std::thread::id> failed_owner_;  // written and read with the GIL held
+  struct Held {
+    std::thread::id owner;
+    size_t slot;
+    size_t offer_bytes;
+    bool failed;
+  };
+  std::optional<Held> held_;  // written and read with the GIL held
 };
 
 }  // namespace
@@ -158,8 +176,9 @@ void bindQuickLane(py::module_& m) {
       .def_property_readonly("driving", &QuickLane::driving)
       .def("not_idle", &QuickLane::notIdle, "Something to negotiate arrived: the lane stands aside.")
       .def("start", &QuickLane::start, "idle"_a, "The gate's first state, before any thread drives.")
-      .def("failed_here", &QuickLane::failedHere,
-           "After run() raised: whether this thread had claimed the round (it still drives).")
+      .def("held_here", &QuickLane::heldHere,
+           "What this thread's last run() left it driving, taken: None, True (the round threw) or (slot, offer "
+           "bytes) (it ran without folding).")
       .def("run", &QuickLane::run, "name"_a, "shape"_a, "input"_a, "out"_a, "count"_a, "dtype"_a, "op"_a,
            "One synchronous allreduce through the lane: None (not taken), True (done) or (slot, offer bytes) "
            "(a round ran without folding it; the caller drives on).")

@@ -298,6 +298,7 @@ class Controller:
         round ran (slot None). The caller waits for it with wait()."""
         self._inline = True
         try:
+            self.lane.held_here()  # this thread takes over what lane.run left it (nothing stale stays)
             request = self._pending[name] = make()
             try:
                 if error is not None:

@@ -478,18 +478,23 @@ def _allreduce_now(tensor, in_place, name, op, process_set):
         lane = controller.lane
         try:
             done = lane.run(name, tensor.shape, *args)
+            if done is True:
+                controller.lane_round_over()
+                return output
+            if done is not None:  # the lane's round did not fold it: this thread still drives
+                return _lane_round_rest(done, names_key, name, comm, controller, tensor, output, op, job.rank, args)
         except BaseException as error:
-            if not lane.failed_here():
+            # Held: the exception came after the claim and before the
+            # controller took the round over (answer_quick takes the record).
+            held = lane.held_here()
+            if held is None:
                 raise
-            done = error  # the round failed: this thread still drives
-        if done is True:
-            controller.lane_round_over()
-            return output
-        if done is not None:  # the lane ran a round that did not fold it: this thread still drives
-            make = _quick_maker(name, comm, controller, tensor, output, op, job.rank, args)
-            if isinstance(done, BaseException):
-                return _wait_quick(controller, controller.answer_quick(name, make, error=done), output)
-            return _wait_quick(controller, controller.answer_quick(name, make, *done), output)
+            if held is True:  # the round failed
+                return _lane_round_rest(error, names_key, name, comm, controller, tensor, output, op, job.rank, args)
+            # The round ran and an interrupt came as it returned: settle the round, then raise.
+            controller.answer_quick(name, _quick_maker(name, comm, controller, tensor, output, op, job.rank, args),
+                                    *held)
+            raise
     if controller.timeline is not None:
         return None  # the general path writes the op's timeline events
     taken = _NameTaken()
@@ -506,6 +511,28 @@ def _allreduce_now(tensor, in_place, name, op, process_set):
         if done is None:
             return None  # not submitted: the general path raises why
         return _wait_quick(controller, done, output)
+    finally:
+        with _names_lock:
+            if _active_names.get(names_key) is taken:
+                del _active_names[names_key]
+
+
+def _lane_round_rest(done, names_key, name, comm, controller, tensor, output, op, rank, args):
+    """The rest of a synchronous allreduce whose lane round did not fold it
+    (`done`: (slot, offer bytes), or the round's exception): the controller
+    answers it from that round, the name held until the op is over, as _submit holds one."""
+    taken = _NameTaken()
+    with _names_lock:
+        holder = _active_names.get(names_key)
+        if holder is None or holder.done():
+            _active_names[names_key] = taken
+    try:
+        make = _quick_maker(name, comm, controller, tensor, output, op, rank, args)
+        if isinstance(done, BaseException):
+            quick = controller.answer_quick(name, make, error=done)
+        else:
+            quick = controller.answer_quick(name, make, *done)
+        return _wait_quick(controller, quick, output)
     finally:
         with _names_lock:
             if _active_names.get(names_key) is taken:
