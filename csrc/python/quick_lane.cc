@@ -194,20 +194,12 @@ void bindQuickLane(py::module_& m) {
           },
           "name"_a, "(slot, key) of the op that ran under `name`, or None.")
       .def(
-          "slot_with_key",
-          [](QuickLane& lane, const std::string& name, const std::string& key) {
-            return lane.slots().slotWithKey(name, key);
-          },
-          "name"_a, "key"_a)
-      .def(
           "ran",
           [](QuickLane& lane, const std::string& name, std::optional<std::string> key) {
             ResponseSlots::Ran ran = lane.slots().ran(name, std::move(key));
             return py::make_tuple(ran.slot, ran.evicted ? py::object(py::bytes(*ran.evicted)) : py::none());
           },
           "name"_a, "key"_a, "Records that an op ran: (its slot, the name evicted from that slot or None).")
-      .def(
-          "ran_again", [](QuickLane& lane, const std::string& name) { return lane.slots().ranAgain(name); }, "name"_a)
       .def(
           "name_at", [](QuickLane& lane, size_t slot) { return py::bytes(lane.slots().nameAt(slot)); }, "slot"_a)
       .def("__len__", [](QuickLane& lane) { return lane.slots().size(); });

@@ -113,17 +113,9 @@ class ResponseCache:
         if found is None:
             return None
         slot, key = found
-        if request.key is not None and request.key == key:  # slot_of's test, without a second lookup
+        if request.key is not None and request.key == key:  # what the lane compares
             return slot
         return slot if self._metas[slot].get(rank) == request.meta else None
-
-    def ran_again(self, name: str) -> None:
-        """Records that the op in `name`'s slot ran again, as it was (ran() with its own metas and key)."""
-        self._slots.ran_again(_wire(name))
-
-    def slot_of(self, name: str, key) -> Optional[int]:
-        """The slot of `name` if it ran last under `key` on this rank."""
-        return None if key is None else self._slots.slot_with_key(_wire(name), key)
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -247,14 +239,12 @@ class Controller:
             self.lane.not_idle()  # before the lane could see it, never after
             self._new.append(request)
 
-    def run_quick(self, name: str, key, inline, make: Callable):
+    def run_quick(self, name: str, make: Callable):
         """A synchronous op of this thread's: submitted and, when this rank
-        has nothing else to negotiate, negotiated on this thread at once.
-        `name`, `key` and `inline` are those of the Request `make()` builds,
-        which is built only when the op does not finish in that round.
-        Returns True when the round finished it inline (every rank handed in
-        the same cached op: its output holds the result); else the Request,
-        submitted, which the caller waits for with wait(); None, nothing
+        has nothing else to negotiate, negotiated on this thread at once
+        (a cached round folds it when it fits, as _cached_round does for
+        any request with an input). `make()` builds its Request, which is
+        returned, and which the caller waits for with wait(); None, nothing
         done, when the negotiation failed or stops (submit() raises why).
         The front end tries self.lane.run first, the same round without
         Python, and comes here when the lane does not take the op."""
@@ -271,23 +261,7 @@ class Controller:
                 self.lane.not_idle()
                 self._new.append(request)
                 return request
-        slot = size = None
-        try:
-            cache = self._cache
-            if inline is not None and cache is not None and self.inline_bytes and self._timeline is None:
-                slot = cache.slot_of(name, key)
-            if slot is not None:
-                size = self._offer_size()
-                offer = self._offer_bytes
-                offer[0] = _CACHED_ONLY
-                offer[1:size] = (1 << slot).to_bytes(size - 1, "little")
-                if self._agree(size, slot, *inline):
-                    cache.ran_again(name)
-                    self._round_ended()
-                    return True
-        except BaseException as error:  # noqa: BLE001 - every pending op learns why
-            return self.answer_quick(name, make, error=error)
-        return self.answer_quick(name, make, slot, size)
+        return self.answer_quick(name, make)
 
     def answer_quick(self, name: str, make: Callable, slot=None, size=None, error=None):
         """The rest of a synchronous op's round when it did not finish in it,

@@ -504,13 +504,10 @@ def _allreduce_now(tensor, in_place, name, op, process_set):
             return None  # the general path says why
         _active_names[names_key] = taken
     try:
-        make = _quick_maker(name, comm, controller, tensor, output, op, job.rank, args)
-        done = controller.run_quick(name, make.key, make.inline, make)
-        if done is True:
-            return output  # reduced in the round that agreed on it
-        if done is None:
+        quick = controller.run_quick(name, _quick_maker(name, comm, controller, tensor, output, op, job.rank, args))
+        if quick is None:
             return None  # not submitted: the general path raises why
-        return _wait_quick(controller, done, output)
+        return _wait_quick(controller, quick, output)
     finally:
         with _names_lock:
             if _active_names.get(names_key) is taken:
@@ -540,17 +537,11 @@ def _lane_round_rest(done, names_key, name, comm, controller, tensor, output, op
 
 
 def _quick_maker(name, comm, controller, tensor, output, op, rank, args):
-    """What builds a synchronous allreduce's Request when it does not finish
-    in its round; make.key and make.inline are the Request's (the input goes
-    into cached rounds while it fits RCOLL_HOROVOD_INLINE_BYTES)."""
+    """What builds a synchronous allreduce's Request (its input goes into
+    cached rounds while it fits RCOLL_HOROVOD_INLINE_BYTES)."""
     key = _allreduce_key(tensor, op, 1.0, 1.0)
     inline = args if args[2] * tensor.element_size() <= controller.inline_bytes else None
-
-    def make():
-        return _QuickAllreduce(name, key, inline, comm, controller, tensor, output, op, rank)
-
-    make.key, make.inline = key, inline
-    return make
+    return lambda: _QuickAllreduce(name, key, inline, comm, controller, tensor, output, op, rank)
 
 
 def _wait_quick(controller, quick, output):
