@@ -135,7 +135,8 @@ const std::vector<ConfigVar>& configVars() {
        "NCCL_IB_ADDR_FAMILY (a dual-stack fabric routed for one family); default: IPv4 where the port's "
        "netdev has an IPv4 address, else IPv6"},
       {"RCOLL_IB_TIMEOUT", "16", "RC ack timeout exponent (4.096 us x 2^value per retry)"},
-      {"RCOLL_IB_RETRY_CNT", "7", "RC retries before a silent peer is declared unreachable"},
+      {"RCOLL_IB_RETRY_CNT", "7",
+       "RC retries before a silent peer is declared unreachable (Soft-RoCE takes 7 as no limit: set 6 or less there)"},
       {"RCOLL_IB_MR_CACHE_BYTES", "4G", "unused memory registrations kept for reuse (0: register per operation)"},
       {"RCOLL_IBVERBS_LIB", "", "the libibverbs to load (default `libibverbs.so.1`, then `libibverbs.so`)"},
       {"RCOLL_TIMELINE", "",

@@ -1,7 +1,5 @@
 #include "lane_control.h"
 
-#include <cerrno>
-
 #include "error.h"
 
 namespace rcoll {
@@ -29,19 +27,6 @@ std::string checkLaneControl(const WireHeader& got, uint64_t comm_id, int peer, 
         peer, got.version, got.kind, got.src_rank, static_cast<unsigned long long>(got.offset));
   }
   return "";
-}
-
-bool isLinkFailure(int err) {
-  switch (err) {
-    case ETIMEDOUT:     // nothing acknowledged for RCOLL_PEER_TIMEOUT (TCP_USER_TIMEOUT)
-    case EHOSTUNREACH:  // the route or the neighbour went away
-    case ENETUNREACH:
-    case ENETDOWN:
-    case EHOSTDOWN:
-      return true;
-    default:  // ECONNRESET, EPIPE, EOF: the peer's end closed, so its process is gone
-      return false;
-  }
 }
 
 }  // namespace rcoll

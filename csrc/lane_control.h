@@ -30,9 +30,4 @@ inline bool isLaneControl(const WireHeader& h) { return h.magic == kControlMagic
 // `comm_id`, else what is wrong with it (the stream is corrupt).
 std::string checkLaneControl(const WireHeader& got, uint64_t comm_id, int peer, int lanes);
 
-// Whether a socket error means the link under it failed (a cable, a NIC, a
-// route, every packet lost until RCOLL_PEER_TIMEOUT), which the sockets on the
-// other networks survive, rather than the peer process going away.
-bool isLinkFailure(int err);
-
 }  // namespace rcoll

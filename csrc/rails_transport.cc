@@ -28,7 +28,24 @@ RailsTransport::RailsTransport(const ConnectInfo& info, std::vector<std::unique_
     : TransportGroup(info, std::move(rails), spin),
       sends_(static_cast<size_t>(info.size), std::vector<uint64_t>(children_.size())),
       recvs_(static_cast<size_t>(info.size), std::vector<uint64_t>(children_.size())),
-      weights_(static_cast<size_t>(info.size), std::vector<int>(children_.size(), 1)) {}
+      weights_(static_cast<size_t>(info.size), std::vector<int>(children_.size(), 1)),
+      pairs_(static_cast<size_t>(info.size)) {
+  for (auto& rail : children_) {
+    auto* endpoint = dynamic_cast<RailEndpoint*>(rail.get());
+    if (endpoint == nullptr) {  // a rail that cannot trade notes: no failover
+      endpoints_.clear();
+      break;
+    }
+    endpoints_.push_back(endpoint);
+  }
+  const size_t n = children_.size();
+  for (Pair& pair : pairs_) {
+    pair.sent.assign(n, 0);
+    pair.received.assign(n, 0);
+    pair.arrived_base.assign(n, 0);
+    pair.rails.resize(n);
+  }
+}
 
 // The rails first: a peer's write may still be on its way into the probe's
 // scratch memory until their connections are gone.
@@ -71,6 +88,9 @@ void RailsTransport::weighRails(int peer, bool dialer, Deadline deadline) {
   std::vector<double> rates;
   weights_[static_cast<size_t>(peer)] =
       probeRails(*this, rails, info_, peer, dialer, deadline, probe_scratch_.data(), &rates);
+  // The probe's messages came before the pair's first (rails_failover.cc counts from there).
+  for (size_t i = 0; i < endpoints_.size(); ++i)
+    pairs_[static_cast<size_t>(peer)].arrived_base[i] = endpoints_[i]->arrived(peer);
   RCOLL_INFO("rank %d: the RDMA ports to rank %d take shares %s", info_.rank, peer,
              describeShares(weights_[static_cast<size_t>(peer)], rates).c_str());
 }
@@ -185,16 +205,102 @@ size_t RailsTransport::railFor(std::vector<std::vector<uint64_t>>* load, int pee
 
 Request* RailsTransport::isend(int peer, const WireHeader& header, const void* data, size_t bytes) {
   const size_t i = railFor(&sends_, peer, bytes);
-  Request* r = children_[i]->isend(peer, header, data, bytes);
-  r->rail = static_cast<int>(i);
-  return r;
+  RailRequest* w = requests_.take(true, peer, header, data, bytes);
+  w->home = static_cast<int>(i);
+  w->number = pairs_[static_cast<size_t>(peer)].sent[i]++;
+  return post(w);
 }
 
 Request* RailsTransport::irecv(int peer, const WireHeader& expected, void* data, size_t bytes) {
   const size_t i = railFor(&recvs_, peer, bytes);
-  Request* r = children_[i]->irecv(peer, expected, data, bytes);
-  r->rail = static_cast<int>(i);
-  return r;
+  RailRequest* w = requests_.take(false, peer, expected, data, bytes);
+  w->home = static_cast<int>(i);
+  w->number = pairs_[static_cast<size_t>(peer)].received[i]++;
+  return post(w);
+}
+
+// On its rail, or, when that rail's link failed, on the rail that replaced it
+// (a send waits there until the peer said what it has: rails_failover.cc).
+Request* RailsTransport::post(RailRequest* w) {
+  FailedRail& f = pairs_[static_cast<size_t>(w->peer)].rails[static_cast<size_t>(w->home)];
+  if (!f.down) {
+    carry(w, w->home, 0);
+  } else if (!w->is_send || f.peer_has) {
+    carry(w, f.rescue, 1 + w->home);
+  } else {
+    f.waiting.push_back(w);
+    ++waiting_;
+  }
+  return w;
+}
+
+void RailsTransport::carry(RailRequest* w, int rail, int stream) {
+  w->carrier = rail;
+  Transport& child = *children_[static_cast<size_t>(rail)];
+  if (stream == 0) {
+    w->child = w->is_send ? child.isend(w->peer, w->header, w->data, w->bytes)
+                          : child.irecv(w->peer, w->header, w->data, w->bytes);
+  } else {
+    RailEndpoint& endpoint = *endpoints_[static_cast<size_t>(rail)];
+    w->child = w->is_send ? endpoint.isendOn(stream, w->peer, w->header, w->data, w->bytes)
+                          : endpoint.irecvOn(stream, w->peer, w->header, w->data, w->bytes);
+  }
+  open_.push_back(w);
+}
+
+void RailsTransport::settle(RailRequest* w, Request::State state, const TransportFailure* why) {
+  if (w->child != nullptr) {
+    if (state == Request::State::kDone && w->is_send && w->carrier == w->home) {
+      uint64_t& done = pairs_[static_cast<size_t>(w->peer)].rails[static_cast<size_t>(w->home)].sends_done;
+      done = std::max(done, w->number + 1);
+    }
+    children_[static_cast<size_t>(w->carrier)]->release(w->child);
+    w->child = nullptr;
+  }
+  if (requests_.finish(w, state, why)) settled_ = true;
+}
+
+// Each carried request whose child is final ends with it, except a failure
+// of the link under its rail, which the failover takes over (it may not have
+// been told yet: the child reports the link once what arrived is counted).
+void RailsTransport::settleRequests() {
+  for (size_t k = 0; k < open_.size();) {
+    RailRequest* w = open_[k];
+    const Request::State state = w->child->state;
+    if (state == Request::State::kPending) {
+      ++k;
+      continue;
+    }
+    TransportFailure why;
+    if (state == Request::State::kFailed) {
+      why = children_[static_cast<size_t>(w->carrier)]->failure(w->child);
+      if (why.link && w->carrier == w->home && mayReplace(w->peer, w->home)) {
+        ++k;
+        continue;
+      }
+    }
+    open_[k] = open_.back();
+    open_.pop_back();
+    settle(w, state, state == Request::State::kFailed ? &why : nullptr);
+  }
+}
+
+// A child's finished request is the caller's news once it is settled here;
+// a rail's finished request is reported as well (the set-up probe drives
+// the rails' own requests through progress()), which at worst makes a caller
+// look once for nothing.
+Activity RailsTransport::progressNow() { return afterRails(TransportGroup::progressNow()); }
+
+Activity RailsTransport::finishSleep(const pollfd* fds, size_t count) {
+  return afterRails(TransportGroup::finishSleep(fds, count));
+}
+
+Activity RailsTransport::afterRails(Activity rails) {
+  settled_ = false;
+  if (!endpoints_.empty()) takeFailures();
+  if (waiting_ > 0) failWaiting();
+  settleRequests();
+  return settled_ ? Activity::kFinished : rails;
 }
 
 // Which rail the next receive from `peer` reads depends on its size, not
@@ -208,10 +314,23 @@ bool RailsTransport::peekIncoming(int peer, WireHeader* header) {
   return false;
 }
 
-TransportFailure RailsTransport::failure(Request* request) const {
-  return children_[static_cast<size_t>(request->rail)]->failure(request);
-}
+TransportFailure RailsTransport::failure(Request* request) const { return requests_.failure(request); }
 
-void RailsTransport::release(Request* request) { children_[static_cast<size_t>(request->rail)]->release(request); }
+// A request released while it is carried ends (and is reused) when its child does.
+void RailsTransport::release(Request* request) { requests_.release(request); }
+
+std::vector<int> RailsTransport::lostPeers() const {
+  std::vector<int> lost;
+  std::lock_guard<std::mutex> lock(replaced_mutex_);
+  for (size_t i = 0; i < children_.size(); ++i) {
+    for (int peer : children_[i]->lostPeers()) {
+      const std::pair<int, int> pair_rail(peer, static_cast<int>(i));
+      if (std::find(replaced_.begin(), replaced_.end(), pair_rail) == replaced_.end()) lost.push_back(peer);
+    }
+  }
+  std::sort(lost.begin(), lost.end());
+  lost.erase(std::unique(lost.begin(), lost.end()), lost.end());
+  return lost;
+}
 
 }  // namespace rcoll

@@ -23,12 +23,23 @@
 // completes one peer on every rail before it returns it (rail 0's order), so
 // the mesh's ordering argument (composite_transport.h) holds for each rail.
 // Ranks agree on the number of rails before they build them (mesh.cc).
+//
+// A rail whose link fails to a peer (rails_failover.cc) takes no message
+// with it: the pair's messages on it go again, and from then on, over a rail
+// that works. So the requests handed to callers are this transport's own,
+// each carried by a child's request that may change.
 #pragma once
 
+#include <deque>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "rail_endpoint.h"
+#include "request_lifecycle.h"
 #include "transport_group.h"
 
 namespace rcoll {
@@ -63,14 +74,62 @@ class RailsTransport : public TransportGroup {
   TransportFailure failure(Request* request) const override;
   void release(Request* request) override;
 
+  Activity progressNow() override;
+  Activity finishSleep(const pollfd* fds, size_t count) override;
+  std::vector<int> lostPeers() const override;  // not a peer whose failed rail was replaced
+
  private:
+  // A caller's request, carried by a child's (`child`, on rail `carrier`).
+  struct RailRequest : MessageRequest {
+    int home = 0;         // the rail railFor() gave it
+    uint64_t number = 0;  // its place among the pair's messages on `home`, this way (stream 0), from 0
+    int carrier = 0;
+    Request* child = nullptr;
+  };
+  // One rail of a pair, when its link failed (rails_failover.cc).
+  struct FailedRail {
+    bool down = false;      // its messages go on `rescue`, stream 1 + the rail's index
+    bool given_up = false;  // it could not be replaced: its requests fail
+    int rescue = -1;
+    std::optional<uint64_t> peer_has;  // from the peer's note: how many of our messages on it arrived there
+    int peer_rescue = -1;              // the rail the peer's note named
+    std::deque<RailRequest*> waiting;  // sends that wait for peer_has, in order
+    uint64_t sends_done = 0;           // past the last send it carried that completed
+  };
+  struct Pair {
+    std::vector<uint64_t> sent, received;  // per rail: messages given to it, each way (the next `number`)
+    std::vector<uint64_t> arrived_base;    // per rail: what the child had counted before the first one (the probe's)
+    std::vector<FailedRail> rails;
+  };
+
   size_t railFor(std::vector<std::vector<uint64_t>>* load, int peer, size_t bytes) const;
   void weighRails(int peer, bool dialer, Deadline deadline);
+  Request* post(RailRequest* w);
+  void carry(RailRequest* w, int rail, int stream);                                // hands `w` to a child's request
+  void settle(RailRequest* w, Request::State state, const TransportFailure* why);  // sets settled_
+  void settleRequests();                // the carried requests whose child finished
+  Activity afterRails(Activity rails);  // what progressNow() and finishSleep() do after the rails'
+  // rails_failover.cc.
+  void takeFailures();
+  void startFailover(int peer, int rail, const TransportFailure& why);
+  void onNote(const RailNote& note);
+  void resendWaiting(int peer, int rail);
+  bool mayReplace(int peer, int rail) const;
+  void failWaiting();  // sends that wait for a note the peer can no longer send
 
   std::vector<std::vector<uint64_t>> sends_;  // per peer, per rail: bytes given to it so far, each way
   std::vector<std::vector<uint64_t>> recvs_;
   std::vector<std::vector<int>> weights_;  // per peer, per rail: its share (rails_probe.h)
   std::vector<char> probe_scratch_;        // what the probes' messages read and write, until closeListener()
+
+  std::vector<RailEndpoint*> endpoints_;  // the children as rails (rail_endpoint.h); empty: no failover
+  std::vector<Pair> pairs_;               // per peer
+  std::vector<RailRequest*> open_;        // carried by a child's request that is not final yet
+  RequestLifecycle<RailRequest> requests_;
+  int waiting_ = 0;                            // sends in FailedRail::waiting, over every pair
+  bool settled_ = false;                       // a caller's request finished since afterRails() began
+  mutable std::mutex replaced_mutex_;          // lostPeers() runs on other threads
+  std::vector<std::pair<int, int>> replaced_;  // (peer, rail) whose link failed and was replaced
 };
 
 }  // namespace rcoll

@@ -43,6 +43,19 @@ bool splitHostPort(const std::string& address, std::string* host, int* port) {
   return true;
 }
 
+bool isLinkFailure(int err) {
+  switch (err) {
+    case ETIMEDOUT:     // nothing acknowledged for RCOLL_PEER_TIMEOUT (TCP_USER_TIMEOUT)
+    case EHOSTUNREACH:  // the route or the neighbour went away
+    case ENETUNREACH:
+    case ENETDOWN:
+    case EHOSTDOWN:
+      return true;
+    default:  // ECONNRESET, EPIPE, EOF: the peer's end closed, so its process is gone
+      return false;
+  }
+}
+
 std::string joinHostPort(const std::string& host, int port) {
   if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
   return host + ":" + std::to_string(port);

@@ -16,6 +16,10 @@ using Deadline = std::chrono::steady_clock::time_point;
 int millisecondsUntil(Deadline deadline);
 
 std::string errnoText(int err);  // "Connection refused (errno 111)"
+// Whether a socket error means the link under it failed (a cable, a NIC, a
+// route, every packet lost until RCOLL_PEER_TIMEOUT), which connections over
+// other networks survive, rather than the peer process going away.
+bool isLinkFailure(int err);
 
 // "host:port" <-> parts. IPv6 literals are written "[addr]:port".
 bool splitHostPort(const std::string& address, std::string* host, int* port);

@@ -40,7 +40,6 @@ struct Request {
   enum class State { kPending, kDone, kFailed };
   State state = State::kPending;
   int peer = -1;  // the rank at the other end: how a composite routes failure() and release()
-  int rail = 0;   // which child of a rails transport made it: how that routes them
 };
 
 // What one non-blocking pass over a transport's connections did.
@@ -55,6 +54,10 @@ enum class Activity {
 struct TransportFailure {
   ErrorKind kind = ErrorKind::kPeer;
   std::string message;
+  // The path to the peer may be what failed, not its process (the NIC stopped
+  // acknowledging, a socket timed out or lost its route): a rails transport
+  // moves the pair's messages to its other ports (rails_failover.cc).
+  bool link = false;
 };
 
 // What the large transfers over one edge reached (edge_meter.h): payload

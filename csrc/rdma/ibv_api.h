@@ -38,6 +38,8 @@ struct IbvApi {
   int (*modify_qp)(ibv_qp*, ibv_qp_attr*, int);
   int (*destroy_qp)(ibv_qp*);
   const char* (*wc_status_str)(ibv_wc_status);
+  int (*get_async_event)(ibv_context*, ibv_async_event*);
+  void (*ack_async_event)(ibv_async_event*);
 
   // Optional (newer rdma-core): null when the library lacks them.
   int (*query_gid_ex)(ibv_context*, uint32_t, uint32_t, ibv_gid_entry*, uint32_t, size_t);

@@ -69,6 +69,8 @@ Loaded load() {
   RCOLL_IBV_REQUIRED(destroy_cq, "ibv_destroy_cq");
   RCOLL_IBV_REQUIRED(get_cq_event, "ibv_get_cq_event");
   RCOLL_IBV_REQUIRED(ack_cq_events, "ibv_ack_cq_events");
+  RCOLL_IBV_REQUIRED(get_async_event, "ibv_get_async_event");
+  RCOLL_IBV_REQUIRED(ack_async_event, "ibv_ack_async_event");
   RCOLL_IBV_REQUIRED(create_qp, "ibv_create_qp");
   RCOLL_IBV_REQUIRED(modify_qp, "ibv_modify_qp");
   RCOLL_IBV_REQUIRED(destroy_qp, "ibv_destroy_qp");

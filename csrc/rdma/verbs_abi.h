@@ -417,11 +417,36 @@ struct ibv_context_ops {
   void* unused_destroy_qp;
   int (*post_send)(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr);
   int (*post_recv)(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
+  void* unused_create_ah;  // the rest, so that ibv_context's fields after the table sit where the library has them
+  void* unused_destroy_ah;
+  void* unused_attach_mcast;
+  void* unused_detach_mcast;
+  void* unused_async_event;
 };
 
 struct ibv_context {
   ibv_device* device;
   ibv_context_ops ops;
+  int cmd_fd;
+  int async_fd;  // readable when an async event (a port going down, ...) is queued
+};
+
+// Async events (ibv_get_async_event): the ones rcoll acts on.
+enum ibv_event_type {
+  IBV_EVENT_DEVICE_FATAL = 8,
+  IBV_EVENT_PORT_ACTIVE = 9,
+  IBV_EVENT_PORT_ERR = 10,
+};
+
+struct ibv_async_event {
+  union {
+    ibv_cq* cq;
+    ibv_qp* qp;
+    void* srq;
+    void* wq;
+    int port_num;
+  } element;
+  ibv_event_type event_type;
 };
 
 struct ibv_comp_channel {

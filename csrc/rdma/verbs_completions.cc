@@ -16,6 +16,21 @@ using verbs::kCredit;
 using verbs::kCtrlBytes;
 using verbs::kEmpty;
 using verbs::kMismatch;
+using verbs::kRailNote;
+
+// Whether a broken path explains a failed work request (rail_endpoint.h): no
+// acknowledgement within the retries, work flushed because the queue pair
+// went to the error state for that reason (the flushes may be polled before
+// the error), or any failure while this port is not ACTIVE (its link went
+// down: rxe then fails sends as local QP operation errors).
+bool VerbsTransport::linkFailed(const ibv_wc& wc) const {
+  return wc.status == IBV_WC_RETRY_EXC_ERR || wc.status == IBV_WC_WR_FLUSH_ERR || !portActive();
+}
+
+bool VerbsTransport::portActive() const {
+  ibv_port_attr attr{};
+  return api_.query_port(context_, static_cast<uint8_t>(port_.port), &attr) != 0 || attr.state == IBV_PORT_ACTIVE;
+}
 
 int VerbsTransport::pollCompletions() {
   int total = 0;
@@ -32,6 +47,10 @@ int VerbsTransport::pollCompletions() {
 std::string VerbsTransport::completionError(const Connection& c, const ibv_wc& wc) const {
   std::string what =
       strFormat("%s (status %d, vendor error 0x%x)", api_.wc_status_str(wc.status), wc.status, wc.vendor_err);
+  if (wc.status != IBV_WC_WR_FLUSH_ERR && !portActive()) {
+    return strFormat("RDMA transfer with rank %d failed: the port %s is not ACTIVE (its link is down): %s", c.peer,
+                     portName().c_str(), what.c_str());
+  }
   switch (wc.status) {
     case IBV_WC_RETRY_EXC_ERR:
       return strFormat(
@@ -54,18 +73,26 @@ void VerbsTransport::onCompletion(const ibv_wc& wc) {
   if (owner->kind == WrOwner::kCtrlRecv) {
     auto* slot = static_cast<CtrlSlot*>(owner);
     Connection& c = *slot->conn;
+    --c.recv_posted;
     if (wc.status != IBV_WC_SUCCESS) {
-      if (!c.failed) failConnection(c, ErrorKind::kPeer, completionError(c, wc));
-      return;
-    }
-    if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
-      postRecvSlot(c, *slot);
-      onData(c, ntohl(wc.imm_data));
+      if (!c.failed) failConnection(c, ErrorKind::kPeer, completionError(c, wc), false, linkFailed(wc));
+    } else if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+      if (!c.failed) postRecvSlot(c, *slot);
+      const uint32_t imm = ntohl(wc.imm_data);
+      onData(c, imm >> 24, imm & 0xFFFFFFu);
     } else {
       char message[kCtrlBytes];
       std::memcpy(message, slot->buf, sizeof(message));  // the slot is reposted before the message is handled
-      postRecvSlot(c, *slot);
+      if (!c.failed) postRecvSlot(c, *slot);
       onControl(c, message);
+    }
+    // A link failure's drain ends with the last posted slot's completion
+    // (flushed, or what arrived before the error state).
+    if (c.draining && c.recv_posted == 0) {
+      c.draining = false;
+      --draining_;
+      failRequests(c);
+      link_failures_.push_back(c.peer);
     }
     return;
   }
@@ -82,7 +109,7 @@ void VerbsTransport::onCompletion(const ibv_wc& wc) {
       if (it != c.in_flight.end()) c.in_flight.erase(it);
     }
     if (wc.status != IBV_WC_SUCCESS) {
-      if (!c.failed) failConnection(c, ErrorKind::kPeer, completionError(c, wc));
+      if (!c.failed) failConnection(c, ErrorKind::kPeer, completionError(c, wc), false, linkFailed(wc));
       if (r != nullptr) finish(r, Request::State::kFailed, &c.failure);
     } else if (r != nullptr) {
       finish(r, Request::State::kDone, nullptr);
@@ -97,7 +124,7 @@ void VerbsTransport::onCompletion(const ibv_wc& wc) {
   --c.sq_used;
   --r->holds;
   if (wc.status != IBV_WC_SUCCESS) {
-    if (!c.failed) failConnection(c, ErrorKind::kPeer, completionError(c, wc));
+    if (!c.failed) failConnection(c, ErrorKind::kPeer, completionError(c, wc), false, linkFailed(wc));
     finish(r, Request::State::kFailed, &c.failure);
   }
   if (r->holds == 0) {
@@ -114,34 +141,48 @@ void VerbsTransport::onCompletion(const ibv_wc& wc) {
   flush(c);
 }
 
-void VerbsTransport::onData(Connection& c, uint64_t seq32) {
-  if (c.failed) return;
-  if (c.recvs.empty() || static_cast<uint32_t>(c.recvs.front()->seq) != static_cast<uint32_t>(seq32)) {
+// A message arrived on `stream` (while a link failure drains too: it counts).
+void VerbsTransport::onData(Connection& c, uint32_t stream, uint64_t seq24) {
+  if (c.failed && !c.draining) return;
+  Stream* s = stream < c.streams.size() ? &c.streams[stream] : nullptr;
+  if (s == nullptr || s->recvs.empty() || (s->recvs.front()->seq & 0xFFFFFFu) != seq24) {
     failConnection(c, ErrorKind::kPeer,
-                   strFormat("rank %d wrote data for receive #%llu, which is not the next one (protocol error)", c.peer,
-                             static_cast<unsigned long long>(seq32)));
+                   strFormat("rank %d wrote data for receive #%llu of stream %u, which is not the next one "
+                             "(protocol error)",
+                             c.peer, static_cast<unsigned long long>(seq24), stream));
     return;
   }
-  VerbsRequest* r = c.recvs.front();
-  c.recvs.pop_front();
+  VerbsRequest* r = s->recvs.front();
+  s->recvs.pop_front();
+  ++s->arrived;
   finish(r, Request::State::kDone, nullptr);
 }
 
 void VerbsTransport::onControl(Connection& c, const char* bytes) {
-  if (c.failed) return;
+  if (c.failed && !c.draining) return;
   CtrlMessage m;
   std::memcpy(&m, bytes, sizeof(m));
+  if (c.draining && m.type != kEmpty) return;  // only what arrived counts now
+  if ((m.type == kCredit || m.type == kEmpty || m.type == kMismatch) && m.stream >= verbs::kMaxStreams) {
+    failConnection(c, ErrorKind::kPeer,
+                   strFormat("rank %d sent a control message for stream %u (protocol error)", c.peer, m.stream));
+    return;
+  }
   switch (m.type) {
     case kCredit:
-      c.credits.push_back(m);
-      matchCredits(c);
+      c.stream(m.stream).credits.push_back(m);
+      matchCredits(c, m.stream);
       flush(c);
       return;
     case kEmpty:
-      onData(c, m.seq);
+      onData(c, m.stream, m.seq & 0xFFFFFFu);
+      return;
+    case kRailNote:
+      notes_.push_back(RailNote{c.peer, static_cast<uint32_t>(m.addr), m.rkey, m.seq});
       return;
     case kMismatch: {
-      std::string bad = c.recvs.empty() ? std::string() : checkHeader(c.recvs.front()->header, m.header, info_.rank);
+      const Stream& s = c.stream(m.stream);
+      std::string bad = s.recvs.empty() ? std::string() : checkHeader(s.recvs.front()->header, m.header, info_.rank);
       if (bad.empty()) bad = strFormat("rank %d reported that its send does not match this rank's receive", c.peer);
       failConnection(c, ErrorKind::kMismatch, bad);
       return;

@@ -1,7 +1,8 @@
 // VerbsTransport's posting (the protocol: verbs_transport.h): a receive sends
-// its credit, a send waits for the credit that matches it, then RDMA-writes its
-// payload with the sequence number as immediate data; control messages and
-// writes queue in order while the send queue or the control slots are full.
+// its credit, a send waits for the credit that matches it (in its stream's
+// order), then RDMA-writes its payload with the stream and sequence number as
+// immediate data; control messages and writes queue in order while the send
+// queue or the control slots are full.
 #include <arpa/inet.h>
 
 #include <algorithm>
@@ -25,6 +26,19 @@ Request* VerbsTransport::irecv(int peer, const WireHeader& expected, void* data,
   return post(requests_.take(false, peer, expected, data, bytes));
 }
 
+// A rescue stream of a rails transport (rail_endpoint.h).
+Request* VerbsTransport::isendOn(int stream, int peer, const WireHeader& header, const void* data, size_t bytes) {
+  VerbsRequest* r = requests_.take(true, peer, header, data, bytes);
+  r->stream = static_cast<uint32_t>(stream);
+  return post(r);
+}
+
+Request* VerbsTransport::irecvOn(int stream, int peer, const WireHeader& expected, void* data, size_t bytes) {
+  VerbsRequest* r = requests_.take(false, peer, expected, data, bytes);
+  r->stream = static_cast<uint32_t>(stream);
+  return post(r);
+}
+
 Request* VerbsTransport::post(VerbsRequest* r) {
   // A peer connected on demand: its first message asks the connector for it;
   // until its queue pair is up, its messages wait there in order.
@@ -39,16 +53,18 @@ Request* VerbsTransport::post(VerbsRequest* r) {
     r->why = f;
     return r;
   }
+  Stream& stream = c->stream(r->stream);
   if (r->is_send) {
-    r->seq = c->next_send_seq++;
-    c->unmatched.push_back(r);
-    matchCredits(*c);
+    r->seq = stream.next_send_seq++;
+    stream.unmatched.push_back(r);
+    matchCredits(*c, r->stream);
   } else {
-    r->seq = c->next_recv_seq++;
+    r->seq = stream.next_recv_seq++;
     if (!acquireMemory(r, /*writable=*/true)) return r;
-    c->recvs.push_back(r);
+    stream.recvs.push_back(r);
     Outgoing credit;
     credit.message.type = kCredit;
+    credit.message.stream = r->stream;
     credit.message.seq = r->seq;
     credit.message.addr = reinterpret_cast<uintptr_t>(r->data);
     credit.message.rkey = r->mr != nullptr ? r->mr->rkey : 0;
@@ -60,14 +76,15 @@ Request* VerbsTransport::post(VerbsRequest* r) {
   return r;
 }
 
-// Pairs sends with the credits their receives sent, in order. The header check
-// happens here, before any payload moves.
-void VerbsTransport::matchCredits(Connection& c) {
-  while (!c.failed && !c.unmatched.empty() && !c.credits.empty()) {
-    VerbsRequest* r = c.unmatched.front();
-    CtrlMessage credit = c.credits.front();
-    c.unmatched.pop_front();
-    c.credits.pop_front();
+// Pairs a stream's sends with the credits their receives sent, in order. The
+// header check happens here, before any payload moves.
+void VerbsTransport::matchCredits(Connection& c, uint32_t s) {
+  Stream& stream = c.stream(s);
+  while (!c.failed && !stream.unmatched.empty() && !stream.credits.empty()) {
+    VerbsRequest* r = stream.unmatched.front();
+    CtrlMessage credit = stream.credits.front();
+    stream.unmatched.pop_front();
+    stream.credits.pop_front();
     if (credit.seq != r->seq) {
       failConnection(c, ErrorKind::kPeer,
                      strFormat("rank %d's receive #%llu arrived where send #%llu was next (protocol error)", c.peer,
@@ -85,6 +102,7 @@ void VerbsTransport::matchCredits(Connection& c) {
     if (!bad.empty()) {
       Outgoing notice;
       notice.message.type = kMismatch;
+      notice.message.stream = s;
       notice.message.seq = r->seq;
       notice.message.header = r->header;
       c.backlog.push_back(notice);
@@ -100,6 +118,7 @@ void VerbsTransport::matchCredits(Connection& c) {
     item.request = r;
     if (r->bytes == 0) {
       item.message.type = kEmpty;
+      item.message.stream = s;
       item.message.seq = r->seq;
     }
     c.backlog.push_back(item);
@@ -165,7 +184,7 @@ bool VerbsTransport::postData(Connection& c, VerbsRequest* r) {
     wr.wr.rdma.rkey = r->rkey;
     if (i + 1 == pieces) {
       wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;  // the last piece completes the receive
-      wr.imm_data = htonl(static_cast<uint32_t>(r->seq));
+      wr.imm_data = htonl(verbs::immediateFor(r->stream, r->seq));
     } else {
       wr.opcode = IBV_WR_RDMA_WRITE;
     }
@@ -202,7 +221,9 @@ void VerbsTransport::postRecvSlot(Connection& c, CtrlSlot& slot) {
   if (rc != 0) {
     failConnection(c, ErrorKind::kPeer,
                    strFormat("posting a receive for rank %d failed: %s", c.peer, std::strerror(rc)));
+    return;
   }
+  ++c.recv_posted;
 }
 
 }  // namespace rcoll

@@ -1,13 +1,38 @@
 // VerbsTransport's failures: news on a peer's side channel (an abort, EOF),
-// a connection failed (its queue pair to the error state, its requests failed),
-// and this rank's own abort told to the peers.
+// a connection failed (its queue pair to the error state, its requests failed,
+// after a link failure once what had arrived is counted), this rank's own
+// abort told to the peers, and what a rails transport asks of a rail
+// (rail_endpoint.h).
 #include <sys/socket.h>
+
+#include <utility>
 
 #include "log.h"
 #include "rdma/ibv_api.h"
 #include "rdma/verbs_transport_internal.h"
 
 namespace rcoll {
+
+// The device's async events. A port that goes down (its link, the NIC)
+// fails every connection over it as a link failure at once: a peer's sends
+// may otherwise retry without end (rxe does, into a link without carrier)
+// while this end only waits for data, and neither would ever fail.
+void VerbsTransport::serviceAsyncEvents() {
+  ibv_async_event event{};
+  while (api_.get_async_event(context_, &event) == 0) {
+    const bool port_down = (event.event_type == IBV_EVENT_PORT_ERR && event.element.port_num == port_.port) ||
+                           event.event_type == IBV_EVENT_DEVICE_FATAL;
+    const ibv_event_type type = event.event_type;
+    api_.ack_async_event(&event);
+    if (!port_down) continue;
+    const std::string why = strFormat("the port %s went down (%s)", portName().c_str(),
+                                      type == IBV_EVENT_PORT_ERR ? "IBV_EVENT_PORT_ERR" : "IBV_EVENT_DEVICE_FATAL");
+    RCOLL_INFO("rank %d: %s", info_.rank, why.c_str());
+    for (auto& c : connections_) {
+      if (c && !c->failed && !c->closed) failConnection(*c, ErrorKind::kPeer, why, false, true);
+    }
+  }
+}
 
 void VerbsTransport::serviceSideChannel(Connection& c) {
   const SideChannelNews news = c.side_channel.read(c.fd);
@@ -19,6 +44,13 @@ void VerbsTransport::serviceSideChannel(Connection& c) {
       return;
     case SideChannelNews::Kind::kClosed:
       c.socket_broken = true;
+      if (isLinkFailure(news.error)) {  // the path, not the process: the queue pair may be cut off too
+        failConnection(c, ErrorKind::kPeer,
+                       strFormat("the connection to rank %d over %s failed: %s", c.peer, portName().c_str(),
+                                 errnoText(news.error).c_str()),
+                       false, true);
+        return;
+      }
       pollCompletions();  // what the peer did before it went is already in the completion queue
       peerClosed(c);
       return;
@@ -38,39 +70,90 @@ void VerbsTransport::peerClosed(Connection& c) {
   c.closed = true;
   c.failure = {ErrorKind::kPeer,
                strFormat("rank %d closed its connection (its process exited, crashed or was killed)", c.peer)};
-  for (VerbsRequest* r : c.recvs) finish(r, Request::State::kFailed, &c.failure);
-  for (VerbsRequest* r : c.unmatched) finish(r, Request::State::kFailed, &c.failure);
+  for (Stream& s : c.streams) {
+    for (VerbsRequest* r : s.recvs) finish(r, Request::State::kFailed, &c.failure);
+    for (VerbsRequest* r : s.unmatched) finish(r, Request::State::kFailed, &c.failure);
+    s.recvs.clear();
+    s.unmatched.clear();
+  }
   for (Outgoing& item : c.backlog) {
     if (item.request != nullptr) finish(item.request, Request::State::kFailed, &c.failure);
   }
-  c.recvs.clear();
-  c.unmatched.clear();
   c.backlog.clear();
   if (c.in_flight.empty()) failConnection(c, c.failure.kind, c.failure.message);
 }
 
-void VerbsTransport::failConnection(Connection& c, ErrorKind kind, const std::string& message, bool peer_reported) {
+void VerbsTransport::failConnection(Connection& c, ErrorKind kind, const std::string& message, bool peer_reported,
+                                    bool link) {
   if (c.failed) return;
   if (kind == ErrorKind::kPeer && !peer_reported) markLost(c.peer);
   c.failed = true;
   c.failure = {kind, message};
+  c.failure.link = link && kind == ErrorKind::kPeer;
   // The error state stops the NIC writing into receive buffers before they are
   // handed back, and flushes every posted work request; writes in flight stay
   // listed until their flushed completions return their memory.
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_ERR;
-  api_.modify_qp(c.qp, &attr, IBV_QP_STATE);
-  for (VerbsRequest* r : c.recvs) finish(r, Request::State::kFailed, &c.failure);
-  for (VerbsRequest* r : c.unmatched) finish(r, Request::State::kFailed, &c.failure);
+  const bool flushing = api_.modify_qp(c.qp, &attr, IBV_QP_STATE) == 0;
+  RCOLL_INFO("rank %d: RDMA connection to rank %d failed: %s", info_.rank, c.peer, message.c_str());
+  if (!c.failure.link || !flushing) {  // without the error state nothing is flushed and no count is exact
+    c.failure.link = false;
+    failRequests(c);
+    return;
+  }
+  // A link failure: the receive slots' completions, flushed behind whatever
+  // had arrived, are awaited first, so that arrived() counts every message
+  // that landed (a rails transport sends the rest again on another port).
+  if (c.recv_posted > 0) {
+    c.draining = true;
+    c.drain_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    ++draining_;
+    return;
+  }
+  failRequests(c);
+  link_failures_.push_back(c.peer);
+}
+
+void VerbsTransport::failRequests(Connection& c) {
+  for (Stream& s : c.streams) {
+    for (VerbsRequest* r : s.recvs) finish(r, Request::State::kFailed, &c.failure);
+    for (VerbsRequest* r : s.unmatched) finish(r, Request::State::kFailed, &c.failure);
+    s.recvs.clear();
+    s.unmatched.clear();
+    s.credits.clear();
+  }
   for (VerbsRequest* r : c.in_flight) finish(r, Request::State::kFailed, &c.failure);
   for (Outgoing& item : c.backlog) {
     if (item.request != nullptr) finish(item.request, Request::State::kFailed, &c.failure);
   }
-  c.recvs.clear();
-  c.unmatched.clear();
   c.backlog.clear();
-  c.credits.clear();
-  RCOLL_INFO("rank %d: RDMA connection to rank %d failed: %s", info_.rank, c.peer, message.c_str());
+}
+
+std::chrono::milliseconds VerbsTransport::maxSleep() const {
+  if (draining_ == 0) return std::chrono::milliseconds::max();
+  auto earliest = Deadline::max();
+  for (const auto& c : connections_) {
+    if (c && c->draining) earliest = std::min(earliest, c->drain_deadline);
+  }
+  return std::chrono::milliseconds(std::max(1, millisecondsUntil(earliest)));
+}
+
+// The verbs specification flushes every posted work request once a queue
+// pair is in the error state; a drain that outlives its deadline (a driver
+// that does not) ends with what has been counted.
+void VerbsTransport::checkDrains() {
+  if (draining_ == 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  for (auto& c : connections_) {
+    if (!c || !c->draining || now < c->drain_deadline) continue;
+    RCOLL_WARN("rank %d: the RDMA connection to rank %d did not flush its receives within 5 s of failing", info_.rank,
+               c->peer);
+    c->draining = false;
+    --draining_;
+    failRequests(*c);
+    link_failures_.push_back(c->peer);
+  }
 }
 
 void VerbsTransport::abortPeers(ErrorKind kind, const std::string& message) {
@@ -91,5 +174,48 @@ void VerbsTransport::abortPeers(ErrorKind kind, const std::string& message) {
     failConnection(c, ErrorKind::kAborted, "the communicator was aborted: " + message);
   });
 }
+
+// --- RailEndpoint (rail_endpoint.h) ------------------------------------------
+
+std::vector<int> VerbsTransport::takeLinkFailures() { return std::exchange(link_failures_, {}); }
+
+uint64_t VerbsTransport::arrived(int peer) const {
+  return connected(peer) ? connections_[static_cast<size_t>(peer)]->streams[0].arrived : 0;
+}
+
+void VerbsTransport::failLink(int peer, const std::string& why) {
+  if (connected(peer)) failConnection(*connections_[static_cast<size_t>(peer)], ErrorKind::kPeer, why, false, true);
+}
+
+bool VerbsTransport::connectionFailed(int peer, TransportFailure* why) const {
+  if (!connected(peer)) return false;
+  const Connection& c = *connections_[static_cast<size_t>(peer)];
+  if (!(c.failed && !c.draining) && !c.closed) return false;
+  *why = c.failure;
+  return true;
+}
+
+bool VerbsTransport::usable(int peer) const {
+  if (!connected(peer)) return false;
+  const Connection& c = *connections_[static_cast<size_t>(peer)];
+  return !c.failed && !c.closed && !aborted_;
+}
+
+bool VerbsTransport::sendNote(const RailNote& note) {
+  if (!usable(note.peer)) return false;
+  Connection& c = *connections_[static_cast<size_t>(note.peer)];
+  Outgoing item;
+  item.message.type = verbs::kRailNote;
+  item.message.seq = note.arrived;
+  item.message.addr = note.failed;
+  item.message.rkey = note.rescue;
+  c.backlog.push_back(item);
+  flush(c);
+  return true;
+}
+
+std::vector<RailNote> VerbsTransport::takeNotes() { return std::exchange(notes_, {}); }
+
+std::string VerbsTransport::portName() const { return port_.device + ":" + std::to_string(port_.port); }
 
 }  // namespace rcoll

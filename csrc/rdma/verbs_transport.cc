@@ -81,6 +81,7 @@ VerbsTransport::VerbsTransport(const ConnectInfo& info, const Config& config, co
   channel_ = api_.create_comp_channel(context_);
   if (channel_ == nullptr) fail("ibv_create_comp_channel");
   setNonBlocking(channel_->fd, true);
+  setNonBlocking(context_->async_fd, true);  // read when poll() says so, and never waited on
   int cqe = std::min(dev.max_cqe, std::max(64, peers * (recv_slots_ + sq_depth_) + 16));
   cq_ = api_.create_cq(context_, cqe, nullptr, channel_, 0);
   if (cq_ == nullptr) fail(strFormat("ibv_create_cq(%d entries)", cqe));
@@ -147,6 +148,7 @@ void VerbsTransport::progress(std::chrono::milliseconds timeout) {
   for (;;) {
     serviceOnDemand();
     pollCompletions();
+    checkDrains();
     if (progressed_) return;
     // Completions usually follow within microseconds on real hardware: a short
     // spin saves the sleep and wake-up. Emulated devices (rxe) gain nothing.
@@ -180,6 +182,7 @@ Activity VerbsTransport::progressNow() {
   progressed_ = false;
   serviceOnDemand();
   const int completions = pollCompletions();
+  checkDrains();
   return progressed_ ? Activity::kFinished : completions > 0 ? Activity::kMoved : Activity::kIdle;
 }
 
@@ -192,6 +195,7 @@ bool VerbsTransport::prepareSleep(std::vector<pollfd>* fds) {
   if (reqNotifyCq(cq_, 0) != 0) throwError(ErrorKind::kGeneric, "ibv_req_notify_cq failed");
   if (pollCompletions() > 0) return false;
   fds->push_back({channel_->fd, POLLIN, 0});
+  fds->push_back({context_->async_fd, POLLIN, 0});
   for (auto& c : connections_) {
     if (!c || c->failed || c->socket_broken) continue;
     fds->push_back({c->fd, POLLIN, 0});
@@ -206,8 +210,10 @@ bool VerbsTransport::prepareSleep(std::vector<pollfd>* fds) {
   return true;
 }
 
-// `fds`: the completion channel, then poll_peers_' side channels (none when nobody slept).
+// `fds`: the completion channel, the device's async events, then poll_peers_'
+// side channels (none when nobody slept).
 Activity VerbsTransport::finishSleep(const pollfd* fds, size_t count) {
+  constexpr size_t kFirstPeer = 2;
   if (count > 0 && (fds[0].revents & POLLIN)) {
     ibv_cq* cq = nullptr;
     void* context = nullptr;
@@ -216,10 +222,12 @@ Activity VerbsTransport::finishSleep(const pollfd* fds, size_t count) {
       unacked_cq_events_ = 0;
     }
   }
-  for (size_t i = 0; i < poll_peers_.size() && i + 1 < count; ++i) {
-    if (fds[i + 1].revents != 0) serviceSideChannel(*poll_peers_[i]);
+  if (count > 1 && fds[1].revents != 0) serviceAsyncEvents();
+  for (size_t i = 0; i < poll_peers_.size() && i + kFirstPeer < count; ++i) {
+    if (fds[i + kFirstPeer].revents != 0) serviceSideChannel(*poll_peers_[i]);
   }
-  for (size_t i = 1 + poll_peers_.size(); i < count && i < 1 + poll_peers_.size() + poll_on_demand_; ++i) {
+  for (size_t i = kFirstPeer + poll_peers_.size(); i < count && i < kFirstPeer + poll_peers_.size() + poll_on_demand_;
+       ++i) {
     if (fds[i].revents != 0) {
       serviceOnDemand();
       break;

@@ -12,6 +12,10 @@
 //     number as immediate data, which completes the receive. So, as on TCP, a
 //     mismatched op is caught before one payload byte lands in a user buffer:
 //     the sender answers a bad credit with a mismatch message instead.
+//   - A connection carries independently ordered streams of messages each way
+//     (stream 0 for isend/irecv, others for a rails transport that moves a
+//     failed port's messages here: rail_endpoint.h); credits and immediates
+//     name their stream.
 //   - Zero-byte messages (the "go" of rooted ops, empty alltoall pairs) are a
 //     control message instead of a zero-length write, which not every provider
 //     handles alike.
@@ -37,6 +41,7 @@
 #include "edge_meter.h"
 #include "on_demand_peers.h"
 #include "peer_listener.h"
+#include "rail_endpoint.h"
 #include "rdma/ib_device.h"
 #include "request_lifecycle.h"
 #include "side_channel.h"
@@ -56,7 +61,7 @@ struct ibv_wc;
 class MrCache;
 struct IbvApi;
 
-class VerbsTransport : public Transport {
+class VerbsTransport : public Transport, public RailEndpoint {
  public:
   // Opens `port` (from chooseIbPort) and listens for handshakes on `bind_host`.
   VerbsTransport(const ConnectInfo& info, const Config& config, const std::string& bind_host, const IbPortChoice& port);
@@ -86,6 +91,7 @@ class VerbsTransport : public Transport {
   Activity progressNow() override;
   bool prepareSleep(std::vector<pollfd>* fds) override;
   Activity finishSleep(const pollfd* fds, size_t count) override;
+  std::chrono::milliseconds maxSleep() const override;  // a link failure's drain has a deadline
   TransportFailure failure(Request* request) const override;
   void release(Request* request) override;
   void interrupt() override;
@@ -93,11 +99,24 @@ class VerbsTransport : public Transport {
   // Outgoing: the sender sees an RDMA write's last completion, the receiver only its immediate.
   void edgeTraffic(std::vector<EdgeTraffic>* out) const override;
 
+  // RailEndpoint (rail_endpoint.h), for a rails transport; verbs_failure.cc.
+  Request* isendOn(int stream, int peer, const WireHeader& header, const void* data, size_t bytes) override;
+  Request* irecvOn(int stream, int peer, const WireHeader& expected, void* data, size_t bytes) override;
+  std::vector<int> takeLinkFailures() override;
+  uint64_t arrived(int peer) const override;
+  void failLink(int peer, const std::string& why) override;
+  bool connectionFailed(int peer, TransportFailure* why) const override;
+  bool usable(int peer) const override;
+  bool sendNote(const RailNote& note) override;
+  std::vector<RailNote> takeNotes() override;
+  std::string portName() const override;
+
  private:
   struct WrOwner;
   struct CtrlSlot;
   struct VerbsRequest;
   struct Outgoing;
+  struct Stream;
   struct Connection;
   struct QpInfo;
   struct Handshake;
@@ -128,7 +147,7 @@ class VerbsTransport : public Transport {
 
   // verbs_data_path.cc.
   Request* post(VerbsRequest* r);
-  void matchCredits(Connection& c);
+  void matchCredits(Connection& c, uint32_t stream);
   void flush(Connection& c);
   bool postCtrl(Connection& c, const Outgoing& item);
   bool postData(Connection& c, VerbsRequest* r);
@@ -138,14 +157,22 @@ class VerbsTransport : public Transport {
   int pollCompletions();
   void onCompletion(const ibv_wc& wc);
   void onControl(Connection& c, const char* message);
-  void onData(Connection& c, uint64_t seq);
+  void onData(Connection& c, uint32_t stream, uint64_t seq);
   std::string completionError(const Connection& c, const ibv_wc& wc) const;
+  bool linkFailed(const ibv_wc& wc) const;
+  bool portActive() const;
 
   // verbs_failure.cc.
+  void serviceAsyncEvents();
   void serviceSideChannel(Connection& c);
   void peerClosed(Connection& c);
   // `peer_reported`: the peer told us why it failed (an abort), so it is not lost (Transport::lostPeers).
-  void failConnection(Connection& c, ErrorKind kind, const std::string& message, bool peer_reported = false);
+  // `link`: the path may be what failed (TransportFailure::link): the requests
+  // wait until what had arrived is counted (Connection::draining).
+  void failConnection(Connection& c, ErrorKind kind, const std::string& message, bool peer_reported = false,
+                      bool link = false);
+  void failRequests(Connection& c);  // the end of failConnection(), after any drain
+  void checkDrains();                // a drain whose flushes never came ends at its deadline
 
   const IbvApi& api_;
   ConnectInfo info_;
@@ -182,7 +209,10 @@ class VerbsTransport : public Transport {
   std::vector<Connection*> poll_peers_;  // whose side channels prepareSleep() appended, in order
   size_t poll_on_demand_ = 0;            // fds prepareSleep() appended after them: the connector's, handshakes
   bool aborted_ = false;
-  bool progressed_ = false;  // a request finished since progress() started
+  bool progressed_ = false;         // a request finished since progress() started
+  int draining_ = 0;                // connections draining after a link failure
+  std::vector<int> link_failures_;  // takeLinkFailures()
+  std::vector<RailNote> notes_;     // takeNotes()
 };
 
 }  // namespace rcoll

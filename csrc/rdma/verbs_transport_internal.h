@@ -31,7 +31,16 @@ namespace verbs {
 
 constexpr size_t kCtrlBytes = 128;  // one control slot
 
-enum CtrlType : uint32_t { kCredit = 1, kEmpty = 2, kMismatch = 3 };
+enum CtrlType : uint32_t { kCredit = 1, kEmpty = 2, kMismatch = 3, kRailNote = 4 };
+
+// A connection's streams (rail_endpoint.h): stream 0 and the rescue streams
+// of failed rails. The immediate of a write names its stream in the top byte
+// and the low 24 bits of its sequence number, which is all the in-order check
+// needs.
+constexpr uint32_t kMaxStreams = 64;
+inline uint32_t immediateFor(uint32_t stream, uint64_t seq) {
+  return (stream << 24) | static_cast<uint32_t>(seq & 0xFFFFFFu);
+}
 
 #pragma pack(push, 1)
 struct CtrlMessage {
@@ -41,6 +50,7 @@ struct CtrlMessage {
   uint64_t addr;
   uint64_t bytes;
   WireHeader header;  // credit: what the receiver expects; mismatch: what the sender had
+  uint32_t stream;    // credit, empty, mismatch: the stream of the message
 };
 #pragma pack(pop)
 static_assert(sizeof(CtrlMessage) <= kCtrlBytes, "a control message fits its slot");
@@ -104,7 +114,8 @@ struct VerbsTransport::CtrlSlot : WrOwner {
 // or write the memory, so the request and its registration wait for them).
 struct VerbsTransport::VerbsRequest : MessageRequest, WrOwner {
   VerbsRequest() : WrOwner(kData) {}
-  uint64_t seq = 0;  // per peer and direction, matches credits to sends
+  uint32_t stream = 0;
+  uint64_t seq = 0;  // per peer, stream and direction: matches credits to sends
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
   MrCache::Entry* mr = nullptr;
@@ -117,6 +128,15 @@ struct VerbsTransport::Outgoing {
   VerbsRequest* request = nullptr;  // a send whose credit arrived
 };
 
+// One ordered sequence of messages each way on a connection.
+struct VerbsTransport::Stream {
+  std::deque<VerbsRequest*> recvs;         // posted receives, oldest first
+  std::deque<VerbsRequest*> unmatched;     // sends waiting for their credit
+  std::deque<verbs::CtrlMessage> credits;  // credits that arrived before their send
+  uint64_t next_send_seq = 0, next_recv_seq = 0;
+  uint64_t arrived = 0;  // receives completed
+};
+
 struct VerbsTransport::Connection {
   int peer = -1;
   int fd = -1;  // the handshake socket, kept as a side channel
@@ -125,18 +145,26 @@ struct VerbsTransport::Connection {
   std::vector<std::unique_ptr<CtrlSlot>> send_slots;
   std::vector<CtrlSlot*> free_send_slots;
   int sq_used = 0;
-  std::deque<VerbsRequest*> recvs;         // posted receives, oldest first
-  std::deque<VerbsRequest*> unmatched;     // sends waiting for their credit
-  std::deque<VerbsRequest*> in_flight;     // sends whose work requests are posted
-  std::deque<verbs::CtrlMessage> credits;  // credits that arrived before their send
-  std::deque<Outgoing> backlog;            // waiting for send-queue room, in order
-  uint64_t next_send_seq = 0, next_recv_seq = 0;
+  std::vector<Stream> streams = std::vector<Stream>(1);  // grown as rescue streams are used
+  std::deque<VerbsRequest*> in_flight;                   // sends whose work requests are posted
+  std::deque<Outgoing> backlog;                          // waiting for send-queue room, in order
+  int recv_posted = 0;                                   // control receive slots posted and not completed
   SideChannelReader side_channel;
   bool closed = false;  // the peer is gone: no new requests; posted writes may still finish
   bool failed = false;  // no more requests at all
+  // A link failure waits for every posted receive slot's completion (the
+  // error state flushes them after whatever had arrived), so that what
+  // arrived is counted before the requests fail (rail_endpoint.h).
+  bool draining = false;
+  Deadline drain_deadline{};
   bool socket_broken = false;
   TransportFailure failure;
   uint32_t psn = 0;  // the first packet sequence number of this side's sends
+
+  Stream& stream(uint32_t s) {
+    if (s >= streams.size()) streams.resize(s + 1);
+    return streams[s];
+  }
 };
 
 // A queue-pair exchange on first use, over a non-blocking socket. Each side

@@ -11,8 +11,10 @@ and a numpy import per rank; a killed rank and torch need processes.
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -154,9 +156,9 @@ comm.shutdown()
 """
 
 
-def _launched_ranks(envs, script, master_addr="127.0.0.1"):
+def _started_ranks(envs, script, master_addr="127.0.0.1"):
     """Ranks started as a launcher starts them (one process each, RANK/WORLD_SIZE/MASTER_ADDR), each with its
-    entries of `envs`: (exit code, stdout, stderr) per rank, every rank killed if one outlives the bound."""
+    entries of `envs`."""
     port = spawn.free_port()
     procs = []
     for rank, extra in enumerate(envs):
@@ -164,6 +166,16 @@ def _launched_ranks(envs, script, master_addr="127.0.0.1"):
                    MASTER_PORT=str(port), RCOLL_CONNECT_TIMEOUT="120", **extra)
         procs.append(subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def _launched_ranks(envs, script, master_addr="127.0.0.1"):
+    """_started_ranks(), waited for: (exit code, stdout, stderr) per rank, every rank killed if one outlives
+    the bound."""
+    return _outcomes(_started_ranks(envs, script, master_addr))
+
+
+def _outcomes(procs):
     outcomes = []
     for p in procs:
         try:
@@ -466,9 +478,13 @@ def test_mismatch_over_verbs(kind):
         assert "as op #1" in message and message.startswith(f"rank {rank}: "), message
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_peer_killed_mid_collective(world):
-    results = spawn.run(vw.killed_mid_collective, world, timeout=180, env=IB, allow_failures=True)
+@pytest.mark.parametrize("world, ports", [(2, "one"), (3, "one"), (2, "two")])
+def test_peer_killed_mid_collective(world, ports):
+    """A killed rank fails the others with a PeerError naming it, also over two ports per rank, where a
+    port that stops acknowledging looks like a failed link at first (rails_failover.cc) until the side
+    channels close."""
+    env = IB if ports == "one" else RAILS
+    results = spawn.run(vw.killed_mid_collective, world, timeout=180, env=env, allow_failures=True)
     dead = world - 1
     assert results[dead][0] == "error" and "exit code 3" in results[dead][1]
     for rank in range(dead):
@@ -527,3 +543,160 @@ def test_torch_backend_over_verbs():
     for rank, (_checked, mine, gloo) in enumerate(results):
         for a, b in zip(mine, gloo):
             np.testing.assert_array_equal(a, b, err_msg=f"rank {rank}")
+
+
+# A port that fails mid-job (csrc/rails_failover.cc): two ports per rank,
+# 4 MiB allreduces back to back; the second port's link is cut while they run.
+FAILOVER_RANK = r"""
+import json, os, time
+import numpy as np
+import rcoll
+comm = rcoll.init(timeout=300)
+rank, world = comm.rank, comm.size
+base = np.arange(1 << 20, dtype=np.float32)
+ok, times = True, []
+for i in range(int(os.environ["RCOLL_TEST_OPS"])):
+    if i == 2 and rank == 0:
+        open(os.environ["RCOLL_TEST_MARK"], "w").close()  # the test cuts the link now
+    x = base * (rank + 1) + i
+    start = time.monotonic()
+    comm.allreduce(x)
+    times.append(round(time.monotonic() - start, 3))
+    ok &= bool((x == base * 3 + 2 * i).all())  # exact: every value is an integer below 2**24
+print(json.dumps({"ok": ok, "times": times}))
+comm.shutdown()
+"""
+
+ADDR2, ADDR3 = "198.51.100.1", "198.51.100.2"  # sr2 and sr3 (scripts/softroce/guest.py)
+ADDR2_6, ADDR3_6 = "2001:db8:2::1", "2001:db8:2::2"
+CUTS = {
+    "every packet dropped": ([["tc", "qdisc", "replace", "dev", "sr2", "root", "netem", "loss", "100%"]],
+                             [["tc", "qdisc", "del", "dev", "sr2", "root"]]),
+    # Last: the link's routes go with it and come back by hand.
+    "link down": ([["ip", "link", "set", "sr2", "down"]],
+                  [["ip", "link", "set", "sr2", "up"],
+                   ["ip", "-6", "addr", "replace", f"{ADDR2_6}/64", "dev", "sr2", "nodad"],
+                   ["ip", "-6", "addr", "replace", f"{ADDR3_6}/64", "dev", "sr3", "nodad"],
+                   ["ip", "route", "replace", f"{ADDR3}/32", "dev", "sr2", "src", ADDR2, "table", "102"],
+                   ["ip", "route", "replace", f"{ADDR2}/32", "dev", "sr3", "src", ADDR3, "table", "103"],
+                   ["ip", "-6", "route", "replace", f"{ADDR3_6}/128", "dev", "sr2", "src", ADDR2_6, "table", "102"],
+                   ["ip", "-6", "route", "replace", f"{ADDR2_6}/128", "dev", "sr3", "src", ADDR3_6, "table", "103"]]),
+}
+
+
+@pytest.mark.parametrize("cut", list(CUTS))
+def test_a_port_that_fails_hands_its_messages_to_the_other(cut, tmp_path):
+    """rxe2-rxe3's link fails during the third of ten allreduces: both ranks warn once naming the port and
+    the peer, the op goes on over rxe0-rxe1 (the port's IBV_EVENT_PORT_ERR when the link goes down; RC
+    retries exhausted after about 7 x 67 ms, RCOLL_IB_TIMEOUT=14, when every packet is dropped), every
+    result is exact and both ranks exit 0. RCOLL_TEST_FAILOVER_TRIALS trials (default 1)."""
+    ops = 10
+    cut_op, other_ops = [], []
+    for trial in range(int(os.environ.get("RCOLL_TEST_FAILOVER_TRIALS", "1"))):
+        mark = tmp_path / f"cut{trial}"
+        # Retry count 6: rxe retries without end at 7.
+        envs = [dict(RCOLL_TRANSPORT="ib", RCOLL_IB_HCA=hca, RCOLL_IB_TIMEOUT="14", RCOLL_IB_RETRY_CNT="6",
+                     RCOLL_TEST_MARK=str(mark), RCOLL_TEST_OPS=str(ops)) for hca in ("rxe0,rxe2", "rxe1,rxe3")]
+        cut_commands, restore_commands = CUTS[cut]
+        procs = _started_ranks(envs, FAILOVER_RANK)
+        try:
+            deadline = time.monotonic() + 300
+            while not mark.exists() and time.monotonic() < deadline and all(p.poll() is None for p in procs):
+                time.sleep(0.02)
+            assert mark.exists(), "rank 0 never reached its third allreduce"
+            for command in cut_commands:
+                subprocess.run(command, check=True, capture_output=True, text=True, timeout=30)
+            outcomes = _outcomes(procs)
+        finally:
+            for p in procs:
+                p.kill()
+            for command in restore_commands:
+                subprocess.run(command, capture_output=True, timeout=30)
+        for rank, (code, out, err) in enumerate(outcomes):
+            assert code == 0 and "Traceback" not in err, (trial, rank, code, out, err[-3000:])
+            report = json.loads(out.strip().splitlines()[-1])
+            assert report["ok"] and len(report["times"]) == ops, (trial, rank, report)
+            mine, other = ("rxe2:1", 1) if rank == 0 else ("rxe3:1", 0)
+            warnings = [line for line in err.splitlines() if "WARN" in line]
+            assert len(warnings) == 1, (trial, rank, err[-3000:])
+            assert f"the RDMA port {mine} to rank {other} failed" in warnings[0], warnings
+            assert "its messages go on over rxe" in warnings[0], warnings
+            slowest = max(range(2, 5), key=lambda i: report["times"][i])  # the cut comes during op 2
+            cut_op.append(report["times"][slowest])
+            other_ops += [t for i, t in enumerate(report["times"]) if i not in (0, slowest)]
+        if cut == "link down":  # the port comes back for what runs next
+            _wait_for_roce_v2_gids(("rxe2", "rxe3"))
+    spread = " / ".join(f"{f(cut_op):.2f}" for f in (min, statistics.median, max))
+    others = " / ".join(f"{f(other_ops):.2f}" for f in (min, statistics.median, max))
+    print(f"{cut}: {len(cut_op) // 2} trial(s), the op the link failed in took {spread} s (min / median / max), "
+          f"the others {others} s")
+
+
+EVERY_PORT_CUT_RANK = r"""
+import json, os, time
+import numpy as np
+import rcoll
+comm = rcoll.init(timeout=120)
+rank = comm.rank
+x = np.ones(1 << 20, np.float32)
+for i in range(2):
+    comm.allreduce(x)
+if rank == 0:
+    open(os.environ["RCOLL_TEST_MARK"], "w").close()
+start = time.monotonic()
+try:
+    while True:
+        comm.allreduce(x)
+except rcoll.RcollError as e:
+    print(json.dumps({"error": type(e).__name__, "message": str(e), "seconds": time.monotonic() - start}))
+"""
+
+
+def test_with_every_port_cut_the_op_fails_with_a_peer_error(tmp_path):
+    """Both ports' links drop every packet: the port that took the first one's messages fails in turn, and
+    each rank's op fails with a PeerError naming the other, long before the op's timeout."""
+    mark = tmp_path / "cut"
+    envs = [dict(RCOLL_TRANSPORT="ib", RCOLL_IB_HCA=hca, RCOLL_IB_TIMEOUT="14", RCOLL_IB_RETRY_CNT="6",
+                 RCOLL_TEST_MARK=str(mark)) for hca in ("rxe0,rxe2", "rxe1,rxe3")]
+    procs = _started_ranks(envs, EVERY_PORT_CUT_RANK)
+    try:
+        deadline = time.monotonic() + 300
+        while not mark.exists() and time.monotonic() < deadline and all(p.poll() is None for p in procs):
+            time.sleep(0.02)
+        assert mark.exists(), "rank 0 never finished its first allreduces"
+        for dev in ("sr0", "sr2"):
+            subprocess.run(["tc", "qdisc", "replace", "dev", dev, "root", "netem", "loss", "100%"], check=True,
+                           capture_output=True, text=True, timeout=30)
+        outcomes = _outcomes(procs)
+    finally:
+        for p in procs:
+            p.kill()
+        for dev in ("sr0", "sr2"):
+            subprocess.run(["tc", "qdisc", "del", "dev", dev, "root"], capture_output=True, timeout=30)
+    for rank, (code, out, err) in enumerate(outcomes):
+        assert code == 0 and "Traceback" not in err, (rank, code, out, err[-3000:])
+        report = json.loads(out.strip().splitlines()[-1])
+        assert report["error"] == "PeerError" and f"rank {1 - rank}" in report["message"], (rank, report)
+        assert report["seconds"] < 60, (rank, report)  # the links' failures, not the 120 s timeout
+
+
+def _wait_for_roce_v2_gids(devices, seconds=30):
+    """Until each device has its RoCE v2 GIDs back, of an IPv4-mapped and of a 2001:db8: address."""
+    def roce_v2_gids(dev):
+        port = f"/sys/class/infiniband/{dev}/ports/1"
+        gids = []
+        for index in os.listdir(f"{port}/gids"):
+            try:
+                if open(f"{port}/gid_attrs/types/{index}").read().strip() == "RoCE v2":
+                    gids.append(open(f"{port}/gids/{index}").read().strip())
+            except OSError:  # an empty entry has no type
+                pass
+        return gids
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if all(any(g.startswith("0000:0000:0000:0000:0000:ffff:") for g in gids) and
+               any(g.startswith("2001:0db8:") for g in gids) for gids in map(roce_v2_gids, devices)):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{devices}: no RoCE v2 GIDs {seconds} s after the link came back")

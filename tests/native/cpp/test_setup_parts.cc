@@ -474,13 +474,15 @@ void testGidChoice() {
 }
 
 // A rail of RailsTransport, connected to rank 1 from the start: it counts the
-// memory it holds and refuses (throws, or says no) when told to, and it
+// memory it holds and the bytes it is given to send (a header's worth per
+// message included), refuses (throws, or says no) when told to, and it
 // completes `per_step` of its messages, oldest first, each time it is driven,
 // so that rails of different steps look as fast as their steps.
 class FakeRail : public Transport {
  public:
   enum class Refusal { kNone, kThrow, kNull };
-  FakeRail(int* held, Refusal refusal, int per_step = 1) : held_(held), refusal_(refusal), per_step_(per_step) {}
+  FakeRail(int* held, Refusal refusal, int per_step = 1, size_t* sent = nullptr)
+      : held_(held), refusal_(refusal), per_step_(per_step), sent_(sent) {}
 
   const char* name() const override { return "fake"; }
   std::string listenAddress() const override { return ""; }
@@ -499,7 +501,10 @@ class FakeRail : public Transport {
   void deregisterMemory(MemoryHandle handle) override {
     if (handle != nullptr) --*held_;
   }
-  Request* isend(int, const WireHeader&, const void*, size_t) override { return queue(); }
+  Request* isend(int, const WireHeader&, const void*, size_t bytes) override {
+    if (sent_ != nullptr) *sent_ += bytes + sizeof(WireHeader);
+    return queue();
+  }
   Request* irecv(int, const WireHeader&, void*, size_t) override { return queue(); }
   void progress(std::chrono::milliseconds) override { progressNow(); }
   Activity progressNow() override {
@@ -530,6 +535,7 @@ class FakeRail : public Transport {
   int* held_;
   Refusal refusal_;
   int per_step_;
+  size_t* sent_;
   std::vector<std::unique_ptr<Request>> requests_;
   size_t next_ = 0;
 };
@@ -547,18 +553,20 @@ ConnectInfo pairInfo() {
 // go four of every five on the fast rail, also when sizes vary.
 void testRailsShares() {
   int held = 0;
+  std::vector<size_t> on(2);  // bytes, a header's worth per message included
   std::vector<std::unique_ptr<Transport>> rails;
-  rails.push_back(std::make_unique<FakeRail>(&held, FakeRail::Refusal::kNone, 4));
-  rails.push_back(std::make_unique<FakeRail>(&held, FakeRail::Refusal::kNone, 1));
+  rails.push_back(std::make_unique<FakeRail>(&held, FakeRail::Refusal::kNone, 4, &on[0]));
+  rails.push_back(std::make_unique<FakeRail>(&held, FakeRail::Refusal::kNone, 1, &on[1]));
   RailsTransport transport(pairInfo(), std::move(rails), std::chrono::microseconds(0));
   check(transport.accept(std::chrono::steady_clock::now() + std::chrono::seconds(10)) == 1, "rank 1 accepted");
-  std::vector<size_t> on(2);  // bytes, a header's worth per message included
+  on.assign(2, 0);  // the measurement's own messages left out
   char buffer[4096];
+  std::vector<Request*> sent;
   for (int m = 0; m < 1000; ++m) {
     const size_t bytes = m % 3 == 0 ? sizeof(buffer) : static_cast<size_t>(m % 1000);
-    Request* r = transport.isend(1, WireHeader{}, buffer, bytes);
-    on[static_cast<size_t>(r->rail)] += bytes + sizeof(WireHeader);
+    sent.push_back(transport.isend(1, WireHeader{}, buffer, bytes));
   }
+  for (Request* r : sent) transport.release(r);
   check(on[0] > 3.9 * on[1] && on[0] < 4.1 * on[1],
         "bytes on the rails in proportion to 16:4: " + std::to_string(on[0]) + ", " + std::to_string(on[1]));
   transport.closeListener();

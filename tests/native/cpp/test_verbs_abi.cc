@@ -305,7 +305,14 @@ int main() {
   SAME_FIELD(ibv_context_ops, post_send);
   SAME_FIELD(ibv_context_ops, post_recv);
   SAME_FIELD(ibv_context, device);
-  SAME_OFFSET(ibv_context, ops);  // rcoll declares the table's leading entries
+  SAME_FIELD(ibv_context, ops);
+  SAME_FIELD(ibv_context, async_fd);
+  SAME_VALUE(IBV_EVENT_DEVICE_FATAL);
+  SAME_VALUE(IBV_EVENT_PORT_ACTIVE);
+  SAME_VALUE(IBV_EVENT_PORT_ERR);
+  SAME_SIZE(ibv_async_event);
+  SAME_FIELD(ibv_async_event, element);
+  SAME_FIELD(ibv_async_event, event_type);
   SAME_FIELD(ibv_comp_channel, context);
   SAME_FIELD(ibv_comp_channel, fd);
   SAME_FIELD(ibv_cq, context);
