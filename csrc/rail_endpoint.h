@@ -35,6 +35,12 @@ class RailEndpoint {
  public:
   virtual ~RailEndpoint() = default;
 
+  // Called once by the rails transport that owns this rail: from then on a
+  // port that goes down fails its connections as link failures at once (there
+  // is another port to go on over), and a link failure does not count its
+  // peer as lost (the rails transport decides: Transport::lostPeers).
+  virtual void joinRails() = 0;
+
   virtual Request* isendOn(int stream, int peer, const WireHeader& header, const void* data, size_t bytes) = 0;
   virtual Request* irecvOn(int stream, int peer, const WireHeader& expected, void* data, size_t bytes) = 0;
   // Peers whose connection failed with TransportFailure::link, each once, once arrived() is final.

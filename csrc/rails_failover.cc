@@ -74,14 +74,12 @@ void RailsTransport::startFailover(int peer, int rail, const TransportFailure& w
           RailNote{peer, static_cast<uint32_t>(rail), static_cast<uint32_t>(rescue), arrived})) {
     // Its requests fail with the link's failure (settleRequests), as with one port.
     f.given_up = true;
+    std::lock_guard<std::mutex> lock(unreplaced_mutex_);
+    unreplaced_.push_back(peer);
     return;
   }
   f.down = true;
   f.rescue = rescue;
-  {
-    std::lock_guard<std::mutex> lock(replaced_mutex_);
-    replaced_.emplace_back(peer, rail);
-  }
   RCOLL_WARN("rank %d: the RDMA port %s to rank %d failed (%s); its messages go on over %s", info_.rank,
              failed.portName().c_str(), peer, why.message.c_str(),
              endpoints_[static_cast<size_t>(rescue)]->portName().c_str());

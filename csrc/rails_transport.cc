@@ -38,6 +38,7 @@ RailsTransport::RailsTransport(const ConnectInfo& info, std::vector<std::unique_
     }
     endpoints_.push_back(endpoint);
   }
+  for (RailEndpoint* endpoint : endpoints_) endpoint->joinRails();
   const size_t n = children_.size();
   for (Pair& pair : pairs_) {
     pair.sent.assign(n, 0);
@@ -319,14 +320,13 @@ TransportFailure RailsTransport::failure(Request* request) const { return reques
 // A request released while it is carried ends (and is reused) when its child does.
 void RailsTransport::release(Request* request) { requests_.release(request); }
 
+// The rails' own (a rail's link failure is not one: RailEndpoint::joinRails),
+// and the peers whose failed rail could not be replaced.
 std::vector<int> RailsTransport::lostPeers() const {
-  std::vector<int> lost;
-  std::lock_guard<std::mutex> lock(replaced_mutex_);
-  for (size_t i = 0; i < children_.size(); ++i) {
-    for (int peer : children_[i]->lostPeers()) {
-      const std::pair<int, int> pair_rail(peer, static_cast<int>(i));
-      if (std::find(replaced_.begin(), replaced_.end(), pair_rail) == replaced_.end()) lost.push_back(peer);
-    }
+  std::vector<int> lost = TransportGroup::lostPeers();
+  {
+    std::lock_guard<std::mutex> lock(unreplaced_mutex_);
+    lost.insert(lost.end(), unreplaced_.begin(), unreplaced_.end());
   }
   std::sort(lost.begin(), lost.end());
   lost.erase(std::unique(lost.begin(), lost.end()), lost.end());

@@ -76,7 +76,7 @@ class RailsTransport : public TransportGroup {
 
   Activity progressNow() override;
   Activity finishSleep(const pollfd* fds, size_t count) override;
-  std::vector<int> lostPeers() const override;  // not a peer whose failed rail was replaced
+  std::vector<int> lostPeers() const override;
 
  private:
   // A caller's request, carried by a child's (`child`, on rail `carrier`).
@@ -126,10 +126,10 @@ class RailsTransport : public TransportGroup {
   std::vector<Pair> pairs_;               // per peer
   std::vector<RailRequest*> open_;        // carried by a child's request that is not final yet
   RequestLifecycle<RailRequest> requests_;
-  int waiting_ = 0;                            // sends in FailedRail::waiting, over every pair
-  bool settled_ = false;                       // a caller's request finished since afterRails() began
-  mutable std::mutex replaced_mutex_;          // lostPeers() runs on other threads
-  std::vector<std::pair<int, int>> replaced_;  // (peer, rail) whose link failed and was replaced
+  int waiting_ = 0;                      // sends in FailedRail::waiting, over every pair
+  bool settled_ = false;                 // a caller's request finished since afterRails() began
+  mutable std::mutex unreplaced_mutex_;  // lostPeers() runs on other threads
+  std::vector<int> unreplaced_;          // peers with a rail whose link failed and could not be replaced
 };
 
 }  // namespace rcoll

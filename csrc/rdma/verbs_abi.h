@@ -432,7 +432,7 @@ struct ibv_context {
 };
 
 // Async events (ibv_get_async_event): the ones rcoll acts on.
-enum ibv_event_type {
+enum ibv_event_type : unsigned int {  // rdma-core's has 20 values, 0 to 19: room for all of them
   IBV_EVENT_DEVICE_FATAL = 8,
   IBV_EVENT_PORT_ACTIVE = 9,
   IBV_EVENT_PORT_ERR = 10,

@@ -5,6 +5,8 @@
 // (rail_endpoint.h).
 #include <sys/socket.h>
 
+#include <cerrno>
+
 #include <utility>
 
 #include "log.h"
@@ -13,24 +15,36 @@
 
 namespace rcoll {
 
-// The device's async events. A port that goes down (its link, the NIC)
-// fails every connection over it as a link failure at once: a peer's sends
-// may otherwise retry without end (rxe does, into a link without carrier)
-// while this end only waits for data, and neither would ever fail.
+// The device's async events. A dead device fails every connection. A rail
+// whose port is down after its events (the last one for the port says so,
+// and so does the port now: a flap that is over changes nothing) fails its
+// connections as link failures at once, so that the rails transport moves
+// them: a peer's sends may otherwise retry without end (rxe does, into a link
+// without carrier) while this end only waits for data, and neither would ever
+// fail. A single port keeps its connections: the RC retries may outlast a
+// short flap, and there is nowhere else to go.
 void VerbsTransport::serviceAsyncEvents() {
+  bool fatal = false;
+  int port_went = 0;  // the last word on this port: -1 down, 1 active
   ibv_async_event event{};
-  while (api_.get_async_event(context_, &event) == 0) {
-    const bool port_down = (event.event_type == IBV_EVENT_PORT_ERR && event.element.port_num == port_.port) ||
-                           event.event_type == IBV_EVENT_DEVICE_FATAL;
-    const ibv_event_type type = event.event_type;
-    api_.ack_async_event(&event);
-    if (!port_down) continue;
-    const std::string why = strFormat("the port %s went down (%s)", portName().c_str(),
-                                      type == IBV_EVENT_PORT_ERR ? "IBV_EVENT_PORT_ERR" : "IBV_EVENT_DEVICE_FATAL");
-    RCOLL_INFO("rank %d: %s", info_.rank, why.c_str());
-    for (auto& c : connections_) {
-      if (c && !c->failed && !c->closed) failConnection(*c, ErrorKind::kPeer, why, false, true);
+  for (;;) {
+    if (api_.get_async_event(context_, &event) != 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) async_broken_ = true;  // stop polling it
+      break;
     }
+    if (event.event_type == IBV_EVENT_DEVICE_FATAL) fatal = true;
+    if ((event.event_type == IBV_EVENT_PORT_ERR || event.event_type == IBV_EVENT_PORT_ACTIVE) &&
+        event.element.port_num == port_.port) {
+      port_went = event.event_type == IBV_EVENT_PORT_ERR ? -1 : 1;
+    }
+    api_.ack_async_event(&event);
+  }
+  if (!fatal && !(in_rails_ && port_went < 0 && !portActive())) return;
+  const std::string why = strFormat("the port %s went down (%s)", portName().c_str(),
+                                    fatal ? "IBV_EVENT_DEVICE_FATAL" : "IBV_EVENT_PORT_ERR");
+  RCOLL_INFO("rank %d: %s", info_.rank, why.c_str());
+  for (auto& c : connections_) {
+    if (c && !c->failed && !c->closed) failConnection(*c, ErrorKind::kPeer, why, false, true);
   }
 }
 
@@ -86,10 +100,11 @@ void VerbsTransport::peerClosed(Connection& c) {
 void VerbsTransport::failConnection(Connection& c, ErrorKind kind, const std::string& message, bool peer_reported,
                                     bool link) {
   if (c.failed) return;
-  if (kind == ErrorKind::kPeer && !peer_reported) markLost(c.peer);
   c.failed = true;
   c.failure = {kind, message};
   c.failure.link = link && kind == ErrorKind::kPeer;
+  // A rail's link failure is the rails transport's to judge (it may go on over another port).
+  if (kind == ErrorKind::kPeer && !peer_reported && !(c.failure.link && in_rails_)) markLost(c.peer);
   // The error state stops the NIC writing into receive buffers before they are
   // handed back, and flushes every posted work request; writes in flight stay
   // listed until their flushed completions return their memory.

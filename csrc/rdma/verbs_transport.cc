@@ -159,6 +159,7 @@ void VerbsTransport::progress(std::chrono::milliseconds timeout) {
     if (progressed_) return;
     int wait_ms = millisecondsUntil(deadline);
     if (wait_ms <= 0) return;
+    wait_ms = static_cast<int>(std::min<long long>(wait_ms, maxSleep().count()));  // a drain's deadline
     poll_fds_.clear();
     poll_fds_.push_back({wake_fd_, POLLIN, 0});
     if (!prepareSleep(&poll_fds_)) {
@@ -195,7 +196,7 @@ bool VerbsTransport::prepareSleep(std::vector<pollfd>* fds) {
   if (reqNotifyCq(cq_, 0) != 0) throwError(ErrorKind::kGeneric, "ibv_req_notify_cq failed");
   if (pollCompletions() > 0) return false;
   fds->push_back({channel_->fd, POLLIN, 0});
-  fds->push_back({context_->async_fd, POLLIN, 0});
+  fds->push_back({async_broken_ ? -1 : context_->async_fd, POLLIN, 0});  // poll() skips -1
   for (auto& c : connections_) {
     if (!c || c->failed || c->socket_broken) continue;
     fds->push_back({c->fd, POLLIN, 0});

@@ -100,6 +100,7 @@ class VerbsTransport : public Transport, public RailEndpoint {
   void edgeTraffic(std::vector<EdgeTraffic>* out) const override;
 
   // RailEndpoint (rail_endpoint.h), for a rails transport; verbs_failure.cc.
+  void joinRails() override { in_rails_ = true; }
   Request* isendOn(int stream, int peer, const WireHeader& header, const void* data, size_t bytes) override;
   Request* irecvOn(int stream, int peer, const WireHeader& expected, void* data, size_t bytes) override;
   std::vector<int> takeLinkFailures() override;
@@ -211,6 +212,8 @@ class VerbsTransport : public Transport, public RailEndpoint {
   bool aborted_ = false;
   bool progressed_ = false;         // a request finished since progress() started
   int draining_ = 0;                // connections draining after a link failure
+  bool in_rails_ = false;           // joinRails()
+  bool async_broken_ = false;       // the async event fd failed: no longer polled
   std::vector<int> link_failures_;  // takeLinkFailures()
   std::vector<RailNote> notes_;     // takeNotes()
 };

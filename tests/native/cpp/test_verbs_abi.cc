@@ -310,6 +310,7 @@ int main() {
   SAME_VALUE(IBV_EVENT_DEVICE_FATAL);
   SAME_VALUE(IBV_EVENT_PORT_ACTIVE);
   SAME_VALUE(IBV_EVENT_PORT_ERR);
+  SAME_SIZE(ibv_event_type);
   SAME_SIZE(ibv_async_event);
   SAME_FIELD(ibv_async_event, element);
   SAME_FIELD(ibv_async_event, event_type);
