@@ -131,12 +131,9 @@ void RailsTransport::onNote(const RailNote& note) {
     return;
   }
   if (f.rescue != f.peer_rescue) {
-    const TransportFailure why{ErrorKind::kPeer,
-                               strFormat("rank %d moved the messages of a failed RDMA port to port %d, this rank to %d",
-                                         note.peer, f.peer_rescue, f.rescue)};
-    for (RailRequest* w : f.waiting) settle(w, Request::State::kFailed, &why);
-    waiting_ -= static_cast<int>(f.waiting.size());
-    f.waiting.clear();
+    failWaitingSends(
+        f, {ErrorKind::kPeer, strFormat("rank %d moved the messages of a failed RDMA port to port %d, this rank to %d",
+                                        note.peer, f.peer_rescue, f.rescue)});
     return;
   }
   resendWaiting(note.peer, static_cast<int>(note.failed));
@@ -146,17 +143,16 @@ void RailsTransport::onNote(const RailNote& note) {
 void RailsTransport::resendWaiting(int peer, int rail) {
   FailedRail& f = pairs_[static_cast<size_t>(peer)].rails[static_cast<size_t>(rail)];
   const uint64_t has = *f.peer_has;
+  if (has < f.sends_done) {  // a send this end saw acknowledged is not counted there: the ends disagree
+    failWaitingSends(
+        f, {ErrorKind::kPeer,
+            strFormat("rank %d counts %llu of this rank's messages on a failed RDMA port where %llu were acknowledged",
+                      peer, static_cast<unsigned long long>(has), static_cast<unsigned long long>(f.sends_done))});
+    return;
+  }
   std::deque<RailRequest*> waiting;
   waiting.swap(f.waiting);
   waiting_ -= static_cast<int>(waiting.size());
-  if (has < f.sends_done) {  // a send this end saw acknowledged is not counted there: the ends disagree
-    const TransportFailure why{
-        ErrorKind::kPeer,
-        strFormat("rank %d counts %llu of this rank's messages on a failed RDMA port where %llu were acknowledged",
-                  peer, static_cast<unsigned long long>(has), static_cast<unsigned long long>(f.sends_done))};
-    for (RailRequest* w : waiting) settle(w, Request::State::kFailed, &why);
-    return;
-  }
   for (RailRequest* w : waiting) {
     if (w->number < has) {
       settle(w, Request::State::kDone, nullptr);
@@ -172,15 +168,18 @@ void RailsTransport::failWaiting() {
   for (size_t peer = 0; peer < pairs_.size(); ++peer) {
     for (FailedRail& f : pairs_[peer].rails) {
       TransportFailure why;
-      if (f.waiting.empty() ||
-          !endpoints_[static_cast<size_t>(f.rescue)]->connectionFailed(static_cast<int>(peer), &why)) {
-        continue;
+      if (!f.waiting.empty() &&
+          endpoints_[static_cast<size_t>(f.rescue)]->connectionFailed(static_cast<int>(peer), &why)) {
+        failWaitingSends(f, why);
       }
-      for (RailRequest* w : f.waiting) settle(w, Request::State::kFailed, &why);
-      waiting_ -= static_cast<int>(f.waiting.size());
-      f.waiting.clear();
     }
   }
+}
+
+void RailsTransport::failWaitingSends(FailedRail& f, const TransportFailure& why) {
+  for (RailRequest* w : f.waiting) settle(w, Request::State::kFailed, &why);
+  waiting_ -= static_cast<int>(f.waiting.size());
+  f.waiting.clear();
 }
 
 }  // namespace rcoll

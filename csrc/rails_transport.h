@@ -116,6 +116,7 @@ class RailsTransport : public TransportGroup {
   void resendWaiting(int peer, int rail);
   bool mayReplace(int peer, int rail) const;
   void failWaiting();  // sends that wait for a note the peer can no longer send
+  void failWaitingSends(FailedRail& f, const TransportFailure& why);
 
   std::vector<std::vector<uint64_t>> sends_;  // per peer, per rail: bytes given to it so far, each way
   std::vector<std::vector<uint64_t>> recvs_;

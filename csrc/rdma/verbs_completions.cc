@@ -88,12 +88,7 @@ void VerbsTransport::onCompletion(const ibv_wc& wc) {
     }
     // A link failure's drain ends with the last posted slot's completion
     // (flushed, or what arrived before the error state).
-    if (c.draining && c.recv_posted == 0) {
-      c.draining = false;
-      --draining_;
-      failRequests(c);
-      link_failures_.push_back(c.peer);
-    }
+    if (c.draining && c.recv_posted == 0) endLinkFailure(c);
     return;
   }
   if (owner->kind == WrOwner::kCtrlSend) {

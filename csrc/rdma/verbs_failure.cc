@@ -84,16 +84,7 @@ void VerbsTransport::peerClosed(Connection& c) {
   c.closed = true;
   c.failure = {ErrorKind::kPeer,
                strFormat("rank %d closed its connection (its process exited, crashed or was killed)", c.peer)};
-  for (Stream& s : c.streams) {
-    for (VerbsRequest* r : s.recvs) finish(r, Request::State::kFailed, &c.failure);
-    for (VerbsRequest* r : s.unmatched) finish(r, Request::State::kFailed, &c.failure);
-    s.recvs.clear();
-    s.unmatched.clear();
-  }
-  for (Outgoing& item : c.backlog) {
-    if (item.request != nullptr) finish(item.request, Request::State::kFailed, &c.failure);
-  }
-  c.backlog.clear();
+  failQueued(c);
   if (c.in_flight.empty()) failConnection(c, c.failure.kind, c.failure.message);
 }
 
@@ -122,15 +113,30 @@ void VerbsTransport::failConnection(Connection& c, ErrorKind kind, const std::st
   // that landed (a rails transport sends the rest again on another port).
   if (c.recv_posted > 0) {
     c.draining = true;
-    c.drain_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    c.drain_deadline = std::chrono::steady_clock::now() + verbs::kDrainBound;
     ++draining_;
     return;
+  }
+  endLinkFailure(c);
+}
+
+// What arrived is counted: the requests fail, and a rails transport hears of it.
+void VerbsTransport::endLinkFailure(Connection& c) {
+  if (c.draining) {
+    c.draining = false;
+    --draining_;
   }
   failRequests(c);
   link_failures_.push_back(c.peer);
 }
 
 void VerbsTransport::failRequests(Connection& c) {
+  failQueued(c);
+  for (VerbsRequest* r : c.in_flight) finish(r, Request::State::kFailed, &c.failure);
+}
+
+// Receives and sends not posted to the queue pair yet.
+void VerbsTransport::failQueued(Connection& c) {
   for (Stream& s : c.streams) {
     for (VerbsRequest* r : s.recvs) finish(r, Request::State::kFailed, &c.failure);
     for (VerbsRequest* r : s.unmatched) finish(r, Request::State::kFailed, &c.failure);
@@ -138,7 +144,6 @@ void VerbsTransport::failRequests(Connection& c) {
     s.unmatched.clear();
     s.credits.clear();
   }
-  for (VerbsRequest* r : c.in_flight) finish(r, Request::State::kFailed, &c.failure);
   for (Outgoing& item : c.backlog) {
     if (item.request != nullptr) finish(item.request, Request::State::kFailed, &c.failure);
   }
@@ -162,12 +167,9 @@ void VerbsTransport::checkDrains() {
   const auto now = std::chrono::steady_clock::now();
   for (auto& c : connections_) {
     if (!c || !c->draining || now < c->drain_deadline) continue;
-    RCOLL_WARN("rank %d: the RDMA connection to rank %d did not flush its receives within 5 s of failing", info_.rank,
-               c->peer);
-    c->draining = false;
-    --draining_;
-    failRequests(*c);
-    link_failures_.push_back(c->peer);
+    RCOLL_WARN("rank %d: the RDMA connection to rank %d did not flush its receives within %lld s of failing",
+               info_.rank, c->peer, static_cast<long long>(verbs::kDrainBound.count()));
+    endLinkFailure(*c);
   }
 }
 

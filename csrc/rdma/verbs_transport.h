@@ -172,8 +172,10 @@ class VerbsTransport : public Transport, public RailEndpoint {
   // wait until what had arrived is counted (Connection::draining).
   void failConnection(Connection& c, ErrorKind kind, const std::string& message, bool peer_reported = false,
                       bool link = false);
-  void failRequests(Connection& c);  // the end of failConnection(), after any drain
-  void checkDrains();                // a drain whose flushes never came ends at its deadline
+  void failRequests(Connection& c);    // the end of failConnection(), after any drain
+  void failQueued(Connection& c);      // what failRequests() fails but the writes in flight
+  void endLinkFailure(Connection& c);  // a link failure's requests fail once what arrived is counted
+  void checkDrains();                  // a drain whose flushes never came ends at its deadline
 
   const IbvApi& api_;
   ConnectInfo info_;

@@ -11,6 +11,7 @@
 //   verbs_failure.cc       the side channel, failed connections, abort
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -38,6 +39,9 @@ enum CtrlType : uint32_t { kCredit = 1, kEmpty = 2, kMismatch = 3, kRailNote = 4
 // and the low 24 bits of its sequence number, which is all the in-order check
 // needs.
 constexpr uint32_t kMaxStreams = 64;
+
+// How long a link failure waits for its queue pair's flushes (Connection::draining).
+constexpr std::chrono::seconds kDrainBound(5);
 inline uint32_t immediateFor(uint32_t stream, uint64_t seq) {
   return (stream << 24) | static_cast<uint32_t>(seq & 0xFFFFFFu);
 }

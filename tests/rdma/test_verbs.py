@@ -584,6 +584,25 @@ CUTS = {
 }
 
 
+def _cut_while_running(envs, script, mark, cut_commands, restore_commands, what):
+    """Ranks started with `script`; once rank 0 wrote `mark` (reached `what`), `cut_commands` run, then the
+    ranks' outcomes (_outcomes), every rank killed and `restore_commands` run whatever happened."""
+    procs = _started_ranks(envs, script)
+    try:
+        deadline = time.monotonic() + 300
+        while not mark.exists() and time.monotonic() < deadline and all(p.poll() is None for p in procs):
+            time.sleep(0.02)
+        assert mark.exists(), f"rank 0 never reached {what}"
+        for command in cut_commands:
+            subprocess.run(command, check=True, capture_output=True, text=True, timeout=30)
+        return _outcomes(procs)
+    finally:
+        for p in procs:
+            p.kill()
+        for command in restore_commands:
+            subprocess.run(command, capture_output=True, timeout=30)
+
+
 @pytest.mark.parametrize("cut", list(CUTS))
 def test_a_port_that_fails_hands_its_messages_to_the_other(cut, tmp_path):
     """rxe2-rxe3's link fails during the third of ten allreduces: both ranks warn once naming the port and
@@ -597,21 +616,7 @@ def test_a_port_that_fails_hands_its_messages_to_the_other(cut, tmp_path):
         # Retry count 6: rxe retries without end at 7.
         envs = [dict(RCOLL_TRANSPORT="ib", RCOLL_IB_HCA=hca, RCOLL_IB_TIMEOUT="14", RCOLL_IB_RETRY_CNT="6",
                      RCOLL_TEST_MARK=str(mark), RCOLL_TEST_OPS=str(ops)) for hca in ("rxe0,rxe2", "rxe1,rxe3")]
-        cut_commands, restore_commands = CUTS[cut]
-        procs = _started_ranks(envs, FAILOVER_RANK)
-        try:
-            deadline = time.monotonic() + 300
-            while not mark.exists() and time.monotonic() < deadline and all(p.poll() is None for p in procs):
-                time.sleep(0.02)
-            assert mark.exists(), "rank 0 never reached its third allreduce"
-            for command in cut_commands:
-                subprocess.run(command, check=True, capture_output=True, text=True, timeout=30)
-            outcomes = _outcomes(procs)
-        finally:
-            for p in procs:
-                p.kill()
-            for command in restore_commands:
-                subprocess.run(command, capture_output=True, timeout=30)
+        outcomes = _cut_while_running(envs, FAILOVER_RANK, mark, *CUTS[cut], "its third allreduce")
         for rank, (code, out, err) in enumerate(outcomes):
             assert code == 0 and "Traceback" not in err, (trial, rank, code, out, err[-3000:])
             report = json.loads(out.strip().splitlines()[-1])
@@ -658,21 +663,9 @@ def test_with_every_port_cut_the_op_fails_with_a_peer_error(tmp_path):
     mark = tmp_path / "cut"
     envs = [dict(RCOLL_TRANSPORT="ib", RCOLL_IB_HCA=hca, RCOLL_IB_TIMEOUT="14", RCOLL_IB_RETRY_CNT="6",
                  RCOLL_TEST_MARK=str(mark)) for hca in ("rxe0,rxe2", "rxe1,rxe3")]
-    procs = _started_ranks(envs, EVERY_PORT_CUT_RANK)
-    try:
-        deadline = time.monotonic() + 300
-        while not mark.exists() and time.monotonic() < deadline and all(p.poll() is None for p in procs):
-            time.sleep(0.02)
-        assert mark.exists(), "rank 0 never finished its first allreduces"
-        for dev in ("sr0", "sr2"):
-            subprocess.run(["tc", "qdisc", "replace", "dev", dev, "root", "netem", "loss", "100%"], check=True,
-                           capture_output=True, text=True, timeout=30)
-        outcomes = _outcomes(procs)
-    finally:
-        for p in procs:
-            p.kill()
-        for dev in ("sr0", "sr2"):
-            subprocess.run(["tc", "qdisc", "del", "dev", dev, "root"], capture_output=True, timeout=30)
+    cut = [["tc", "qdisc", "replace", "dev", dev, "root", "netem", "loss", "100%"] for dev in ("sr0", "sr2")]
+    restore = [["tc", "qdisc", "del", "dev", dev, "root"] for dev in ("sr0", "sr2")]
+    outcomes = _cut_while_running(envs, EVERY_PORT_CUT_RANK, mark, cut, restore, "the end of its first allreduces")
     for rank, (code, out, err) in enumerate(outcomes):
         assert code == 0 and "Traceback" not in err, (rank, code, out, err[-3000:])
         report = json.loads(out.strip().splitlines()[-1])
