@@ -18,13 +18,18 @@ using verbs::kEmpty;
 using verbs::kMismatch;
 using verbs::kRailNote;
 
-// Whether a broken path explains a failed work request (rail_endpoint.h): no
-// acknowledgement within the retries, work flushed because the queue pair
-// went to the error state for that reason (the flushes may be polled before
-// the error), or any failure while this port is not ACTIVE (its link went
-// down: rxe then fails sends as local QP operation errors).
-bool VerbsTransport::linkFailed(const ibv_wc& wc) const {
-  return wc.status == IBV_WC_RETRY_EXC_ERR || wc.status == IBV_WC_WR_FLUSH_ERR || !portActive();
+// A failed work request fails its connection. A broken path explains it
+// (a link failure, rail_endpoint.h) when: no acknowledgement came within the
+// retries; work was flushed because the queue pair went to the error state
+// for that reason (the flushes may be polled before the error); the send
+// could not leave (a local QP operation error: rxe's word for a link that
+// went down, which may come before its port reads DOWN); or the port is not
+// ACTIVE. The port is read once, for the message and the verdict alike.
+void VerbsTransport::failOnCompletion(Connection& c, const ibv_wc& wc) {
+  const bool active = portActive();
+  const bool link = wc.status == IBV_WC_RETRY_EXC_ERR || wc.status == IBV_WC_WR_FLUSH_ERR ||
+                    wc.status == IBV_WC_LOC_QP_OP_ERR || !active;
+  failConnection(c, ErrorKind::kPeer, completionError(c, wc, active), false, link);
 }
 
 bool VerbsTransport::portActive() const {
@@ -44,10 +49,10 @@ int VerbsTransport::pollCompletions() {
   }
 }
 
-std::string VerbsTransport::completionError(const Connection& c, const ibv_wc& wc) const {
+std::string VerbsTransport::completionError(const Connection& c, const ibv_wc& wc, bool port_active) const {
   std::string what =
       strFormat("%s (status %d, vendor error 0x%x)", api_.wc_status_str(wc.status), wc.status, wc.vendor_err);
-  if (wc.status != IBV_WC_WR_FLUSH_ERR && !portActive()) {
+  if (wc.status != IBV_WC_WR_FLUSH_ERR && !port_active) {
     return strFormat("RDMA transfer with rank %d failed: the port %s is not ACTIVE (its link is down): %s", c.peer,
                      portName().c_str(), what.c_str());
   }
@@ -75,7 +80,7 @@ void VerbsTransport::onCompletion(const ibv_wc& wc) {
     Connection& c = *slot->conn;
     --c.recv_posted;
     if (wc.status != IBV_WC_SUCCESS) {
-      if (!c.failed) failConnection(c, ErrorKind::kPeer, completionError(c, wc), false, linkFailed(wc));
+      if (!c.failed) failOnCompletion(c, wc);
     } else if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
       if (!c.failed) postRecvSlot(c, *slot);
       const uint32_t imm = ntohl(wc.imm_data);
@@ -104,7 +109,7 @@ void VerbsTransport::onCompletion(const ibv_wc& wc) {
       if (it != c.in_flight.end()) c.in_flight.erase(it);
     }
     if (wc.status != IBV_WC_SUCCESS) {
-      if (!c.failed) failConnection(c, ErrorKind::kPeer, completionError(c, wc), false, linkFailed(wc));
+      if (!c.failed) failOnCompletion(c, wc);
       if (r != nullptr) finish(r, Request::State::kFailed, &c.failure);
     } else if (r != nullptr) {
       finish(r, Request::State::kDone, nullptr);
@@ -119,7 +124,7 @@ void VerbsTransport::onCompletion(const ibv_wc& wc) {
   --c.sq_used;
   --r->holds;
   if (wc.status != IBV_WC_SUCCESS) {
-    if (!c.failed) failConnection(c, ErrorKind::kPeer, completionError(c, wc), false, linkFailed(wc));
+    if (!c.failed) failOnCompletion(c, wc);
     finish(r, Request::State::kFailed, &c.failure);
   }
   if (r->holds == 0) {

@@ -159,8 +159,8 @@ class VerbsTransport : public Transport, public RailEndpoint {
   void onCompletion(const ibv_wc& wc);
   void onControl(Connection& c, const char* message);
   void onData(Connection& c, uint32_t stream, uint64_t seq);
-  std::string completionError(const Connection& c, const ibv_wc& wc) const;
-  bool linkFailed(const ibv_wc& wc) const;
+  std::string completionError(const Connection& c, const ibv_wc& wc, bool port_active) const;
+  void failOnCompletion(Connection& c, const ibv_wc& wc);
   bool portActive() const;
 
   // verbs_failure.cc.
