@@ -98,6 +98,24 @@ _active_names = {}  # (process set id, name) -> the _InFlight that holds the nam
 _unnamed = collections.defaultdict(itertools.count)  # (process set id, kind) -> counter of unnamed ops
 
 
+def _take_name(key, entry) -> bool:
+    """Gives the op name `key` to `entry` (an _InFlight or _NameTaken) unless an
+    op in flight holds it; False, nothing taken, when one does."""
+    with _names_lock:
+        holder = _active_names.get(key)
+        if holder is not None and not holder.done():
+            return False
+        _active_names[key] = entry
+        return True
+
+
+def _release_name(key, entry) -> None:
+    """Frees `key` if `entry` still holds it (an op of the same name may have taken it since)."""
+    with _names_lock:
+        if _active_names.get(key) is entry:
+            del _active_names[key]
+
+
 def _wait(works, label):
     try:
         for w in works:
@@ -167,17 +185,9 @@ def _submit(process_set, controller, label, kind, name, meta, issue, single=Fals
     name = f"{prefix}.{name}" if name is not None else f"{prefix}.noname.{next(_unnamed[(psid, prefix)])}"
     key = (psid, name)
     entry = _InFlight(label, controller, issue)
-    with _names_lock:
-        holder = _active_names.get(key)
-        if holder is not None and not holder.done():
-            raise ValueError(f"{label}: an op named {name!r} is already in flight on this rank (names of ops in "
-                             "flight must differ)")
-        _active_names[key] = entry  # taken until the op is done (checked here) or synchronized
-
-    def release():
-        with _names_lock:
-            if _active_names.get(key) is entry:
-                del _active_names[key]
+    if not _take_name(key, entry):  # taken until the op is done (checked there) or synchronized
+        raise ValueError(f"{label}: an op named {name!r} is already in flight on this rank (names of ops in "
+                         "flight must differ)")
 
     def run(metas, joined):
         try:
@@ -196,10 +206,10 @@ def _submit(process_set, controller, label, kind, name, meta, issue, single=Fals
     try:
         controller.submit(Request(name, meta, run, fail, cache_key))
     except BaseException:
-        release()
+        _release_name(key, entry)
         raise
     handle = next(_next_handle)
-    entry.release = release
+    entry.release = lambda: _release_name(key, entry)
     _handle_map[handle] = entry
     return handle
 
@@ -498,20 +508,15 @@ def _allreduce_now(tensor, in_place, name, op, process_set):
     if controller.timeline is not None:
         return None  # the general path writes the op's timeline events
     taken = _NameTaken()
-    with _names_lock:  # as _submit takes a name: another thread's op of the same name is refused
-        holder = _active_names.get(names_key)
-        if holder is not None and not holder.done():
-            return None  # the general path says why
-        _active_names[names_key] = taken
+    if not _take_name(names_key, taken):  # as _submit takes a name: another thread's op of the same name
+        return None  # the general path says why
     try:
         quick = controller.run_quick(name, _quick_maker(name, comm, controller, tensor, output, op, job.rank, args))
         if quick is None:
             return None  # not submitted: the general path raises why
         return _wait_quick(controller, quick, output)
     finally:
-        with _names_lock:
-            if _active_names.get(names_key) is taken:
-                del _active_names[names_key]
+        _release_name(names_key, taken)
 
 
 def _lane_round_rest(done, names_key, name, comm, controller, tensor, output, op, rank, args):
@@ -519,10 +524,7 @@ def _lane_round_rest(done, names_key, name, comm, controller, tensor, output, op
     (`done`: (slot, offer bytes), or the round's exception): the controller
     answers it from that round, the name held until the op is over, as _submit holds one."""
     taken = _NameTaken()
-    with _names_lock:
-        holder = _active_names.get(names_key)
-        if holder is None or holder.done():
-            _active_names[names_key] = taken
+    _take_name(names_key, taken)  # held where free; the round has the op either way
     try:
         make = _quick_maker(name, comm, controller, tensor, output, op, rank, args)
         if isinstance(done, BaseException):
@@ -531,9 +533,7 @@ def _lane_round_rest(done, names_key, name, comm, controller, tensor, output, op
             quick = controller.answer_quick(name, make, *done)
         return _wait_quick(controller, quick, output)
     finally:
-        with _names_lock:
-            if _active_names.get(names_key) is taken:
-                del _active_names[names_key]
+        _release_name(names_key, taken)
 
 
 def _quick_maker(name, comm, controller, tensor, output, op, rank, args):
