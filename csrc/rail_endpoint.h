@@ -23,12 +23,15 @@
 
 namespace rcoll {
 
+// "The messages of rail `home` go on `carrier` from now on, and this many
+// of yours arrived here": what each end of a pair tells the other each time
+// a home rail's messages move (rails_failover.cc).
 struct RailNote {
-  int peer = -1;        // who sent it (taken) or whom it is for (sent)
-  uint32_t failed = 0;  // the rail whose link failed
-  uint32_t rescue = 0;  // the rail that carries its messages from now on
-  uint64_t arrived =
-      0;  // how many of the failed rail's messages (stream 0) from the note's reader arrived at its writer
+  int peer = -1;         // who sent it (taken) or whom it is for (sent)
+  uint32_t home = 0;     // the rail whose messages moved
+  uint32_t carrier = 0;  // the rail that carries them from now on
+  uint32_t moves = 0;    // how many times they moved, this one included
+  uint64_t arrived = 0;  // how many of the home rail's messages from the note's reader arrived at its writer
 };
 
 class RailEndpoint {
@@ -45,8 +48,8 @@ class RailEndpoint {
   virtual Request* irecvOn(int stream, int peer, const WireHeader& expected, void* data, size_t bytes) = 0;
   // Peers whose connection failed with TransportFailure::link, each once, once arrived() is final.
   virtual std::vector<int> takeLinkFailures() = 0;
-  // `peer`'s messages on stream 0 that arrived here.
-  virtual uint64_t arrived(int peer) const = 0;
+  // `peer`'s messages on `stream` that arrived here.
+  virtual uint64_t arrived(int peer, int stream) const = 0;
   // Takes the connection to `peer` down as a link failure: the peer said its
   // end failed. It is reported through takeLinkFailures() like any other.
   virtual void failLink(int peer, const std::string& why) = 0;

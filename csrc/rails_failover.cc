@@ -1,33 +1,41 @@
 // Rails over RDMA ports (rails_transport.h): a port whose link fails to a
-// peer takes no message with it.
+// peer takes no message with it, nor does the port that took its messages
+// over when its own link fails in turn, as long as one port works.
 //
 // A pair's messages are dealt to the rails by size (railFor), the same at
-// both ends, and each rail's connection keeps them in order. When the link
-// under rail F fails (the NIC stops acknowledging: RC retries exhausted; or
-// the rail's side channel times out or loses its route), the connection on F
-// goes to the error state at both ends, and:
+// both ends; the messages dealt to rail H are H's ("home H"), numbered in
+// order each way. Home H's messages travel on a carrier rail: H itself
+// (stream 0) until H's link fails, then another rail, on a stream of their
+// own there (stream 1 + H), in H's order, so that both ends agree on them
+// however the rest of that rail's traffic interleaves. When the link under a
+// carrier C fails (the NIC stops acknowledging: RC retries exhausted; the
+// port goes down; or the rail's side channel times out or loses its route),
+// the connection on C goes to the error state at both ends, and for every
+// home whose messages C carried (its own, and those of rails that failed
+// before it):
 //
-//  * Each end counts what arrived on F before it (rail_endpoint.h: the
-//    receives flushed behind whatever had landed are awaited first, so the
-//    count is exact), warns once, and sends the count in a note on rail R,
-//    the lowest rail that works, which takes F's place for this pair. An end
-//    that hears of the failure in the peer's note first takes its own end of
-//    F down and does the same.
-//  * F's messages from then on travel on R, on a stream of their own
-//    (stream 1 + F), in F's order: the receives of F that did not arrive are
-//    posted there at once, in order, and so is every later receive the
-//    schedule gives F. A send of F waits for the peer's count: the messages
-//    it counts arrived (whatever this end's completions said), the rest go on
-//    R's stream in order, and so does every later send the schedule gives F.
+//  * Each end counts the home's messages that arrived before the failure
+//    (rail_endpoint.h: the receives flushed behind whatever had landed are
+//    awaited first, so the count is exact), warns once per failed rail, and
+//    sends the count in a note on N, the lowest rail that works, which
+//    carries the home's messages from then on. A note names how many times
+//    the home's messages have moved; an end that hears of a move in the
+//    peer's note before it saw the failure itself takes its own end of the
+//    carrier down and does the same.
+//  * The receives not arrived are posted on N's stream 1 + H at once, in
+//    order, and so is every later receive the schedule gives H. The sends
+//    wait for the peer's note of the same move: the messages it counts
+//    arrived (whatever this end's completions said), the rest go on N's
+//    stream in order, and so does every later send the schedule gives H.
 //    Both ends thus put the same messages in the same order on that stream,
-//    however the rest of R's traffic interleaves with it, and railFor() keeps
-//    dealing as before, so the pair's other rails are untouched.
-//  * The job goes on at the bandwidth left, every result exact. A rail that
-//    carries a failed rail's messages cannot hand them on in turn: its own
-//    failure, the last rail's, or anything but a link failure (a peer whose
-//    process is gone, an abort, a mismatch) fails the pair's requests as with
-//    one port, with a PeerError naming the rank.
+//    and railFor() keeps dealing as before, so the other homes are untouched.
+//  * The job goes on at the bandwidth left, every result exact. The last
+//    rail's failure, two ends that chose different carriers for one move,
+//    or anything but a link failure (a peer whose process is gone, an abort,
+//    a mismatch) fails the pair's requests as with one port, with a
+//    PeerError naming the rank.
 #include <algorithm>
+#include <vector>
 
 #include "log.h"
 #include "rails_transport.h"
@@ -39,7 +47,7 @@ void RailsTransport::takeFailures() {
     for (int peer : endpoints_[i]->takeLinkFailures()) {
       TransportFailure why;
       endpoints_[i]->connectionFailed(peer, &why);
-      startFailover(peer, static_cast<int>(i), why);
+      railFailed(peer, static_cast<int>(i), why);
     }
   }
   for (RailEndpoint* endpoint : endpoints_) {
@@ -47,139 +55,198 @@ void RailsTransport::takeFailures() {
   }
 }
 
-// Whether a link failure under `rail` to `peer` is still to be decided or
-// was replaced; false once it could not be.
-bool RailsTransport::mayReplace(int peer, int rail) const {
-  return !endpoints_.empty() && !pairs_[static_cast<size_t>(peer)].rails[static_cast<size_t>(rail)].given_up;
+// Whether a link failure under the carrier of `home`'s messages to `peer` is
+// still to be decided or was replaced; false once it could not be.
+bool RailsTransport::mayReplace(int peer, int home) const {
+  return !endpoints_.empty() && !pairs_[static_cast<size_t>(peer)].homes[static_cast<size_t>(home)].given_up;
 }
 
-void RailsTransport::startFailover(int peer, int rail, const TransportFailure& why) {
+// How many of `peer`'s messages of `home` arrived here, on every rail that carried them.
+uint64_t RailsTransport::countArrived(int peer, int home) const {
+  const HomeRail& h = pairs_[static_cast<size_t>(peer)].homes[static_cast<size_t>(home)];
+  return h.recv_base + endpoints_[static_cast<size_t>(h.carrier)]->arrived(peer, streamOn(home, h.carrier)) -
+         h.stream_base;
+}
+
+// The link under `rail` to `peer` failed, and what arrived on it is counted:
+// the homes it carried move to the lowest rail that works.
+void RailsTransport::railFailed(int peer, int rail, const TransportFailure& why) {
   Pair& pair = pairs_[static_cast<size_t>(peer)];
-  FailedRail& f = pair.rails[static_cast<size_t>(rail)];
-  if (f.down || f.given_up) return;
-  int rescue = -1;
-  bool carries_rescue = false;
-  for (size_t j = 0; j < pair.rails.size(); ++j) {
-    const FailedRail& other = pair.rails[j];
-    if (other.down && other.rescue == rail) carries_rescue = true;
-    // A rail not connected yet (peers connected on first use) cannot carry the note: it does not qualify.
-    if (rescue < 0 && static_cast<int>(j) != rail && !other.down && !other.given_up && endpoints_[j]->usable(peer)) {
-      rescue = static_cast<int>(j);
-    }
+  if (pair.lost[static_cast<size_t>(rail)]) return;
+  pair.lost[static_cast<size_t>(rail)] = true;
+  int next = -1;
+  // A rail not connected yet (peers connected on first use) cannot carry the note: it does not qualify.
+  for (size_t j = 0; j < pair.lost.size() && next < 0; ++j) {
+    if (!pair.lost[j] && endpoints_[j]->usable(peer)) next = static_cast<int>(j);
   }
   RailEndpoint& failed = *endpoints_[static_cast<size_t>(rail)];
-  const uint64_t arrived = failed.arrived(peer) - pair.arrived_base[static_cast<size_t>(rail)];
-  if (rescue < 0 || carries_rescue || (f.peer_rescue >= 0 && f.peer_rescue != rescue) ||
-      !endpoints_[static_cast<size_t>(rescue)]->sendNote(
-          RailNote{peer, static_cast<uint32_t>(rail), static_cast<uint32_t>(rescue), arrived})) {
-    // Its requests fail with the link's failure (settleRequests), as with one port.
-    f.given_up = true;
-    std::lock_guard<std::mutex> lock(unreplaced_mutex_);
-    unreplaced_.push_back(peer);
-    return;
-  }
-  f.down = true;
-  f.rescue = rescue;
-  RCOLL_WARN("rank %d: the RDMA port %s to rank %d failed (%s); its messages go on over %s", info_.rank,
-             failed.portName().c_str(), peer, why.message.c_str(),
-             endpoints_[static_cast<size_t>(rescue)]->portName().c_str());
+  bool warned = false;
+  std::vector<int> moved_homes;
+  for (size_t home = 0; home < pair.homes.size(); ++home) {
+    HomeRail& h = pair.homes[home];
+    if (h.carrier != rail || h.given_up) continue;
+    const int H = static_cast<int>(home);
+    const uint64_t arrived = countArrived(peer, H);
+    if (next < 0 || !endpoints_[static_cast<size_t>(next)]->sendNote(RailNote{
+                        peer, static_cast<uint32_t>(home), static_cast<uint32_t>(next), h.moves + 1, arrived})) {
+      giveUp(peer, H, why);
+      continue;
+    }
+    if (!warned) {
+      RCOLL_WARN("rank %d: the RDMA port %s to rank %d failed (%s); its messages go on over %s", info_.rank,
+                 failed.portName().c_str(), peer, why.message.c_str(),
+                 endpoints_[static_cast<size_t>(next)]->portName().c_str());
+      warned = true;
+    }
+    ++h.moves;
+    h.carrier = next;
+    h.recv_base = arrived;
+    h.stream_base = endpoints_[static_cast<size_t>(next)]->arrived(peer, streamOn(H, next));
 
-  // What the rail carried for the peer, in the order it had it.
-  std::vector<RailRequest*> moved;
-  for (size_t k = 0; k < open_.size();) {
+    // What the failed rail carried of this home, in order: the receives not
+    // arrived go on the next carrier now, the sends not acknowledged wait
+    // for the peer's count with those that waited already.
+    std::vector<RailRequest*> moved;
+    for (size_t k = 0; k < open_.size();) {
+      RailRequest* w = open_[k];
+      if (w->peer == peer && w->home == H && w->carrier == rail) {
+        moved.push_back(w);
+        open_[k] = open_.back();
+        open_.pop_back();
+      } else {
+        ++k;
+      }
+    }
+    std::sort(moved.begin(), moved.end(), [](const RailRequest* a, const RailRequest* b) {
+      return a->is_send != b->is_send ? a->is_send < b->is_send : a->number < b->number;
+    });
+    for (RailRequest* w : moved) {
+      if (w->child->state == Request::State::kDone) {  // it arrived (a send: the peer's count says so too)
+        settle(w, Request::State::kDone, nullptr);
+        continue;
+      }
+      children_[static_cast<size_t>(rail)]->release(w->child);
+      w->child = nullptr;
+      if (w->is_send) {
+        h.waiting.push_back(w);
+        ++waiting_;
+      } else {
+        carry(w, next, streamOn(H, next));
+      }
+    }
+    std::sort(h.waiting.begin(), h.waiting.end(),
+              [](const RailRequest* a, const RailRequest* b) { return a->number < b->number; });
+    moved_homes.push_back(H);
+  }
+  // Once every home moved: afterNote() may take the next rail down too.
+  for (int home : moved_homes) afterNote(peer, home);
+}
+
+// No rail is left for `home`'s messages, or the two ends moved them apart:
+// its requests fail, as with one port: those on a failed rail with the
+// link's failure (settleRequests), the others here with `why`.
+void RailsTransport::giveUp(int peer, int home, const TransportFailure& why) {
+  HomeRail& h = pairs_[static_cast<size_t>(peer)].homes[static_cast<size_t>(home)];
+  h.given_up = true;
+  failWaitingRequests(h, why);
+  TransportFailure carrier_failure;
+  const bool carrier_failed = endpoints_[static_cast<size_t>(h.carrier)]->connectionFailed(peer, &carrier_failure);
+  for (size_t k = 0; k < open_.size() && !carrier_failed;) {
     RailRequest* w = open_[k];
-    if (w->peer == peer && w->carrier == rail) {
-      moved.push_back(w);
+    if (w->peer == peer && w->home == home) {
       open_[k] = open_.back();
       open_.pop_back();
+      settle(w, Request::State::kFailed, &why);
     } else {
       ++k;
     }
   }
-  std::sort(moved.begin(), moved.end(), [](const RailRequest* a, const RailRequest* b) {
-    return a->is_send != b->is_send ? a->is_send < b->is_send : a->number < b->number;
-  });
-  for (RailRequest* w : moved) {
-    if (w->child->state == Request::State::kDone) {  // it arrived (a send: the peer's count says so too)
-      settle(w, Request::State::kDone, nullptr);
-      continue;
-    }
-    children_[static_cast<size_t>(rail)]->release(w->child);
-    w->child = nullptr;
-    if (w->is_send) {
-      f.waiting.push_back(w);
-      ++waiting_;
-    } else {
-      carry(w, rescue, 1 + rail);
-    }
-  }
-  if (f.peer_has) resendWaiting(peer, rail);
+  std::lock_guard<std::mutex> lock(unreplaced_mutex_);
+  unreplaced_.push_back(peer);
 }
 
 void RailsTransport::onNote(const RailNote& note) {
   const size_t n = children_.size();
-  if (note.peer < 0 || note.peer >= info_.size || note.failed >= n || note.rescue >= n) return;
-  FailedRail& f = pairs_[static_cast<size_t>(note.peer)].rails[note.failed];
-  if (f.peer_has) return;
-  f.peer_has = note.arrived;
-  f.peer_rescue = static_cast<int>(note.rescue);
-  if (!f.down) {  // this end learns it from the peer: its end of the rail goes down the same way
-    if (!f.given_up) {
-      endpoints_[note.failed]->failLink(note.peer,
-                                        strFormat("rank %d saw the link between the two ports fail", note.peer));
+  if (note.peer < 0 || note.peer >= info_.size || note.home >= n || note.carrier >= n) return;
+  HomeRail& h = pairs_[static_cast<size_t>(note.peer)].homes[note.home];
+  if (h.peer_has && note.moves <= h.peer_moves) return;  // one of a move it already told
+  h.peer_moves = note.moves;
+  h.peer_has = note.arrived;
+  h.peer_carrier = static_cast<int>(note.carrier);
+  afterNote(note.peer, static_cast<int>(note.home));
+}
+
+// After a move at either end: where both ends made the same one, the sends
+// that waited go; where the peer is ahead, this end's carrier failed too.
+void RailsTransport::afterNote(int peer, int home) {
+  HomeRail& h = pairs_[static_cast<size_t>(peer)].homes[static_cast<size_t>(home)];
+  if (h.given_up || !h.peer_has) return;
+  if (h.peer_moves > h.moves) {
+    // The peer saw the link under the carrier fail, this end not yet: it
+    // goes down here the same way (and railFailed() comes back here).
+    if (h.failed_at != h.moves + 1) {  // once per move of this end
+      h.failed_at = h.moves + 1;
+      endpoints_[static_cast<size_t>(h.carrier)]->failLink(
+          peer, strFormat("rank %d saw the link between the two ports fail", peer));
     }
     return;
   }
-  if (f.rescue != f.peer_rescue) {
-    failWaitingSends(
-        f, {ErrorKind::kPeer, strFormat("rank %d moved the messages of a failed RDMA port to port %d, this rank to %d",
-                                        note.peer, f.peer_rescue, f.rescue)});
+  if (h.peer_moves < h.moves) return;  // the peer's note of this move is still to come
+  if (h.carrier != h.peer_carrier) {
+    giveUp(peer, home,
+           {ErrorKind::kPeer, strFormat("rank %d moved the messages of a failed RDMA port to %s, this rank to %s", peer,
+                                        endpoints_[static_cast<size_t>(h.peer_carrier)]->portName().c_str(),
+                                        endpoints_[static_cast<size_t>(h.carrier)]->portName().c_str())});
     return;
   }
-  resendWaiting(note.peer, static_cast<int>(note.failed));
+  resendWaiting(peer, home);
 }
 
-// The peer's count is in: the sends it counts arrived, the rest go again.
-void RailsTransport::resendWaiting(int peer, int rail) {
-  FailedRail& f = pairs_[static_cast<size_t>(peer)].rails[static_cast<size_t>(rail)];
-  const uint64_t has = *f.peer_has;
-  if (has < f.sends_done) {  // a send this end saw acknowledged is not counted there: the ends disagree
-    failWaitingSends(
-        f, {ErrorKind::kPeer,
+// The peer's count of this move is in: the sends it counts arrived, the rest go again.
+void RailsTransport::resendWaiting(int peer, int home) {
+  HomeRail& h = pairs_[static_cast<size_t>(peer)].homes[static_cast<size_t>(home)];
+  const uint64_t has = *h.peer_has;
+  if (has < h.sends_done) {  // a send this end saw acknowledged is not counted there: the ends disagree
+    failWaitingRequests(
+        h, {ErrorKind::kPeer,
             strFormat("rank %d counts %llu of this rank's messages on a failed RDMA port where %llu were acknowledged",
-                      peer, static_cast<unsigned long long>(has), static_cast<unsigned long long>(f.sends_done))});
+                      peer, static_cast<unsigned long long>(has), static_cast<unsigned long long>(h.sends_done))});
     return;
   }
   std::deque<RailRequest*> waiting;
-  waiting.swap(f.waiting);
+  waiting.swap(h.waiting);
   waiting_ -= static_cast<int>(waiting.size());
   for (RailRequest* w : waiting) {
     if (w->number < has) {
       settle(w, Request::State::kDone, nullptr);
     } else {
-      carry(w, f.rescue, 1 + rail);
+      carry(w, h.carrier, streamOn(home, h.carrier));
     }
   }
 }
 
-// Sends that wait for the peer's count while the rail that would bring it
-// failed: they fail with it.
+// Requests that wait while the rail that would bring the peer's note failed
+// for another reason than its link (or no rail is left): they fail with it.
+// A link failure moves them on instead (railFailed).
 void RailsTransport::failWaiting() {
   for (size_t peer = 0; peer < pairs_.size(); ++peer) {
-    for (FailedRail& f : pairs_[peer].rails) {
+    for (HomeRail& h : pairs_[peer].homes) {
+      if (h.waiting.empty()) continue;
       TransportFailure why;
-      if (!f.waiting.empty() &&
-          endpoints_[static_cast<size_t>(f.rescue)]->connectionFailed(static_cast<int>(peer), &why)) {
-        failWaitingSends(f, why);
+      if (h.given_up) {
+        failWaitingRequests(h, {ErrorKind::kPeer, strFormat("no RDMA port to rank %zu works any more", peer)});
+      } else if (endpoints_[static_cast<size_t>(h.carrier)]->connectionFailed(static_cast<int>(peer), &why) &&
+                 !why.link) {
+        failWaitingRequests(h, why);
       }
     }
   }
 }
 
-void RailsTransport::failWaitingSends(FailedRail& f, const TransportFailure& why) {
-  for (RailRequest* w : f.waiting) settle(w, Request::State::kFailed, &why);
-  waiting_ -= static_cast<int>(f.waiting.size());
-  f.waiting.clear();
+void RailsTransport::failWaitingRequests(HomeRail& h, const TransportFailure& why) {
+  for (RailRequest* w : h.waiting) settle(w, Request::State::kFailed, &why);
+  waiting_ -= static_cast<int>(h.waiting.size());
+  h.waiting.clear();
 }
 
 }  // namespace rcoll

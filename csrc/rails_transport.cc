@@ -43,8 +43,9 @@ RailsTransport::RailsTransport(const ConnectInfo& info, std::vector<std::unique_
   for (Pair& pair : pairs_) {
     pair.sent.assign(n, 0);
     pair.received.assign(n, 0);
-    pair.arrived_base.assign(n, 0);
-    pair.rails.resize(n);
+    pair.lost.assign(n, false);
+    pair.homes.resize(n);
+    for (size_t i = 0; i < n; ++i) pair.homes[i].carrier = static_cast<int>(i);
   }
 }
 
@@ -91,7 +92,7 @@ void RailsTransport::weighRails(int peer, bool dialer, Deadline deadline) {
       probeRails(*this, rails, info_, peer, dialer, deadline, probe_scratch_.data(), &rates);
   // The probe's messages came before the pair's first (rails_failover.cc counts from there).
   for (size_t i = 0; i < endpoints_.size(); ++i)
-    pairs_[static_cast<size_t>(peer)].arrived_base[i] = endpoints_[i]->arrived(peer);
+    pairs_[static_cast<size_t>(peer)].homes[i].stream_base = endpoints_[i]->arrived(peer, 0);
   RCOLL_INFO("rank %d: the RDMA ports to rank %d take shares %s", info_.rank, peer,
              describeShares(weights_[static_cast<size_t>(peer)], rates).c_str());
 }
@@ -220,16 +221,16 @@ Request* RailsTransport::irecv(int peer, const WireHeader& expected, void* data,
   return post(w);
 }
 
-// On its rail, or, when that rail's link failed, on the rail that replaced it
-// (a send waits there until the peer said what it has: rails_failover.cc).
+// On its rail, or, when that rail's link failed, on the rail that carries
+// its messages now (a send waits until the peer said what it has of them:
+// rails_failover.cc).
 Request* RailsTransport::post(RailRequest* w) {
-  FailedRail& f = pairs_[static_cast<size_t>(w->peer)].rails[static_cast<size_t>(w->home)];
-  if (!f.down) {
-    carry(w, w->home, 0);
-  } else if (!w->is_send || f.peer_has) {
-    carry(w, f.rescue, 1 + w->home);
+  HomeRail& h = pairs_[static_cast<size_t>(w->peer)].homes[static_cast<size_t>(w->home)];
+  if (h.carrier == w->home ||
+      (!h.given_up && (!w->is_send || (h.waiting.empty() && h.peer_has && h.peer_moves == h.moves)))) {
+    carry(w, h.carrier, streamOn(w->home, h.carrier));
   } else {
-    f.waiting.push_back(w);
+    h.waiting.push_back(w);  // given up: failWaiting() fails it with the others
     ++waiting_;
   }
   return w;
@@ -251,8 +252,8 @@ void RailsTransport::carry(RailRequest* w, int rail, int stream) {
 
 void RailsTransport::settle(RailRequest* w, Request::State state, const TransportFailure* why) {
   if (w->child != nullptr) {
-    if (state == Request::State::kDone && w->is_send && w->carrier == w->home) {
-      uint64_t& done = pairs_[static_cast<size_t>(w->peer)].rails[static_cast<size_t>(w->home)].sends_done;
+    if (state == Request::State::kDone && w->is_send) {
+      uint64_t& done = pairs_[static_cast<size_t>(w->peer)].homes[static_cast<size_t>(w->home)].sends_done;
       done = std::max(done, w->number + 1);
     }
     children_[static_cast<size_t>(w->carrier)]->release(w->child);
@@ -275,7 +276,7 @@ void RailsTransport::settleRequests() {
     TransportFailure why;
     if (state == Request::State::kFailed) {
       why = children_[static_cast<size_t>(w->carrier)]->failure(w->child);
-      if (why.link && w->carrier == w->home && mayReplace(w->peer, w->home)) {
+      if (why.link && mayReplace(w->peer, w->home)) {
         ++k;
         continue;
       }

@@ -82,24 +82,34 @@ class RailsTransport : public TransportGroup {
   // A caller's request, carried by a child's (`child`, on rail `carrier`).
   struct RailRequest : MessageRequest {
     int home = 0;         // the rail railFor() gave it
-    uint64_t number = 0;  // its place among the pair's messages on `home`, this way (stream 0), from 0
+    uint64_t number = 0;  // its place among the pair's messages of `home`, this way, from 0
     int carrier = 0;
     Request* child = nullptr;
   };
-  // One rail of a pair, when its link failed (rails_failover.cc).
-  struct FailedRail {
-    bool down = false;      // its messages go on `rescue`, stream 1 + the rail's index
-    bool given_up = false;  // it could not be replaced: its requests fail
-    int rescue = -1;
-    std::optional<uint64_t> peer_has;  // from the peer's note: how many of our messages on it arrived there
-    int peer_rescue = -1;              // the rail the peer's note named
-    std::deque<RailRequest*> waiting;  // sends that wait for peer_has, in order
-    uint64_t sends_done = 0;           // past the last send it carried that completed
+  // The messages a pair's schedule gives one rail (their "home"), each way,
+  // and the rail that carries them (rails_failover.cc): the home itself on
+  // stream 0 until its link fails, then a rail that works, on stream 1 + home,
+  // and the next one if that one's link fails in turn.
+  struct HomeRail {
+    int carrier = 0;
+    uint32_t moves = 0;     // how many times they moved (the notes' epoch)
+    bool given_up = false;  // no rail was left to take them: their requests fail
+    // This end's count of the peer's messages that arrived (rails_failover.cc:
+    // countArrived) is recv_base + the carrier stream's count - stream_base.
+    uint64_t recv_base = 0;
+    uint64_t stream_base = 0;
+    // The peer's latest note: at its move `peer_moves`, `peer_has` of our messages had arrived there.
+    uint32_t peer_moves = 0;
+    std::optional<uint64_t> peer_has;
+    int peer_carrier = -1;
+    uint32_t failed_at = 0;            // 1 + this end's moves when it took the carrier down for the peer's note
+    std::deque<RailRequest*> waiting;  // sends that wait for the peer's note of this move, in order
+    uint64_t sends_done = 0;           // past the last send that completed
   };
   struct Pair {
-    std::vector<uint64_t> sent, received;  // per rail: messages given to it, each way (the next `number`)
-    std::vector<uint64_t> arrived_base;    // per rail: what the child had counted before the first one (the probe's)
-    std::vector<FailedRail> rails;
+    std::vector<uint64_t> sent, received;  // per home: messages given to it, each way (the next `number`)
+    std::vector<bool> lost;                // per rail: its link to the peer failed
+    std::vector<HomeRail> homes;
   };
 
   size_t railFor(std::vector<std::vector<uint64_t>>* load, int peer, size_t bytes) const;
@@ -111,12 +121,16 @@ class RailsTransport : public TransportGroup {
   Activity afterRails(Activity rails);  // what progressNow() and finishSleep() do after the rails'
   // rails_failover.cc.
   void takeFailures();
-  void startFailover(int peer, int rail, const TransportFailure& why);
+  void railFailed(int peer, int rail, const TransportFailure& why);
+  uint64_t countArrived(int peer, int home) const;
+  int streamOn(int home, int carrier) const { return carrier == home ? 0 : 1 + home; }
   void onNote(const RailNote& note);
-  void resendWaiting(int peer, int rail);
-  bool mayReplace(int peer, int rail) const;
-  void failWaiting();  // sends that wait for a note the peer can no longer send
-  void failWaitingSends(FailedRail& f, const TransportFailure& why);
+  void afterNote(int peer, int home);
+  void resendWaiting(int peer, int home);
+  void giveUp(int peer, int home, const TransportFailure& why);
+  bool mayReplace(int peer, int home) const;
+  void failWaiting();  // requests that wait for a note the peer can no longer send, or for no rail
+  void failWaitingRequests(HomeRail& h, const TransportFailure& why);
 
   std::vector<std::vector<uint64_t>> sends_;  // per peer, per rail: bytes given to it so far, each way
   std::vector<std::vector<uint64_t>> recvs_;
@@ -127,7 +141,7 @@ class RailsTransport : public TransportGroup {
   std::vector<Pair> pairs_;               // per peer
   std::vector<RailRequest*> open_;        // carried by a child's request that is not final yet
   RequestLifecycle<RailRequest> requests_;
-  int waiting_ = 0;                      // sends in FailedRail::waiting, over every pair
+  int waiting_ = 0;                      // sends in HomeRail::waiting, over every pair
   bool settled_ = false;                 // a caller's request finished since afterRails() began
   mutable std::mutex unreplaced_mutex_;  // lostPeers() runs on other threads
   std::vector<int> unreplaced_;          // peers with a rail whose link failed and could not be replaced

@@ -196,8 +196,10 @@ void VerbsTransport::abortPeers(ErrorKind kind, const std::string& message) {
 
 std::vector<int> VerbsTransport::takeLinkFailures() { return std::exchange(link_failures_, {}); }
 
-uint64_t VerbsTransport::arrived(int peer) const {
-  return connected(peer) ? connections_[static_cast<size_t>(peer)]->streams[0].arrived : 0;
+uint64_t VerbsTransport::arrived(int peer, int stream) const {
+  if (!connected(peer) || stream < 0) return 0;
+  const std::vector<Stream>& streams = connections_[static_cast<size_t>(peer)]->streams;
+  return static_cast<size_t>(stream) < streams.size() ? streams[static_cast<size_t>(stream)].arrived : 0;
 }
 
 void VerbsTransport::failLink(int peer, const std::string& why) {
@@ -224,8 +226,9 @@ bool VerbsTransport::sendNote(const RailNote& note) {
   Outgoing item;
   item.message.type = verbs::kRailNote;
   item.message.seq = note.arrived;
-  item.message.addr = note.failed;
-  item.message.rkey = note.rescue;
+  item.message.addr = note.home;
+  item.message.rkey = note.carrier;
+  item.message.bytes = note.moves;
   c.backlog.push_back(item);
   flush(c);
   return true;

@@ -104,7 +104,7 @@ class VerbsTransport : public Transport, public RailEndpoint {
   Request* isendOn(int stream, int peer, const WireHeader& header, const void* data, size_t bytes) override;
   Request* irecvOn(int stream, int peer, const WireHeader& expected, void* data, size_t bytes) override;
   std::vector<int> takeLinkFailures() override;
-  uint64_t arrived(int peer) const override;
+  uint64_t arrived(int peer, int stream) const override;
   void failLink(int peer, const std::string& why) override;
   bool connectionFailed(int peer, TransportFailure* why) const override;
   bool usable(int peer) const override;

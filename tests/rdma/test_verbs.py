@@ -555,9 +555,10 @@ comm = rcoll.init(timeout=300)
 rank, world = comm.rank, comm.size
 base = np.arange(1 << 20, dtype=np.float32)
 ok, times = True, []
+cut_at = [int(i) for i in os.environ.get("RCOLL_TEST_CUT_AT", "2").split(",")]
 for i in range(int(os.environ["RCOLL_TEST_OPS"])):
-    if i == 2 and rank == 0:
-        open(os.environ["RCOLL_TEST_MARK"], "w").close()  # the test cuts the link now
+    if i in cut_at and rank == 0:
+        open(f"{os.environ['RCOLL_TEST_MARK']}.{i}", "w").close()  # the test cuts a link now
     x = base * (rank + 1) + i
     start = time.monotonic()
     comm.allreduce(x)
@@ -584,17 +585,19 @@ CUTS = {
 }
 
 
-def _cut_while_running(envs, script, mark, cut_commands, restore_commands, what):
-    """Ranks started with `script`; once rank 0 wrote `mark` (reached `what`), `cut_commands` run, then the
-    ranks' outcomes (_outcomes), every rank killed and `restore_commands` run whatever happened."""
+def _cut_while_running(envs, script, cuts, restore_commands):
+    """Ranks started with `script`; `cuts`: (mark, what, commands) in turn: once rank 0 wrote the file `mark`
+    (reached `what`), `commands` run. Returns the ranks' outcomes (_outcomes); every rank is killed and
+    `restore_commands` run whatever happened."""
     procs = _started_ranks(envs, script)
     try:
-        deadline = time.monotonic() + 300
-        while not mark.exists() and time.monotonic() < deadline and all(p.poll() is None for p in procs):
-            time.sleep(0.02)
-        assert mark.exists(), f"rank 0 never reached {what}"
-        for command in cut_commands:
-            subprocess.run(command, check=True, capture_output=True, text=True, timeout=30)
+        for mark, what, commands in cuts:
+            deadline = time.monotonic() + 300
+            while not mark.exists() and time.monotonic() < deadline and all(p.poll() is None for p in procs):
+                time.sleep(0.02)
+            assert mark.exists(), f"rank 0 never reached {what}"
+            for command in commands:
+                subprocess.run(command, check=True, capture_output=True, text=True, timeout=30)
         return _outcomes(procs)
     finally:
         for p in procs:
@@ -616,7 +619,9 @@ def test_a_port_that_fails_hands_its_messages_to_the_other(cut, tmp_path):
         # Retry count 6: rxe retries without end at 7.
         envs = [dict(RCOLL_TRANSPORT="ib", RCOLL_IB_HCA=hca, RCOLL_IB_TIMEOUT="14", RCOLL_IB_RETRY_CNT="6",
                      RCOLL_TEST_MARK=str(mark), RCOLL_TEST_OPS=str(ops)) for hca in ("rxe0,rxe2", "rxe1,rxe3")]
-        outcomes = _cut_while_running(envs, FAILOVER_RANK, mark, *CUTS[cut], "its third allreduce")
+        cut_commands, restore = CUTS[cut]
+        outcomes = _cut_while_running(envs, FAILOVER_RANK, [(mark.with_suffix(".2"), "its third allreduce",
+                                                              cut_commands)], restore)
         for rank, (code, out, err) in enumerate(outcomes):
             assert code == 0 and "Traceback" not in err, (trial, rank, code, out, err[-3000:])
             report = json.loads(out.strip().splitlines()[-1])
@@ -637,6 +642,38 @@ def test_a_port_that_fails_hands_its_messages_to_the_other(cut, tmp_path):
           f"the others {others} s")
 
 
+def test_the_port_that_took_over_fails_in_turn_and_a_third_takes_both(tmp_path):
+    """Three ports each (rxe0, rxe2, rxe4 against rxe1, rxe3, rxe5; the side channels on loopback, so that
+    only the ports' links fail). Every packet on rxe2-rxe3 is dropped during the third of twelve allreduces:
+    its messages go on over rxe0-rxe1; every packet on rxe0-rxe1 is dropped during the seventh: the messages
+    of both go on over rxe4-rxe5 (IPv6). Each rank warns once per port, every result is exact, both exit 0."""
+    ops = 12
+    mark = tmp_path / "cut"
+    envs = [dict(RCOLL_TRANSPORT="ib", RCOLL_IB_HCA=hca, RCOLL_SOCKET_IFNAME="=lo", RCOLL_IB_TIMEOUT="14",
+                 RCOLL_IB_RETRY_CNT="6", RCOLL_TEST_MARK=str(mark), RCOLL_TEST_OPS=str(ops), RCOLL_TEST_CUT_AT="2,6")
+            for hca in ("rxe0,rxe2,rxe4", "rxe1,rxe3,rxe5")]
+
+    def drop(dev):
+        return [["tc", "qdisc", "replace", "dev", dev, "root", "netem", "loss", "100%"]]
+
+    restore = [["tc", "qdisc", "del", "dev", dev, "root"] for dev in ("sr0", "sr2")]
+    outcomes = _cut_while_running(envs, FAILOVER_RANK, [(mark.with_suffix(".2"), "its third allreduce", drop("sr2")),
+                                                        (mark.with_suffix(".6"), "its seventh allreduce", drop("sr0"))],
+                                  restore)
+    for rank, (code, out, err) in enumerate(outcomes):
+        assert code == 0 and "Traceback" not in err, (rank, code, out, err[-3000:])
+        report = json.loads(out.strip().splitlines()[-1])
+        assert report["ok"] and len(report["times"]) == ops, (rank, report)
+        warnings = [line for line in err.splitlines() if "WARN" in line]
+        assert len(warnings) == 2, (rank, err[-3000:])
+        other = 1 - rank
+        first, second, last = ("rxe2:1", "rxe0:1", "rxe4:1") if rank == 0 else ("rxe3:1", "rxe1:1", "rxe5:1")
+        assert f"the RDMA port {first} to rank {other} failed" in warnings[0], warnings
+        assert warnings[0].endswith(f"its messages go on over {second}"), warnings
+        assert f"the RDMA port {second} to rank {other} failed" in warnings[1], warnings
+        assert warnings[1].endswith(f"its messages go on over {last}"), warnings
+
+
 EVERY_PORT_CUT_RANK = r"""
 import json, os, time
 import numpy as np
@@ -647,7 +684,7 @@ x = np.ones(1 << 20, np.float32)
 for i in range(2):
     comm.allreduce(x)
 if rank == 0:
-    open(os.environ["RCOLL_TEST_MARK"], "w").close()
+    open(os.environ["RCOLL_TEST_MARK"], "w").close()  # the test cuts every link now
 start = time.monotonic()
 try:
     while True:
@@ -665,7 +702,7 @@ def test_with_every_port_cut_the_op_fails_with_a_peer_error(tmp_path):
                  RCOLL_TEST_MARK=str(mark)) for hca in ("rxe0,rxe2", "rxe1,rxe3")]
     cut = [["tc", "qdisc", "replace", "dev", dev, "root", "netem", "loss", "100%"] for dev in ("sr0", "sr2")]
     restore = [["tc", "qdisc", "del", "dev", dev, "root"] for dev in ("sr0", "sr2")]
-    outcomes = _cut_while_running(envs, EVERY_PORT_CUT_RANK, mark, cut, restore, "the end of its first allreduces")
+    outcomes = _cut_while_running(envs, EVERY_PORT_CUT_RANK, [(mark, "the end of its first allreduces", cut)], restore)
     for rank, (code, out, err) in enumerate(outcomes):
         assert code == 0 and "Traceback" not in err, (rank, code, out, err[-3000:])
         report = json.loads(out.strip().splitlines()[-1])
