@@ -15,6 +15,7 @@
 //    rail, carried on a rail that still works.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -23,6 +24,10 @@
 
 namespace rcoll {
 
+// A rails transport has at most this many rails (a note's `lost` has a bit
+// for each), and a rail endpoint carries 1 + this many streams.
+constexpr size_t kMaxRails = 63;
+
 // "The messages of rail `home` go on `carrier` from now on, and this many
 // of yours arrived here": what each end of a pair tells the other each time
 // a home rail's messages move (rails_failover.cc).
@@ -30,7 +35,8 @@ struct RailNote {
   int peer = -1;         // who sent it (taken) or whom it is for (sent)
   uint32_t home = 0;     // the rail whose messages moved
   uint32_t carrier = 0;  // the rail that carries them from now on
-  uint32_t moves = 0;    // how many times they moved, this one included
+  uint32_t number = 0;   // the writer's notes to the reader so far, this one included (a later one supersedes)
+  uint64_t lost = 0;     // bit r: the writer could not use rail r to the reader when it chose `carrier`
   uint64_t arrived = 0;  // how many of the home rail's messages from the note's reader arrived at its writer
 };
 

@@ -17,23 +17,22 @@
 //  * Each end counts the home's messages that arrived before the failure
 //    (rail_endpoint.h: the receives flushed behind whatever had landed are
 //    awaited first, so the count is exact), warns once per failed rail, and
-//    sends the count in a note on N, the lowest rail that works, which
-//    carries the home's messages from then on. A note names how many times
-//    the home's messages have moved; an end that hears of a move in the
-//    peer's note before it saw the failure itself takes its own end of the
-//    carrier down and does the same.
+//    sends the count in a note on N, the lowest rail it can use, which
+//    carries the home's messages from then on. The note also names the rails
+//    this end could not use: the peer takes those down at its end too, so
+//    that two ends that saw failures in different orders, or a rail that one
+//    end could not use yet, still end on the same carrier.
 //  * The receives not arrived are posted on N's stream 1 + H at once, in
 //    order, and so is every later receive the schedule gives H. The sends
-//    wait for the peer's note of the same move: the messages it counts
+//    wait for the peer's note naming the same carrier: the messages it counts
 //    arrived (whatever this end's completions said), the rest go on N's
 //    stream in order, and so does every later send the schedule gives H.
 //    Both ends thus put the same messages in the same order on that stream,
 //    and railFor() keeps dealing as before, so the other homes are untouched.
 //  * The job goes on at the bandwidth left, every result exact. The last
-//    rail's failure, two ends that chose different carriers for one move,
-//    or anything but a link failure (a peer whose process is gone, an abort,
-//    a mismatch) fails the pair's requests as with one port, with a
-//    PeerError naming the rank.
+//    rail's failure, or anything but a link failure (a peer whose process is
+//    gone, an abort, a mismatch), fails the pair's requests as with one port,
+//    with a PeerError naming the rank.
 #include <algorithm>
 #include <vector>
 
@@ -68,17 +67,30 @@ uint64_t RailsTransport::countArrived(int peer, int home) const {
          h.stream_base;
 }
 
+// The lowest rail to `peer` this end can use, not in `unusable` (-1: none);
+// `lost` gets every rail it cannot use, for the note.
+int RailsTransport::nextCarrier(int peer, uint64_t unusable, uint64_t* lost) const {
+  int next = -1;
+  *lost = 0;
+  for (size_t j = 0; j < children_.size(); ++j) {
+    // A rail not connected yet (peers connected on first use) cannot carry the note: it does not qualify.
+    if ((unusable >> j & 1) != 0 || !endpoints_[j]->usable(peer)) {
+      *lost |= uint64_t{1} << j;
+    } else if (next < 0) {
+      next = static_cast<int>(j);
+    }
+  }
+  return next;
+}
+
 // The link under `rail` to `peer` failed, and what arrived on it is counted:
 // the homes it carried move to the lowest rail that works.
 void RailsTransport::railFailed(int peer, int rail, const TransportFailure& why) {
   Pair& pair = pairs_[static_cast<size_t>(peer)];
-  if (pair.lost[static_cast<size_t>(rail)]) return;
-  pair.lost[static_cast<size_t>(rail)] = true;
-  int next = -1;
-  // A rail not connected yet (peers connected on first use) cannot carry the note: it does not qualify.
-  for (size_t j = 0; j < pair.lost.size() && next < 0; ++j) {
-    if (!pair.lost[j] && endpoints_[j]->usable(peer)) next = static_cast<int>(j);
-  }
+  if ((pair.lost >> rail & 1) != 0) return;
+  pair.lost |= uint64_t{1} << rail;
+  uint64_t unusable = pair.lost, lost = 0;
+  int next = nextCarrier(peer, unusable, &lost);
   RailEndpoint& failed = *endpoints_[static_cast<size_t>(rail)];
   bool warned = false;
   std::vector<int> moved_homes;
@@ -87,18 +99,24 @@ void RailsTransport::railFailed(int peer, int rail, const TransportFailure& why)
     if (h.carrier != rail || h.given_up) continue;
     const int H = static_cast<int>(home);
     const uint64_t arrived = countArrived(peer, H);
-    if (next < 0 || !endpoints_[static_cast<size_t>(next)]->sendNote(RailNote{
-                        peer, static_cast<uint32_t>(home), static_cast<uint32_t>(next), h.moves + 1, arrived})) {
+    // A note that cannot go: that rail failed as it was written to; the next one, then.
+    while (next >= 0 &&
+           !endpoints_[static_cast<size_t>(next)]->sendNote(RailNote{
+               peer, static_cast<uint32_t>(home), static_cast<uint32_t>(next), pair.notes_sent + 1, lost, arrived})) {
+      unusable |= uint64_t{1} << next;
+      next = nextCarrier(peer, unusable, &lost);
+    }
+    if (next < 0) {
       giveUp(peer, H, why);
       continue;
     }
+    ++pair.notes_sent;
     if (!warned) {
       RCOLL_WARN("rank %d: the RDMA port %s to rank %d failed (%s); its messages go on over %s", info_.rank,
                  failed.portName().c_str(), peer, why.message.c_str(),
                  endpoints_[static_cast<size_t>(next)]->portName().c_str());
       warned = true;
     }
-    ++h.moves;
     h.carrier = next;
     h.recv_base = arrived;
     h.stream_base = endpoints_[static_cast<size_t>(next)]->arrived(peer, streamOn(H, next));
@@ -138,29 +156,17 @@ void RailsTransport::railFailed(int peer, int rail, const TransportFailure& why)
               [](const RailRequest* a, const RailRequest* b) { return a->number < b->number; });
     moved_homes.push_back(H);
   }
-  // Once every home moved: afterNote() may take the next rail down too.
+  // Once every home moved: afterNote() may send the waiting ones now.
   for (int home : moved_homes) afterNote(peer, home);
 }
 
-// No rail is left for `home`'s messages, or the two ends moved them apart:
-// its requests fail, as with one port: those on a failed rail with the
-// link's failure (settleRequests), the others here with `why`.
+// No rail is left for `home`'s messages: its requests fail, those on the
+// failed rail with the link's failure (settleRequests), the waiting ones
+// with `why`, as with one port.
 void RailsTransport::giveUp(int peer, int home, const TransportFailure& why) {
   HomeRail& h = pairs_[static_cast<size_t>(peer)].homes[static_cast<size_t>(home)];
   h.given_up = true;
   failWaitingRequests(h, why);
-  TransportFailure carrier_failure;
-  const bool carrier_failed = endpoints_[static_cast<size_t>(h.carrier)]->connectionFailed(peer, &carrier_failure);
-  for (size_t k = 0; k < open_.size() && !carrier_failed;) {
-    RailRequest* w = open_[k];
-    if (w->peer == peer && w->home == home) {
-      open_[k] = open_.back();
-      open_.pop_back();
-      settle(w, Request::State::kFailed, &why);
-    } else {
-      ++k;
-    }
-  }
   std::lock_guard<std::mutex> lock(unreplaced_mutex_);
   unreplaced_.push_back(peer);
 }
@@ -168,49 +174,47 @@ void RailsTransport::giveUp(int peer, int home, const TransportFailure& why) {
 void RailsTransport::onNote(const RailNote& note) {
   const size_t n = children_.size();
   if (note.peer < 0 || note.peer >= info_.size || note.home >= n || note.carrier >= n) return;
-  HomeRail& h = pairs_[static_cast<size_t>(note.peer)].homes[note.home];
-  if (h.peer_has && note.moves <= h.peer_moves) return;  // one of a move it already told
-  h.peer_moves = note.moves;
+  Pair& pair = pairs_[static_cast<size_t>(note.peer)];
+  HomeRail& h = pair.homes[note.home];
+  if (note.number <= h.peer_note) return;  // older than the one held (a home's notes come over different rails)
+  h.peer_note = note.number;
   h.peer_has = note.arrived;
   h.peer_carrier = static_cast<int>(note.carrier);
+  // What the peer cannot use, this end does not use either: each such rail
+  // goes down here as its link failure (railFailed() comes, and moves what it carried).
+  for (size_t r = 0; r < n; ++r) {
+    const uint64_t bit = uint64_t{1} << r;
+    if ((note.lost & bit) != 0 && ((pair.lost | pair.taken_down) & bit) == 0) {
+      pair.taken_down |= bit;
+      endpoints_[r]->failLink(note.peer, strFormat("rank %d cannot use this port to it any more", note.peer));
+    }
+  }
   afterNote(note.peer, static_cast<int>(note.home));
 }
 
-// After a move at either end: where both ends made the same one, the sends
-// that waited go; where the peer is ahead, this end's carrier failed too.
+// Where both ends put the home's messages on the same carrier, the sends
+// that waited go. Until then one end is behind, and the rails it has yet to
+// take down (its own failures, or the peer's note) move it on.
 void RailsTransport::afterNote(int peer, int home) {
   HomeRail& h = pairs_[static_cast<size_t>(peer)].homes[static_cast<size_t>(home)];
-  if (h.given_up || !h.peer_has) return;
-  if (h.peer_moves > h.moves) {
-    // The peer saw the link under the carrier fail, this end not yet: it
-    // goes down here the same way (and railFailed() comes back here).
-    if (h.failed_at != h.moves + 1) {  // once per move of this end
-      h.failed_at = h.moves + 1;
-      endpoints_[static_cast<size_t>(h.carrier)]->failLink(
-          peer, strFormat("rank %d saw the link between the two ports fail", peer));
-    }
-    return;
-  }
-  if (h.peer_moves < h.moves) return;  // the peer's note of this move is still to come
-  if (h.carrier != h.peer_carrier) {
-    giveUp(peer, home,
-           {ErrorKind::kPeer, strFormat("rank %d moved the messages of a failed RDMA port to %s, this rank to %s", peer,
-                                        endpoints_[static_cast<size_t>(h.peer_carrier)]->portName().c_str(),
-                                        endpoints_[static_cast<size_t>(h.carrier)]->portName().c_str())});
-    return;
-  }
+  if (h.given_up || h.peer_note == 0 || h.carrier == home || h.carrier != h.peer_carrier) return;
   resendWaiting(peer, home);
 }
 
-// The peer's count of this move is in: the sends it counts arrived, the rest go again.
+// The peer's count is in: the sends it counts arrived, the rest go again.
 void RailsTransport::resendWaiting(int peer, int home) {
   HomeRail& h = pairs_[static_cast<size_t>(peer)].homes[static_cast<size_t>(home)];
-  const uint64_t has = *h.peer_has;
-  if (has < h.sends_done) {  // a send this end saw acknowledged is not counted there: the ends disagree
+  const uint64_t has = h.peer_has;
+  const uint64_t sent = pairs_[static_cast<size_t>(peer)].sent[static_cast<size_t>(home)];
+  // A send this end saw acknowledged that is not counted there, or more
+  // counted than were sent: the ends disagree.
+  if (has < h.sends_done || has > sent) {
     failWaitingRequests(
         h, {ErrorKind::kPeer,
-            strFormat("rank %d counts %llu of this rank's messages on a failed RDMA port where %llu were acknowledged",
-                      peer, static_cast<unsigned long long>(has), static_cast<unsigned long long>(h.sends_done))});
+            strFormat("rank %d counts %llu of this rank's messages on a failed RDMA port where %llu were "
+                      "acknowledged of %llu sent",
+                      peer, static_cast<unsigned long long>(has), static_cast<unsigned long long>(h.sends_done),
+                      static_cast<unsigned long long>(sent))});
     return;
   }
   std::deque<RailRequest*> waiting;

@@ -30,6 +30,10 @@ RailsTransport::RailsTransport(const ConnectInfo& info, std::vector<std::unique_
       recvs_(static_cast<size_t>(info.size), std::vector<uint64_t>(children_.size())),
       weights_(static_cast<size_t>(info.size), std::vector<int>(children_.size(), 1)),
       pairs_(static_cast<size_t>(info.size)) {
+  if (children_.size() > kMaxRails) {
+    throwError(ErrorKind::kConfig, strFormat("rank %d: %zu RDMA ports in RCOLL_IB_HCA; at most %zu can be used at once",
+                                             info.rank, children_.size(), kMaxRails));
+  }
   for (auto& rail : children_) {
     auto* endpoint = dynamic_cast<RailEndpoint*>(rail.get());
     if (endpoint == nullptr) {  // a rail that cannot trade notes: no failover
@@ -43,7 +47,6 @@ RailsTransport::RailsTransport(const ConnectInfo& info, std::vector<std::unique_
   for (Pair& pair : pairs_) {
     pair.sent.assign(n, 0);
     pair.received.assign(n, 0);
-    pair.lost.assign(n, false);
     pair.homes.resize(n);
     for (size_t i = 0; i < n; ++i) pair.homes[i].carrier = static_cast<int>(i);
   }
@@ -226,8 +229,7 @@ Request* RailsTransport::irecv(int peer, const WireHeader& expected, void* data,
 // rails_failover.cc).
 Request* RailsTransport::post(RailRequest* w) {
   HomeRail& h = pairs_[static_cast<size_t>(w->peer)].homes[static_cast<size_t>(w->home)];
-  if (h.carrier == w->home ||
-      (!h.given_up && (!w->is_send || (h.waiting.empty() && h.peer_has && h.peer_moves == h.moves)))) {
+  if (h.carrier == w->home || (!h.given_up && (!w->is_send || (h.waiting.empty() && h.peer_carrier == h.carrier)))) {
     carry(w, h.carrier, streamOn(w->home, h.carrier));
   } else {
     h.waiting.push_back(w);  // given up: failWaiting() fails it with the others

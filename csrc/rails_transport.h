@@ -92,23 +92,23 @@ class RailsTransport : public TransportGroup {
   // and the next one if that one's link fails in turn.
   struct HomeRail {
     int carrier = 0;
-    uint32_t moves = 0;     // how many times they moved (the notes' epoch)
     bool given_up = false;  // no rail was left to take them: their requests fail
     // This end's count of the peer's messages that arrived (rails_failover.cc:
     // countArrived) is recv_base + the carrier stream's count - stream_base.
     uint64_t recv_base = 0;
     uint64_t stream_base = 0;
-    // The peer's latest note: at its move `peer_moves`, `peer_has` of our messages had arrived there.
-    uint32_t peer_moves = 0;
-    std::optional<uint64_t> peer_has;
+    // The peer's latest note (RailNote): where it put them, and how many of ours had arrived there.
+    uint32_t peer_note = 0;  // its number (0: none yet)
+    uint64_t peer_has = 0;
     int peer_carrier = -1;
-    uint32_t failed_at = 0;            // 1 + this end's moves when it took the carrier down for the peer's note
-    std::deque<RailRequest*> waiting;  // sends that wait for the peer's note of this move, in order
+    std::deque<RailRequest*> waiting;  // sends that wait for the peer's note of the same carrier, in order
     uint64_t sends_done = 0;           // past the last send that completed
   };
   struct Pair {
     std::vector<uint64_t> sent, received;  // per home: messages given to it, each way (the next `number`)
-    std::vector<bool> lost;                // per rail: its link to the peer failed
+    uint64_t lost = 0;                     // bit r: rail r's link to the peer failed here (and was counted)
+    uint64_t taken_down = 0;               // bit r: this end failed rail r because the peer could not use it
+    uint32_t notes_sent = 0;               // RailNote::number
     std::vector<HomeRail> homes;
   };
 
@@ -124,6 +124,7 @@ class RailsTransport : public TransportGroup {
   void railFailed(int peer, int rail, const TransportFailure& why);
   uint64_t countArrived(int peer, int home) const;
   int streamOn(int home, int carrier) const { return carrier == home ? 0 : 1 + home; }
+  int nextCarrier(int peer, uint64_t unusable, uint64_t* lost) const;
   void onNote(const RailNote& note);
   void afterNote(int peer, int home);
   void resendWaiting(int peer, int home);

@@ -178,7 +178,8 @@ void VerbsTransport::onControl(Connection& c, const char* bytes) {
       onData(c, m.stream, m.seq & 0xFFFFFFu);
       return;
     case kRailNote:
-      notes_.push_back(RailNote{c.peer, static_cast<uint32_t>(m.addr), m.rkey, static_cast<uint32_t>(m.bytes), m.seq});
+      if (m.addr < kMaxRails && m.rkey < kMaxRails)
+        notes_.push_back(RailNote{c.peer, static_cast<uint32_t>(m.addr), m.rkey, m.stream, m.bytes, m.seq});
       return;
     case kMismatch: {
       const Stream& s = c.stream(m.stream);

@@ -228,7 +228,8 @@ bool VerbsTransport::sendNote(const RailNote& note) {
   item.message.seq = note.arrived;
   item.message.addr = note.home;
   item.message.rkey = note.carrier;
-  item.message.bytes = note.moves;
+  item.message.bytes = note.lost;
+  item.message.stream = note.number;
   c.backlog.push_back(item);
   flush(c);
   return true;

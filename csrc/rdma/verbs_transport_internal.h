@@ -39,6 +39,7 @@ enum CtrlType : uint32_t { kCredit = 1, kEmpty = 2, kMismatch = 3, kRailNote = 4
 // and the low 24 bits of its sequence number, which is all the in-order check
 // needs.
 constexpr uint32_t kMaxStreams = 64;
+static_assert(kMaxStreams >= 1 + kMaxRails, "a rail carries its own stream and one per other rail");
 
 // How long a link failure waits for its queue pair's flushes (Connection::draining).
 constexpr std::chrono::seconds kDrainBound(5);
@@ -54,7 +55,7 @@ struct CtrlMessage {
   uint64_t addr;
   uint64_t bytes;
   WireHeader header;  // credit: what the receiver expects; mismatch: what the sender had
-  uint32_t stream;    // credit, empty, mismatch: the stream of the message
+  uint32_t stream;    // credit, empty, mismatch: the stream of the message; rail note: its number
 };
 #pragma pack(pop)
 static_assert(sizeof(CtrlMessage) <= kCtrlBytes, "a control message fits its slot");

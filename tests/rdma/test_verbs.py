@@ -642,24 +642,29 @@ def test_a_port_that_fails_hands_its_messages_to_the_other(cut, tmp_path):
           f"the others {others} s")
 
 
-def test_the_port_that_took_over_fails_in_turn_and_a_third_takes_both(tmp_path):
+@pytest.mark.parametrize("when", ["in turn", "at once"])
+def test_two_of_three_ports_fail_and_the_third_takes_their_messages(when, tmp_path):
     """Three ports each (rxe0, rxe2, rxe4 against rxe1, rxe3, rxe5; the side channels on loopback, so that
-    only the ports' links fail). Every packet on rxe2-rxe3 is dropped during the third of twelve allreduces:
-    its messages go on over rxe0-rxe1; every packet on rxe0-rxe1 is dropped during the seventh: the messages
-    of both go on over rxe4-rxe5 (IPv6). Each rank warns once per port, every result is exact, both exit 0."""
+    only the ports' links fail). In turn: every packet on rxe2-rxe3 is dropped during the third of twelve
+    allreduces, and its messages go on over rxe0-rxe1; then every packet on rxe0-rxe1 during the seventh, and
+    the messages of both go on over rxe4-rxe5 (IPv6). At once: both during the third, each end seeing the
+    two failures in its own order. Each rank warns once per failed port, every result is exact, both exit 0."""
     ops = 12
     mark = tmp_path / "cut"
+    cut_at = {"in turn": (2, 6), "at once": (2,)}[when]
     envs = [dict(RCOLL_TRANSPORT="ib", RCOLL_IB_HCA=hca, RCOLL_SOCKET_IFNAME="=lo", RCOLL_IB_TIMEOUT="14",
-                 RCOLL_IB_RETRY_CNT="6", RCOLL_TEST_MARK=str(mark), RCOLL_TEST_OPS=str(ops), RCOLL_TEST_CUT_AT="2,6")
-            for hca in ("rxe0,rxe2,rxe4", "rxe1,rxe3,rxe5")]
+                 RCOLL_IB_RETRY_CNT="6", RCOLL_TEST_MARK=str(mark), RCOLL_TEST_OPS=str(ops),
+                 RCOLL_TEST_CUT_AT=",".join(map(str, cut_at))) for hca in ("rxe0,rxe2,rxe4", "rxe1,rxe3,rxe5")]
 
-    def drop(dev):
-        return [["tc", "qdisc", "replace", "dev", dev, "root", "netem", "loss", "100%"]]
+    def drop(*devs):
+        return [["tc", "qdisc", "replace", "dev", dev, "root", "netem", "loss", "100%"] for dev in devs]
 
+    cuts = [(mark.with_suffix(".2"), "its third allreduce", drop("sr2")),
+            (mark.with_suffix(".6"), "its seventh allreduce", drop("sr0"))]
+    if when == "at once":
+        cuts = [(mark.with_suffix(".2"), "its third allreduce", drop("sr2", "sr0"))]
     restore = [["tc", "qdisc", "del", "dev", dev, "root"] for dev in ("sr0", "sr2")]
-    outcomes = _cut_while_running(envs, FAILOVER_RANK, [(mark.with_suffix(".2"), "its third allreduce", drop("sr2")),
-                                                        (mark.with_suffix(".6"), "its seventh allreduce", drop("sr0"))],
-                                  restore)
+    outcomes = _cut_while_running(envs, FAILOVER_RANK, cuts, restore)
     for rank, (code, out, err) in enumerate(outcomes):
         assert code == 0 and "Traceback" not in err, (rank, code, out, err[-3000:])
         report = json.loads(out.strip().splitlines()[-1])
@@ -668,9 +673,13 @@ def test_the_port_that_took_over_fails_in_turn_and_a_third_takes_both(tmp_path):
         assert len(warnings) == 2, (rank, err[-3000:])
         other = 1 - rank
         first, second, last = ("rxe2:1", "rxe0:1", "rxe4:1") if rank == 0 else ("rxe3:1", "rxe1:1", "rxe5:1")
-        assert f"the RDMA port {first} to rank {other} failed" in warnings[0], warnings
-        assert warnings[0].endswith(f"its messages go on over {second}"), warnings
-        assert f"the RDMA port {second} to rank {other} failed" in warnings[1], warnings
+        if when == "in turn":
+            assert f"the RDMA port {first} to rank {other} failed" in warnings[0], warnings
+            assert warnings[0].endswith(f"its messages go on over {second}"), warnings
+            assert f"the RDMA port {second} to rank {other} failed" in warnings[1], warnings
+        else:
+            assert sorted(port for w in warnings for port in (first, second)
+                          if f"the RDMA port {port} to rank {other} failed" in w) == sorted((first, second)), warnings
         assert warnings[1].endswith(f"its messages go on over {last}"), warnings
 
 
