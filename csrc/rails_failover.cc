@@ -19,9 +19,9 @@
 //    awaited first, so the count is exact), warns once per failed rail, and
 //    sends the count in a note on N, the lowest rail it can use, which
 //    carries the home's messages from then on. The note also names the rails
-//    this end could not use: the peer takes those down at its end too, so
-//    that two ends that saw failures in different orders, or a rail that one
-//    end could not use yet, still end on the same carrier.
+//    that failed, or are failing, at this end: the peer takes those down at
+//    its end too, so that two ends that saw failures in different orders
+//    still end on the same carrier.
 //  * The receives not arrived are posted on N's stream 1 + H at once, in
 //    order, and so is every later receive the schedule gives H. The sends
 //    wait for the peer's note naming the same carrier: the messages it counts
@@ -68,15 +68,16 @@ uint64_t RailsTransport::countArrived(int peer, int home) const {
 }
 
 // The lowest rail to `peer` this end can use, not in `unusable` (-1: none);
-// `lost` gets every rail it cannot use, for the note.
+// `lost` gets every rail that failed or is failing, for the note. A rail not
+// connected yet (peers connected on first use) cannot carry the note and
+// does not qualify, but it is not lost: the peer is not asked to take it down.
 int RailsTransport::nextCarrier(int peer, uint64_t unusable, uint64_t* lost) const {
   int next = -1;
   *lost = 0;
   for (size_t j = 0; j < children_.size(); ++j) {
-    // A rail not connected yet (peers connected on first use) cannot carry the note: it does not qualify.
-    if ((unusable >> j & 1) != 0 || !endpoints_[j]->usable(peer)) {
+    if ((unusable >> j & 1) != 0 || (children_[j]->connected(peer) && !endpoints_[j]->usable(peer))) {
       *lost |= uint64_t{1} << j;
-    } else if (next < 0) {
+    } else if (next < 0 && endpoints_[j]->usable(peer)) {
       next = static_cast<int>(j);
     }
   }
@@ -180,13 +181,13 @@ void RailsTransport::onNote(const RailNote& note) {
   h.peer_note = note.number;
   h.peer_has = note.arrived;
   h.peer_carrier = static_cast<int>(note.carrier);
-  // What the peer cannot use, this end does not use either: each such rail
-  // goes down here as its link failure (railFailed() comes, and moves what it carried).
+  // A rail that failed at the peer goes down here too, as its link failure
+  // (railFailed() comes, and moves what it carried).
   for (size_t r = 0; r < n; ++r) {
     const uint64_t bit = uint64_t{1} << r;
     if ((note.lost & bit) != 0 && ((pair.lost | pair.taken_down) & bit) == 0) {
       pair.taken_down |= bit;
-      endpoints_[r]->failLink(note.peer, strFormat("rank %d cannot use this port to it any more", note.peer));
+      endpoints_[r]->failLink(note.peer, strFormat("rank %d saw the link between the two ports fail", note.peer));
     }
   }
   afterNote(note.peer, static_cast<int>(note.home));

@@ -595,7 +595,11 @@ def _cut_while_running(envs, script, cuts, restore_commands):
             deadline = time.monotonic() + 300
             while not mark.exists() and time.monotonic() < deadline and all(p.poll() is None for p in procs):
                 time.sleep(0.02)
-            assert mark.exists(), f"rank 0 never reached {what}"
+            if not mark.exists():
+                for p in procs:
+                    p.kill()
+                outcomes = [(code, out, err[-3000:]) for code, out, err in _outcomes(procs)]
+                raise AssertionError(f"rank 0 never reached {what}: {outcomes}")
             for command in commands:
                 subprocess.run(command, check=True, capture_output=True, text=True, timeout=30)
         return _outcomes(procs)
@@ -635,7 +639,7 @@ def test_a_port_that_fails_hands_its_messages_to_the_other(cut, tmp_path):
             cut_op.append(report["times"][slowest])
             other_ops += [t for i, t in enumerate(report["times"]) if i not in (0, slowest)]
         if cut == "link down":  # the port comes back for what runs next
-            _wait_for_roce_v2_gids(("rxe2", "rxe3"))
+            _wait_for_ports_back(("rxe2", "rxe3"))
     spread = " / ".join(f"{f(cut_op):.2f}" for f in (min, statistics.median, max))
     others = " / ".join(f"{f(other_ops):.2f}" for f in (min, statistics.median, max))
     print(f"{cut}: {len(cut_op) // 2} trial(s), the op the link failed in took {spread} s (min / median / max), "
@@ -719,8 +723,15 @@ def test_with_every_port_cut_the_op_fails_with_a_peer_error(tmp_path):
         assert report["seconds"] < 60, (rank, report)  # the links' failures, not the 120 s timeout
 
 
-def _wait_for_roce_v2_gids(devices, seconds=30):
-    """Until each device has its RoCE v2 GIDs back, of an IPv4-mapped and of a 2001:db8: address."""
+def _wait_for_ports_back(devices, seconds=30):
+    """Until each device's port is ACTIVE again and has its RoCE v2 GIDs back, of an IPv4-mapped and of a
+    2001:db8: address (the two come back apart, the port's state with the link, the GIDs from a work queue)."""
+    def active(dev):
+        try:
+            return open(f"/sys/class/infiniband/{dev}/ports/1/state").read().split()[-1] == "ACTIVE"
+        except (OSError, IndexError):
+            return False
+
     def roce_v2_gids(dev):
         port = f"/sys/class/infiniband/{dev}/ports/1"
         gids = []
@@ -734,8 +745,9 @@ def _wait_for_roce_v2_gids(devices, seconds=30):
 
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if all(any(g.startswith("0000:0000:0000:0000:0000:ffff:") for g in gids) and
-               any(g.startswith("2001:0db8:") for g in gids) for gids in map(roce_v2_gids, devices)):
+        if all(active(dev) for dev in devices) and all(
+                any(g.startswith("0000:0000:0000:0000:0000:ffff:") for g in gids) and
+                any(g.startswith("2001:0db8:") for g in gids) for gids in map(roce_v2_gids, devices)):
             return
         time.sleep(0.2)
-    raise AssertionError(f"{devices}: no RoCE v2 GIDs {seconds} s after the link came back")
+    raise AssertionError(f"{devices}: no ACTIVE port with RoCE v2 GIDs {seconds} s after the link came back")
