@@ -36,7 +36,7 @@ struct RailNote {
   uint32_t home = 0;     // the rail whose messages moved
   uint32_t carrier = 0;  // the rail that carries them from now on
   uint32_t number = 0;   // the writer's notes to the reader so far, this one included (a later one supersedes)
-  uint64_t lost = 0;     // bit r: rail r to the reader had failed, or was failing, at the writer
+  uint64_t lost = 0;     // bit r: the writer could not use rail r to the reader (failed, failing, not connected)
   uint64_t arrived = 0;  // how many of the home rail's messages from the note's reader arrived at its writer
 };
 

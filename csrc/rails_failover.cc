@@ -19,9 +19,9 @@
 //    awaited first, so the count is exact), warns once per failed rail, and
 //    sends the count in a note on N, the lowest rail it can use, which
 //    carries the home's messages from then on. The note also names the rails
-//    that failed, or are failing, at this end: the peer takes those down at
-//    its end too, so that two ends that saw failures in different orders
-//    still end on the same carrier.
+//    this end could not use: the peer takes those down for the pair at its
+//    end too, so that two ends that saw failures in different orders, or a
+//    rail that one end had not connected yet, still end on the same carrier.
 //  * The receives not arrived are posted on N's stream 1 + H at once, in
 //    order, and so is every later receive the schedule gives H. The sends
 //    wait for the peer's note naming the same carrier: the messages it counts
@@ -68,16 +68,18 @@ uint64_t RailsTransport::countArrived(int peer, int home) const {
 }
 
 // The lowest rail to `peer` this end can use, not in `unusable` (-1: none);
-// `lost` gets every rail that failed or is failing, for the note. A rail not
-// connected yet (peers connected on first use) cannot carry the note and
-// does not qualify, but it is not lost: the peer is not asked to take it down.
+// `lost` gets every rail it cannot use, for the note, so that the peer does
+// not use them either and the two ends meet on one carrier. That includes a
+// rail not connected yet (peers connected on first use), which cannot carry
+// the note: the peer takes it down for the pair even where its end is
+// connected, rather than wait on a carrier this end will not take.
 int RailsTransport::nextCarrier(int peer, uint64_t unusable, uint64_t* lost) const {
   int next = -1;
   *lost = 0;
   for (size_t j = 0; j < children_.size(); ++j) {
-    if ((unusable >> j & 1) != 0 || (children_[j]->connected(peer) && !endpoints_[j]->usable(peer))) {
+    if ((unusable >> j & 1) != 0 || !endpoints_[j]->usable(peer)) {
       *lost |= uint64_t{1} << j;
-    } else if (next < 0 && endpoints_[j]->usable(peer)) {
+    } else if (next < 0) {
       next = static_cast<int>(j);
     }
   }
@@ -90,7 +92,7 @@ void RailsTransport::railFailed(int peer, int rail, const TransportFailure& why)
   Pair& pair = pairs_[static_cast<size_t>(peer)];
   if ((pair.lost >> rail & 1) != 0) return;
   pair.lost |= uint64_t{1} << rail;
-  uint64_t unusable = pair.lost, lost = 0;
+  uint64_t unusable = pair.lost | pair.taken_down, lost = 0;  // nor a rail the peer lost, connected here or not
   int next = nextCarrier(peer, unusable, &lost);
   RailEndpoint& failed = *endpoints_[static_cast<size_t>(rail)];
   bool warned = false;
@@ -144,6 +146,13 @@ void RailsTransport::railFailed(int peer, int rail, const TransportFailure& why)
         settle(w, Request::State::kDone, nullptr);
         continue;
       }
+      if (w->child->state == Request::State::kFailed) {
+        const TransportFailure own = children_[static_cast<size_t>(rail)]->failure(w->child);
+        if (!own.link) {  // it failed for a reason of its own (its memory could not be registered)
+          settle(w, Request::State::kFailed, &own);
+          continue;
+        }
+      }
       children_[static_cast<size_t>(rail)]->release(w->child);
       w->child = nullptr;
       if (w->is_send) {
@@ -181,8 +190,9 @@ void RailsTransport::onNote(const RailNote& note) {
   h.peer_note = note.number;
   h.peer_has = note.arrived;
   h.peer_carrier = static_cast<int>(note.carrier);
-  // A rail that failed at the peer goes down here too, as its link failure
-  // (railFailed() comes, and moves what it carried).
+  // A rail the peer could not use goes down here too, as its link failure
+  // (railFailed() comes, and moves what it carried); one not connected here
+  // is never chosen as a carrier (railFailed: taken_down).
   for (size_t r = 0; r < n; ++r) {
     const uint64_t bit = uint64_t{1} << r;
     if ((note.lost & bit) != 0 && ((pair.lost | pair.taken_down) & bit) == 0) {
@@ -209,9 +219,9 @@ void RailsTransport::resendWaiting(int peer, int home) {
   const uint64_t sent = pairs_[static_cast<size_t>(peer)].sent[static_cast<size_t>(home)];
   // A send this end saw acknowledged that is not counted there, or more
   // counted than were sent: the ends disagree.
-  if (has < h.sends_done || has > sent) {
-    failWaitingRequests(
-        h, {ErrorKind::kPeer,
+  if (has < h.sends_done || has > sent) {  // the home is given up: later sends would meet the wrong receives
+    giveUp(peer, home,
+           {ErrorKind::kPeer,
             strFormat("rank %d counts %llu of this rank's messages on a failed RDMA port where %llu were "
                       "acknowledged of %llu sent",
                       peer, static_cast<unsigned long long>(has), static_cast<unsigned long long>(h.sends_done),

@@ -107,7 +107,7 @@ class RailsTransport : public TransportGroup {
   struct Pair {
     std::vector<uint64_t> sent, received;  // per home: messages given to it, each way (the next `number`)
     uint64_t lost = 0;                     // bit r: rail r's link to the peer failed here (and was counted)
-    uint64_t taken_down = 0;               // bit r: this end failed rail r because it failed at the peer
+    uint64_t taken_down = 0;               // bit r: the peer could not use rail r (its note), so nor does this end
     uint32_t notes_sent = 0;               // RailNote::number
     std::vector<HomeRail> homes;
   };

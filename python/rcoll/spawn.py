@@ -95,7 +95,8 @@ def run(fn, world_size: int, *args, timeout: float = 120.0, env=None, allow_fail
     rank's exception is returned as an ("error", text) tuple instead of raising.
     `port` is the rendezvous port (default: a free one). Once a rank has failed,
     the others get `grace` seconds to report (their errors usually follow from
-    it) before they are killed.
+    it) before they are killed; once all reported, each gets `grace` seconds to
+    exit (its exit handlers flush its files) before it is killed.
     """
     ctx = _context()
     results = ctx.Queue()
@@ -139,8 +140,14 @@ def run(fn, world_size: int, *args, timeout: float = 120.0, env=None, allow_fail
                     except queue.Empty:
                         outcome[r] = (False, f"rank {r} died with exit code {p.exitcode}")
     finally:
+        # Ranks that reported still run their exit (atexit handlers close the
+        # timeline's file, stdio flushes): a loaded machine may take seconds
+        # there, and a rank killed in it leaves its files cut short. So every
+        # rank gets `grace` seconds to exit once all reported; none when a
+        # rank is missing (it is killed, as those that did not report).
+        exit_by = time.monotonic() + (grace if len(outcome) == world_size else 0)
         for p in procs:
-            p.join(timeout=0.2 if len(outcome) == world_size else 0)
+            p.join(timeout=max(0.0, exit_by - time.monotonic()))
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
