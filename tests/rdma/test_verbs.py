@@ -570,9 +570,14 @@ comm.shutdown()
 
 ADDR2, ADDR3 = "198.51.100.1", "198.51.100.2"  # sr2 and sr3 (scripts/softroce/guest.py)
 ADDR2_6, ADDR3_6 = "2001:db8:2::1", "2001:db8:2::2"
+def _drop_every_packet(*devs):
+    """Commands that make each veth drop every packet it sends (netem), and the ones that undo them."""
+    return ([["tc", "qdisc", "replace", "dev", dev, "root", "netem", "loss", "100%"] for dev in devs],
+            [["tc", "qdisc", "del", "dev", dev, "root"] for dev in devs])
+
+
 CUTS = {
-    "every packet dropped": ([["tc", "qdisc", "replace", "dev", "sr2", "root", "netem", "loss", "100%"]],
-                             [["tc", "qdisc", "del", "dev", "sr2", "root"]]),
+    "every packet dropped": _drop_every_packet("sr2"),
     # Last: the link's routes go with it and come back by hand.
     "link down": ([["ip", "link", "set", "sr2", "down"]],
                   [["ip", "link", "set", "sr2", "up"],
@@ -660,14 +665,11 @@ def test_two_of_three_ports_fail_and_the_third_takes_their_messages(when, tmp_pa
                  RCOLL_IB_RETRY_CNT="6", RCOLL_TEST_MARK=str(mark), RCOLL_TEST_OPS=str(ops),
                  RCOLL_TEST_CUT_AT=",".join(map(str, cut_at))) for hca in ("rxe0,rxe2,rxe4", "rxe1,rxe3,rxe5")]
 
-    def drop(*devs):
-        return [["tc", "qdisc", "replace", "dev", dev, "root", "netem", "loss", "100%"] for dev in devs]
-
-    cuts = [(mark.with_suffix(".2"), "its third allreduce", drop("sr2")),
-            (mark.with_suffix(".6"), "its seventh allreduce", drop("sr0"))]
+    cuts = [(mark.with_suffix(".2"), "its third allreduce", _drop_every_packet("sr2")[0]),
+            (mark.with_suffix(".6"), "its seventh allreduce", _drop_every_packet("sr0")[0])]
     if when == "at once":
-        cuts = [(mark.with_suffix(".2"), "its third allreduce", drop("sr2", "sr0"))]
-    restore = [["tc", "qdisc", "del", "dev", dev, "root"] for dev in ("sr0", "sr2")]
+        cuts = [(mark.with_suffix(".2"), "its third allreduce", _drop_every_packet("sr2", "sr0")[0])]
+    restore = _drop_every_packet("sr0", "sr2")[1]
     outcomes = _cut_while_running(envs, FAILOVER_RANK, cuts, restore)
     for rank, (code, out, err) in enumerate(outcomes):
         assert code == 0 and "Traceback" not in err, (rank, code, out, err[-3000:])
@@ -713,8 +715,7 @@ def test_with_every_port_cut_the_op_fails_with_a_peer_error(tmp_path):
     mark = tmp_path / "cut"
     envs = [dict(RCOLL_TRANSPORT="ib", RCOLL_IB_HCA=hca, RCOLL_IB_TIMEOUT="14", RCOLL_IB_RETRY_CNT="6",
                  RCOLL_TEST_MARK=str(mark)) for hca in ("rxe0,rxe2", "rxe1,rxe3")]
-    cut = [["tc", "qdisc", "replace", "dev", dev, "root", "netem", "loss", "100%"] for dev in ("sr0", "sr2")]
-    restore = [["tc", "qdisc", "del", "dev", dev, "root"] for dev in ("sr0", "sr2")]
+    cut, restore = _drop_every_packet("sr0", "sr2")
     outcomes = _cut_while_running(envs, EVERY_PORT_CUT_RANK, [(mark, "the end of its first allreduces", cut)], restore)
     for rank, (code, out, err) in enumerate(outcomes):
         assert code == 0 and "Traceback" not in err, (rank, code, out, err[-3000:])
