@@ -50,26 +50,29 @@ int VerbsTransport::pollCompletions() {
 }
 
 std::string VerbsTransport::completionError(const Connection& c, const ibv_wc& wc, bool port_active) const {
+  // Every message names the port: with several (RCOLL_IB_HCA), the one that failed is what a user checks.
+  const std::string port = portName();
   std::string what =
       strFormat("%s (status %d, vendor error 0x%x)", api_.wc_status_str(wc.status), wc.status, wc.vendor_err);
   if (wc.status != IBV_WC_WR_FLUSH_ERR && !port_active) {
     return strFormat("RDMA transfer with rank %d failed: the port %s is not ACTIVE (its link is down): %s", c.peer,
-                     portName().c_str(), what.c_str());
+                     port.c_str(), what.c_str());
   }
   switch (wc.status) {
     case IBV_WC_RETRY_EXC_ERR:
       return strFormat(
-          "rank %d stopped acknowledging RDMA traffic: %s. The peer died, or the path between the two "
+          "rank %d stopped acknowledging RDMA traffic on the port %s: %s. The peer died, or the path between the two "
           "ports is broken: check RCOLL_IB_GID_INDEX (this rank uses %s), the MTU, and IP routing "
           "between the RoCE interfaces",
-          c.peer, what.c_str(), port_.gid_reason.c_str());
+          c.peer, port.c_str(), what.c_str(), port_.gid_reason.c_str());
     case IBV_WC_RNR_RETRY_EXC_ERR:
-      return strFormat("rank %d posted no receive in time: %s", c.peer, what.c_str());
+      return strFormat("rank %d posted no receive in time (port %s): %s", c.peer, port.c_str(), what.c_str());
     case IBV_WC_REM_ACCESS_ERR:
     case IBV_WC_LOC_PROT_ERR:
-      return strFormat("rank %d refused an RDMA write (%s): memory registration problem", c.peer, what.c_str());
+      return strFormat("rank %d refused an RDMA write over the port %s (%s): memory registration problem", c.peer,
+                       port.c_str(), what.c_str());
     default:
-      return strFormat("RDMA transfer with rank %d failed: %s", c.peer, what.c_str());
+      return strFormat("RDMA transfer with rank %d over the port %s failed: %s", c.peer, port.c_str(), what.c_str());
   }
 }
 
