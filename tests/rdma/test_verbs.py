@@ -570,10 +570,21 @@ comm.shutdown()
 
 ADDR2, ADDR3 = "198.51.100.1", "198.51.100.2"  # sr2 and sr3 (scripts/softroce/guest.py)
 ADDR2_6, ADDR3_6 = "2001:db8:2::1", "2001:db8:2::2"
+VETH_PEER = {"sr0": "sr1", "sr2": "sr3", "sr4": "sr5"}
+
+
+def _forget_neighbours(*devs):
+    """Commands that flush the neighbour entries of each veth and of its other end, both families: while a
+    link was cut, the address resolution across it failed and left FAILED entries, which the guest had not
+    before the cut; the next test starts from the state the others do."""
+    ends = [end for dev in devs for end in (dev, VETH_PEER[dev])]
+    return [["ip", *family, "neigh", "flush", "dev", end] for end in ends for family in ([], ["-6"])]
+
+
 def _drop_every_packet(*devs):
     """Commands that make each veth drop every packet it sends (netem), and the ones that undo them."""
     return ([["tc", "qdisc", "replace", "dev", dev, "root", "netem", "loss", "100%"] for dev in devs],
-            [["tc", "qdisc", "del", "dev", dev, "root"] for dev in devs])
+            [["tc", "qdisc", "del", "dev", dev, "root"] for dev in devs] + _forget_neighbours(*devs))
 
 
 CUTS = {
@@ -586,8 +597,18 @@ CUTS = {
                    ["ip", "route", "replace", f"{ADDR3}/32", "dev", "sr2", "src", ADDR2, "table", "102"],
                    ["ip", "route", "replace", f"{ADDR2}/32", "dev", "sr3", "src", ADDR3, "table", "103"],
                    ["ip", "-6", "route", "replace", f"{ADDR3_6}/128", "dev", "sr2", "src", ADDR2_6, "table", "102"],
-                   ["ip", "-6", "route", "replace", f"{ADDR2_6}/128", "dev", "sr3", "src", ADDR3_6, "table", "103"]]),
+                   ["ip", "-6", "route", "replace", f"{ADDR2_6}/128", "dev", "sr3", "src", ADDR3_6, "table", "103"],
+                   *_forget_neighbours("sr2")]),
 }
+
+
+def _kernel_log_tail(lines=40):
+    """The guest kernel's last log lines (rdma_rxe and the network stack say there what they refused)."""
+    try:
+        return "\n".join(subprocess.run(["dmesg"], capture_output=True, text=True, timeout=30).stdout
+                         .splitlines()[-lines:])
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"(dmesg: {e})"
 
 
 def _cut_while_running(envs, script, cuts, restore_commands):
@@ -604,7 +625,8 @@ def _cut_while_running(envs, script, cuts, restore_commands):
                 for p in procs:
                     p.kill()
                 outcomes = [(code, out, err[-3000:]) for code, out, err in _outcomes(procs)]
-                raise AssertionError(f"rank 0 never reached {what}: {outcomes}")
+                raise AssertionError(f"rank 0 never reached {what}: {outcomes}\nthe kernel's last words:\n"
+                                     f"{_kernel_log_tail()}")
             for command in commands:
                 subprocess.run(command, check=True, capture_output=True, text=True, timeout=30)
         return _outcomes(procs)
