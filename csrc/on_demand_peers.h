@@ -61,6 +61,16 @@ class OnDemandPeers {
     return true;
   }
 
+  // Asks the connector for `peer` ahead of its first message: nothing for a
+  // peer of set-up, one `connected` (or swapping queue pairs), one a message
+  // already asked for, or one that could not be reached.
+  void want(int peer, bool connected) {
+    if (!connector_ || stopped_ || connected || !connector_->onDemand(peer)) return;
+    const auto p = static_cast<size_t>(peer);
+    if (unreachable_[p] || !waiting_[p].empty()) return;
+    connector_->want(peer);
+  }
+
   // What the connector finished, to adopt now, oldest first. `in_setup`
   // (accept()): at most one set-up peer among them, which accept() returns;
   // the other set-up peers stay for the next call. Otherwise (progress())

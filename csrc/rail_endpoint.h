@@ -56,6 +56,11 @@ class RailEndpoint {
   virtual std::vector<int> takeLinkFailures() = 0;
   // `peer`'s messages on `stream` that arrived here.
   virtual uint64_t arrived(int peer, int stream) const = 0;
+  // Starts connecting `peer` when it connects on first use and is not
+  // connected yet, without a message: the rails transport connects every
+  // rail of a pair at the pair's first message, so that each is ready to
+  // take the others' messages over (a rail not connected cannot).
+  virtual void connectAhead(int peer) = 0;
   // Takes the connection to `peer` down as a link failure: the peer said its
   // end failed. It is reported through takeLinkFailures() like any other.
   virtual void failLink(int peer, const std::string& why) = 0;

@@ -228,7 +228,12 @@ Request* RailsTransport::irecv(int peer, const WireHeader& expected, void* data,
 // its messages now (a send waits until the peer said what it has of them:
 // rails_failover.cc).
 Request* RailsTransport::post(RailRequest* w) {
-  HomeRail& h = pairs_[static_cast<size_t>(w->peer)].homes[static_cast<size_t>(w->home)];
+  Pair& pair = pairs_[static_cast<size_t>(w->peer)];
+  if (!pair.rails_asked) {  // a peer connected on first use: every rail at once, each ready to take over
+    pair.rails_asked = true;
+    for (RailEndpoint* endpoint : endpoints_) endpoint->connectAhead(w->peer);
+  }
+  HomeRail& h = pair.homes[static_cast<size_t>(w->home)];
   if (h.carrier == w->home || (!h.given_up && (!w->is_send || (h.waiting.empty() && h.peer_carrier == h.carrier)))) {
     carry(w, h.carrier, streamOn(w->home, h.carrier));
   } else {

@@ -109,6 +109,7 @@ class RailsTransport : public TransportGroup {
     uint64_t lost = 0;                     // bit r: rail r's link to the peer failed here (and was counted)
     uint64_t taken_down = 0;               // bit r: the peer could not use rail r (its note), so nor does this end
     uint32_t notes_sent = 0;               // RailNote::number
+    bool rails_asked = false;              // every rail was asked to connect (RailEndpoint::connectAhead)
     std::vector<HomeRail> homes;
   };
 

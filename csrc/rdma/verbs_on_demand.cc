@@ -24,6 +24,13 @@ void VerbsTransport::connectOnDemand(const std::vector<std::string>& addresses) 
                    info_.size);
 }
 
+void VerbsTransport::connectAhead(int peer) {
+  if (aborted_ || peer < 0 || peer >= info_.size || peer == info_.rank) return;
+  const bool handshaking = std::any_of(handshakes_.begin(), handshakes_.end(),
+                                       [&](const std::unique_ptr<Handshake>& h) { return h->conn->peer == peer; });
+  on_demand_.want(peer, connected(peer) || handshaking);
+}
+
 // What the connector finished, and the handshakes' sockets: cheap when
 // nothing happened (the connector's flag; no handshake, no system call).
 void VerbsTransport::serviceOnDemand() {

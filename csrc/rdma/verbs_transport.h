@@ -105,6 +105,7 @@ class VerbsTransport : public Transport, public RailEndpoint {
   Request* irecvOn(int stream, int peer, const WireHeader& expected, void* data, size_t bytes) override;
   std::vector<int> takeLinkFailures() override;
   uint64_t arrived(int peer, int stream) const override;
+  void connectAhead(int peer) override;
   void failLink(int peer, const std::string& why) override;
   bool connectionFailed(int peer, TransportFailure* why) const override;
   bool usable(int peer) const override;

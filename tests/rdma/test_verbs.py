@@ -746,6 +746,52 @@ def test_with_every_port_cut_the_op_fails_with_a_peer_error(tmp_path):
         assert report["seconds"] < 60, (rank, report)  # the links' failures, not the 120 s timeout
 
 
+FIRST_USE_RANK = r"""
+import json, os, time
+import numpy as np
+import rcoll
+comm = rcoll.init(timeout=120)
+rank, ops = comm.rank, 4
+base = np.arange(1 << 20, dtype=np.float32)
+mark = os.environ["RCOLL_TEST_MARK"]
+ok = True
+for i in range(ops):
+    if rank == 0:
+        if i == 0:
+            time.sleep(1)  # rank 1's first receive made the pair's connections, and its credit arrived
+            open(mark, "w").close()  # the test cuts rail 0's link now ...
+            while not os.path.exists(mark + ".cut"):  # ... and says when it has
+                time.sleep(0.01)
+        comm.send(base + i, 1)
+    else:
+        y = np.empty_like(base)
+        comm.recv(y, 0)
+        ok &= bool((y == base + i).all())
+print(json.dumps({"ok": ok}))
+comm.shutdown()
+"""
+
+
+def test_a_pair_connected_on_first_use_hands_its_first_message_to_the_other_port(tmp_path):
+    """Point-to-point messages go over queue pairs made on first use. Rank 1's receive makes the pair's
+    connections on both ports at once, though the message is dealt to rxe0-rxe1 alone; then every packet on
+    that link is dropped and rank 0 sends. Its writes go unacknowledged, and the message goes on over
+    rxe2-rxe3, connected ahead for that: every result exact, both ranks warn once and exit 0."""
+    mark = tmp_path / "cut"
+    envs = [dict(RCOLL_TRANSPORT="ib", RCOLL_IB_HCA=hca, RCOLL_SOCKET_IFNAME="=lo", RCOLL_IB_TIMEOUT="14",
+                 RCOLL_IB_RETRY_CNT="6", RCOLL_TEST_MARK=str(mark)) for hca in ("rxe0,rxe2", "rxe1,rxe3")]
+    cut, restore = _drop_every_packet("sr0")
+    outcomes = _cut_while_running(envs, FIRST_USE_RANK,
+                                  [(mark, "its first send", cut + [["touch", f"{mark}.cut"]])], restore)
+    for rank, (code, out, err) in enumerate(outcomes):
+        assert code == 0 and "Traceback" not in err, (rank, code, out, err[-3000:])
+        assert json.loads(out.strip().splitlines()[-1])["ok"], (rank, out)
+        warnings = [line for line in err.splitlines() if "WARN" in line]
+        mine, other = ("rxe0:1", 1) if rank == 0 else ("rxe1:1", 0)
+        assert len(warnings) == 1 and f"the RDMA port {mine} to rank {other} failed" in warnings[0], err[-3000:]
+        assert warnings[0].endswith("its messages go on over " + ("rxe2:1" if rank == 0 else "rxe3:1")), warnings
+
+
 def _wait_for_ports_back(devices, seconds=30):
     """Until each device's port is ACTIVE again and has its RoCE v2 GIDs back, of an IPv4-mapped and of a
     2001:db8: address (the two come back apart, the port's state with the link, the GIDs from a work queue)."""
