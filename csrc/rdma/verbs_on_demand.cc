@@ -26,9 +26,12 @@ void VerbsTransport::connectOnDemand(const std::vector<std::string>& addresses) 
 
 void VerbsTransport::connectAhead(int peer) {
   if (aborted_ || peer < 0 || peer >= info_.size || peer == info_.rank) return;
-  const bool handshaking = std::any_of(handshakes_.begin(), handshakes_.end(),
-                                       [&](const std::unique_ptr<Handshake>& h) { return h->conn->peer == peer; });
-  on_demand_.want(peer, connected(peer) || handshaking);
+  on_demand_.want(peer, connected(peer) || handshaking(peer));
+}
+
+bool VerbsTransport::handshaking(int peer) const {
+  return std::any_of(handshakes_.begin(), handshakes_.end(),
+                     [&](const std::unique_ptr<Handshake>& h) { return h->conn->peer == peer; });
 }
 
 // What the connector finished, and the handshakes' sockets: cheap when
@@ -49,13 +52,15 @@ void VerbsTransport::serviceOnDemand() {
 void VerbsTransport::adoptOutcome(OnDemandPeers<VerbsRequest>::Outcome& o) {
   if (o.fds.empty()) {
     const std::deque<VerbsRequest*> waiting = on_demand_.setUnreachable(o.peer, o.failure);
-    if (o.failure.kind == ErrorKind::kPeer || o.failure.kind == ErrorKind::kTimeout) markLost(o.peer);
+    // A connection made ahead that nothing waited for (connectAhead) loses
+    // no peer: a message dealt to this rail later fails with why.
+    if (!waiting.empty() && (o.failure.kind == ErrorKind::kPeer || o.failure.kind == ErrorKind::kTimeout)) {
+      markLost(o.peer);
+    }
     for (VerbsRequest* r : waiting) finish(r, Request::State::kFailed, &o.failure);
     return;
   }
-  const bool handshaking = std::any_of(handshakes_.begin(), handshakes_.end(),
-                                       [&](const std::unique_ptr<Handshake>& h) { return h->conn->peer == o.peer; });
-  if (aborted_ || connected(o.peer) || handshaking) {  // abortPeers() failed what waited
+  if (aborted_ || connected(o.peer) || handshaking(o.peer)) {  // abortPeers() failed what waited
     for (int fd : o.fds) ::close(fd);
     return;
   }
@@ -142,8 +147,10 @@ void VerbsTransport::endHandshake(size_t index, const std::string& failure) {
     return;
   }
   c.socket_broken = true;
+  // As in adoptOutcome(): a connection made ahead that nothing waited for loses no peer.
   failConnection(c, ErrorKind::kPeer,
-                 strFormat("setting up the RDMA connection to rank %d on first use: %s", peer, failure.c_str()));
+                 strFormat("setting up the RDMA connection to rank %d on first use: %s", peer, failure.c_str()),
+                 /*peer_reported=*/waiting.empty());
   for (VerbsRequest* r : waiting) finish(r, Request::State::kFailed, &c.failure);
 }
 

@@ -167,8 +167,10 @@ class VerbsTransport : public Transport, public RailEndpoint {
   // verbs_failure.cc.
   void serviceAsyncEvents();
   void serviceSideChannel(Connection& c);
+  bool handshaking(int peer) const;  // swapping queue pairs with `peer` (on first use)
   void peerClosed(Connection& c);
-  // `peer_reported`: the peer told us why it failed (an abort), so it is not lost (Transport::lostPeers).
+  // `peer_reported`: the peer told us why it failed (an abort), or nothing needed the connection (one made
+  // ahead, connectAhead), so the peer is not lost (Transport::lostPeers).
   // `link`: the path may be what failed (TransportFailure::link): the requests
   // wait until what had arrived is counted (Connection::draining).
   void failConnection(Connection& c, ErrorKind kind, const std::string& message, bool peer_reported = false,

@@ -752,13 +752,23 @@ import numpy as np
 import rcoll
 comm = rcoll.init(timeout=120)
 rank, ops = comm.rank, 4
-base = np.arange(1 << 20, dtype=np.float32)
 mark = os.environ["RCOLL_TEST_MARK"]
-ok = True
+# A word from rank 1 to rank 0: the pair's first message, dealt to rail 0, connects both rails. The rank
+# named by RCOLL_TEST_FIRST posts its part first: the higher rank dials the lower; the lower asks the higher
+# to dial it.
+if rank != int(os.environ["RCOLL_TEST_FIRST"]):
+    time.sleep(0.5)
+word = np.full(4, rank, np.int32)
+if rank == 1:
+    comm.send(word, 0)
+else:
+    comm.recv(word, 1)
+# Rank 0's first message to rank 1 is dealt to rail 0 too (each way has its own count).
+base = np.arange(1 << 20, dtype=np.float32)
+ok = bool((word == 1).all()) if rank == 0 else True
 for i in range(ops):
     if rank == 0:
         if i == 0:
-            time.sleep(1)  # rank 1's first receive made the pair's connections, and its credit arrived
             open(mark, "w").close()  # the test cuts rail 0's link now ...
             while not os.path.exists(mark + ".cut"):  # ... and says when it has
                 time.sleep(0.01)
@@ -772,14 +782,17 @@ comm.shutdown()
 """
 
 
-def test_a_pair_connected_on_first_use_hands_its_first_message_to_the_other_port(tmp_path):
-    """Point-to-point messages go over queue pairs made on first use. Rank 1's receive makes the pair's
-    connections on both ports at once, though the message is dealt to rxe0-rxe1 alone; then every packet on
-    that link is dropped and rank 0 sends. Its writes go unacknowledged, and the message goes on over
-    rxe2-rxe3, connected ahead for that: every result exact, both ranks warn once and exit 0."""
+@pytest.mark.parametrize("first", [1, 0], ids=["the higher rank first", "the lower rank first"])
+def test_a_pair_connected_on_first_use_hands_its_first_messages_to_the_other_port(first, tmp_path):
+    """Point-to-point messages go over queue pairs made on first use: the pair's first message (a word from
+    rank 1 to rank 0) connects both ports, though it is dealt to rxe0-rxe1 alone. Then every packet on that
+    link is dropped, and rank 0 sends its first messages to rank 1, dealt to the same link: its writes go
+    unacknowledged, and the messages go on over rxe2-rxe3, which nothing had used, every result exact. Both
+    ranks warn once and exit 0. Either rank may post the first message first."""
     mark = tmp_path / "cut"
     envs = [dict(RCOLL_TRANSPORT="ib", RCOLL_IB_HCA=hca, RCOLL_SOCKET_IFNAME="=lo", RCOLL_IB_TIMEOUT="14",
-                 RCOLL_IB_RETRY_CNT="6", RCOLL_TEST_MARK=str(mark)) for hca in ("rxe0,rxe2", "rxe1,rxe3")]
+                 RCOLL_IB_RETRY_CNT="6", RCOLL_TEST_MARK=str(mark), RCOLL_TEST_FIRST=str(first))
+            for hca in ("rxe0,rxe2", "rxe1,rxe3")]
     cut, restore = _drop_every_packet("sr0")
     outcomes = _cut_while_running(envs, FIRST_USE_RANK,
                                   [(mark, "its first send", cut + [["touch", f"{mark}.cut"]])], restore)
