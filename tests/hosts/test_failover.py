@@ -25,6 +25,10 @@ TRIALS = int(os.environ.get("RCOLL_TEST_FAILOVER_TRIALS", "2"))
 INFO = r"\[rcoll \d+ rank \d+\] INFO: "
 WARN = (r"\[rcoll \d+ rank (\d+)\] WARN: rank \1: the socket to rank (\d+) over eth1 198\.18\.51\.\d+ -> "
         r"198\.18\.51\.\d+:\d+ failed \((.*)\); its messages go on over the other 1 socket\(s\)")
+# Rank 0's health watch (docs/operations.md) may name an edge through the failed link: with one socket
+# left it carries a fraction of what the others do for a while, which is true.
+SLOW_LINK = (r"\[rcoll \d+ rank 0\] WARN: the link from rank \d+ \(host [^)]*\) to rank \d+ \(host [^)]*\) over "
+             r"tcp carries [\d.]+ MB/s, ")
 ENV = {"RCOLL_SOCKET_STRIPE": "1", "RCOLL_PEER_TIMEOUT": "2", "RCOLL_DEBUG": "WARN", "RCOLL_CONNECT_TIMEOUT": "30"}
 
 
@@ -50,7 +54,7 @@ def _check(outcomes, label):
     warned = set()
     for rank, (code, out, err) in enumerate(outcomes):
         assert code == 0, f"{label}: rank {rank} exited {code}\n{out[-2000:]}\n{err[-3000:]}"
-        launch.check_rank_output(f"rank {rank}", out, err, allow=(INFO, WARN))
+        launch.check_rank_output(f"rank {rank}", out, err, allow=(INFO, WARN, SLOW_LINK))
         report = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
         assert report["failures"] == [], (label, report)
         said = re.findall(WARN, err)
